@@ -1,0 +1,20 @@
+# make test: what CI runs. It installs redis-server from Debian's packages when
+# it is missing, since the distributed path is tested against a real one.
+.PHONY: test bench redis-server
+
+test: redis-server
+	test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt: the files above need formatting"; exit 1; }
+	go vet ./...
+	go test -race -count=1 ./...
+
+# make bench: the benchmarks, each beside its baseline from the same run.
+bench: redis-server
+	go test -run '^$$' -bench . -benchtime 2s -count 1 .
+
+redis-server:
+	@command -v redis-server >/dev/null || { \
+		sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		$$sudo apt-get install -y redis-server || { $$sudo apt-get update && $$sudo apt-get install -y redis-server; }; \
+	}
+	@redis-server --version

@@ -1,0 +1,97 @@
+package pace
+
+import (
+	"context"
+	"testing"
+
+	"github.com/fleetpace/pace/internal/redistest"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/time/rate"
+)
+
+// Each benchmark here runs its baseline first, in the same run, and reports
+// its own time per operation as a ratio to it ("x-ping", "x-rate").
+
+// unlimited is a limit the benchmarks never exhaust: they measure the cost of
+// a decision, not a wait.
+var unlimited = PerSecond(1e6).WithBurst(1e12)
+
+// BenchmarkRedisWait: a Redis wait when tokens are available, serial and from
+// 32 goroutines, beside a go-redis PING on the same client. It also reports
+// Redis's own time per script call, from INFO commandstats.
+func BenchmarkRedisWait(b *testing.B) {
+	ctx := context.Background()
+	srv := redistest.Start(b)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 32})
+	defer c.Close()
+	r := mustRedis(b, c, unlimited)
+	for _, mode := range []struct {
+		name     string
+		parallel bool
+	}{{"serial", false}, {"parallel32", true}} {
+		var ping float64
+		b.Run(mode.name+"/ping", func(b *testing.B) {
+			loop(b, mode.parallel, func() error { return c.Ping(ctx).Err() })
+			ping = perOp(b)
+		})
+		b.Run(mode.name+"/wait", func(b *testing.B) {
+			if err := c.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			loop(b, mode.parallel, func() error { return r.Wait(ctx, "api.example.com:443", 1) })
+			b.ReportMetric(perOp(b)/ping, "x-ping")
+			stats, err := redistest.CommandStats(ctx, c)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(stats["evalsha"].MicrosPerOp, "redis-µs/call")
+		})
+	}
+}
+
+// BenchmarkLocalWait: a Local wait when tokens are available, beside a bare
+// rate.Limiter.Wait.
+func BenchmarkLocalWait(b *testing.B) {
+	ctx := context.Background()
+	bare := rate.NewLimiter(rate.Limit(unlimited.Rate()), unlimited.Burst())
+	loc := mustLocal(b, unlimited)
+	for _, mode := range []struct {
+		name     string
+		parallel bool
+	}{{"serial", false}, {"parallel32", true}} {
+		var base float64
+		b.Run(mode.name+"/rate.Limiter", func(b *testing.B) {
+			loop(b, mode.parallel, func() error { return bare.Wait(ctx) })
+			base = perOp(b)
+		})
+		b.Run(mode.name+"/local", func(b *testing.B) {
+			loop(b, mode.parallel, func() error { return loc.Wait(ctx, "api.example.com:443", 1) })
+			b.ReportMetric(perOp(b)/base, "x-rate")
+		})
+	}
+}
+
+// loop runs op b.N times, from one goroutine or from 16 per GOMAXPROCS (32
+// on two cores).
+func loop(b *testing.B, parallel bool, op func() error) {
+	b.ReportAllocs()
+	if !parallel {
+		for b.Loop() {
+			if err := op(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return
+	}
+	b.SetParallelism(16)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := op(); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+func perOp(b *testing.B) float64 { return float64(b.Elapsed().Nanoseconds()) / float64(b.N) }

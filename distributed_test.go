@@ -1,0 +1,306 @@
+package pace
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetpace/pace/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// newTestRedis starts a redis-server for the test and returns a client of it.
+func newTestRedis(t testing.TB) *redis.Client {
+	t.Helper()
+	return redistest.Start(t).Client(t)
+}
+
+func mustRedis(t testing.TB, c redis.Scripter, l Limit, opts ...RedisOption) *Redis {
+	t.Helper()
+	r, err := NewRedis(c, l, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestRedisMatchesModel drives the scripts on a real Redis and the Go model
+// with the same random sequence of keys, costs, budgets, refunds and pauses.
+// The model, fed the TIME each script used, must give the same answer to the
+// microsecond every time.
+func TestRedisMatchesModel(t *testing.T) {
+	ctx := context.Background()
+	c := newTestRedis(t)
+	limiters := []*Redis{
+		mustRedis(t, c, PerSecond(1000).WithBurst(5)), // 1000 µs a token
+		mustRedis(t, c, PerSecond(5000).WithBurst(3)), // 200 µs: refills between calls
+		mustRedis(t, c, PerSecond(3).WithBurst(2)),    // 333334 µs: rounded up
+	}
+	keys := []string{"a", "b", "c", "d", "e"}
+	limiterOf := func(key string) *Redis { return limiters[int(key[0]-'a')%len(limiters)] }
+
+	type booked struct {
+		key          string
+		cost         int
+		finish, size int64
+	}
+	var bookings []booked
+	model := newBucketModel()
+	rng := rand.New(rand.NewPCG(7, 11))
+	counts := map[string]int{}
+	var lastNow int64
+	const steps = 2500
+	for step := range steps {
+		switch op := rng.IntN(20); {
+		case op < 13:
+			key := keys[rng.IntN(len(keys))]
+			r := limiterOf(key)
+			cost := rng.IntN(r.limit.burst) + 1
+			budget := []time.Duration{noBudget, 0, time.Duration(rng.Int64N(5*r.interval)) * time.Microsecond}[rng.IntN(3)]
+			b, err := r.reserve(ctx, key, cost, budget)
+			if err != nil {
+				t.Fatalf("step %d: %v", step, err)
+			}
+			budgetMicros := int64(-1)
+			if budget != noBudget {
+				budgetMicros = budget.Microseconds()
+			}
+			granted, delay, finish := model.reserve(key, r.interval, int64(r.limit.burst), int64(cost), budgetMicros, b.now)
+			if b.granted != granted || b.delay != time.Duration(delay)*time.Microsecond || b.finish != finish {
+				t.Fatalf("step %d: reserve(%s, cost %d, budget %v) at %d: script granted=%v delay=%v finish=%d, model granted=%v delay=%dµs finish=%d",
+					step, key, cost, budget, b.now, b.granted, b.delay, b.finish, granted, delay, finish)
+			}
+			if b.now < lastNow {
+				t.Fatalf("step %d: Redis TIME went back from %d to %d", step, lastNow, b.now)
+			}
+			lastNow = b.now
+			if granted {
+				counts["granted"]++
+				bookings = append(bookings, booked{key, cost, finish, int64(cost) * r.interval})
+			} else {
+				counts["refused"]++
+			}
+		case op < 17 && len(bookings) > 0:
+			i := len(bookings) - 1 - rng.IntN(min(len(bookings), 6))
+			bk := bookings[i]
+			bookings = slices.Delete(bookings, i, i+1)
+			got, now, err := limiterOf(bk.key).refund(ctx, bk.key, bk.cost, bk.finish)
+			if err != nil {
+				t.Fatalf("step %d: %v", step, err)
+			}
+			if want := model.refund(bk.key, bk.finish, bk.size, now); got != want {
+				t.Fatalf("step %d: refund(%s, finish %d) at %d: script %d, model %d", step, bk.key, bk.finish, now, got, want)
+			}
+			counts[[]string{"refund-nothing", "refund-tail", "refund-gap"}[got]]++
+		default:
+			time.Sleep(time.Duration(rng.IntN(2000)) * time.Microsecond)
+		}
+	}
+	t.Logf("%d steps: %v", steps, counts)
+	for _, kind := range []string{"granted", "refused", "refund-nothing", "refund-tail", "refund-gap"} {
+		if counts[kind] < 20 {
+			t.Errorf("only %d %s decisions: the sequence did not exercise the scripts", counts[kind], kind)
+		}
+	}
+}
+
+// TestRedisDeadlineBooksNothing: a wait that would need 500 ms under a 50 ms
+// deadline fails at once, says how long it would have been, and books nothing.
+func TestRedisDeadlineBooksNothing(t *testing.T) {
+	ctx := context.Background()
+	c := newTestRedis(t)
+	r := mustRedis(t, c, PerSecond(20).WithBurst(1)) // 50 ms a token
+	for range 10 {                                   // the 11th caller would wait 500 ms
+		if _, err := r.reserve(ctx, "k", 1, noBudget); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before, err := r.reserve(ctx, "k", 1, 0) // a probe: refused, books nothing
+	if err != nil || before.granted {
+		t.Fatalf("probe: %+v, %v", before, err)
+	}
+
+	dctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err = r.Wait(dctx, "k", 1)
+	elapsed := time.Since(start)
+
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Wait: %v, want an error wrapping context.DeadlineExceeded", err)
+	}
+	var de *DeadlineError
+	if !errors.As(err, &de) {
+		t.Fatalf("Wait: %T %v, want a *DeadlineError", err, err)
+	}
+	if elapsed >= 5*time.Millisecond {
+		t.Errorf("Wait took %v to refuse, want under 5ms", elapsed)
+	}
+	after, err := r.reserve(ctx, "k", 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.finish != before.finish {
+		t.Errorf("the next caller would finish at %d, before the refused wait at %d: the refused wait booked %d µs",
+			after.finish, before.finish, after.finish-before.finish)
+	}
+	if de.Delay > before.delay || de.Delay < after.delay || de.Delay < 490*time.Millisecond {
+		t.Errorf("DeadlineError.Delay = %v, want between %v and %v, about 500ms", de.Delay, after.delay, before.delay)
+	}
+	if de.Budget > 50*time.Millisecond {
+		t.Errorf("DeadlineError.Budget = %v, want at most the 50ms deadline", de.Budget)
+	}
+	t.Logf("refused in %v: %v", elapsed, de)
+}
+
+// TestRedisCancelGivesBack: of 10 booked callers, cancelling the last 5 (all
+// at once, so their refunds reach Redis in any order) moves the next new
+// caller up by exactly 5 tokens.
+func TestRedisCancelGivesBack(t *testing.T) {
+	ctx := context.Background()
+	c := newTestRedis(t)
+	booked := make(chan Event, 16)
+	r := mustRedis(t, c, PerSecond(2).WithBurst(1), WithObserver(func(e Event) {
+		if e.Kind == EventWait {
+			booked <- e
+		}
+	}))
+	if _, err := r.reserve(ctx, "k", 1, noBudget); err != nil { // empty the bucket
+		t.Fatal(err)
+	}
+	var cancels []context.CancelFunc
+	errs := make([]error, 10)
+	var firstFive, lastFive sync.WaitGroup
+	for i := range 10 { // caller i waits (i+1) * 500 ms
+		cctx, cancel := context.WithCancel(ctx)
+		cancels = append(cancels, cancel)
+		group := &firstFive
+		if i >= 5 {
+			group = &lastFive
+		}
+		group.Go(func() { errs[i] = r.Wait(cctx, "k", 1) })
+		select {
+		case e := <-booked:
+			if want := time.Duration(i+1) * 500 * time.Millisecond; e.Delay > want || e.Delay < want-100*time.Millisecond {
+				t.Fatalf("caller %d booked a wait of %v, want about %v", i, e.Delay, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("caller %d was not booked within 5s", i)
+		}
+	}
+	defer func() { // whatever happens, no caller outlives the test
+		for _, cancel := range cancels {
+			cancel()
+		}
+		firstFive.Wait()
+		lastFive.Wait()
+	}()
+	before, err := r.reserve(ctx, "k", 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for _, cancel := range cancels[5:] {
+		go cancel()
+	}
+	lastFive.Wait() // each Wait returns once its refund is done
+
+	after, err := r.reserve(ctx, "k", 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if moved, want := before.finish-after.finish, 5*r.interval; moved != want {
+		t.Errorf("cancelling 5 callers moved the next caller up by %d µs, want %d (5 tokens)", moved, want)
+	}
+	for i, err := range errs[5:] {
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("cancelled caller %d: %v, want an error wrapping context.Canceled", i+5, err)
+		}
+	}
+	if n, err := c.Exists(ctx, r.bucketKey("k")+":gaps").Result(); err != nil || n != 0 {
+		t.Errorf("gaps key left behind after every gap joined the tail: exists=%d, %v", n, err)
+	}
+	t.Logf("next caller's delay: %v before the cancels, %v after", before.delay, after.delay)
+}
+
+// TestRedisSurvivesScriptFlush: SCRIPT FLUSH between two waits changes
+// nothing for the caller: go-redis answers NOSCRIPT with EVAL, and the bucket
+// carries on from where it was.
+func TestRedisSurvivesScriptFlush(t *testing.T) {
+	ctx := context.Background()
+	c := newTestRedis(t)
+	r := mustRedis(t, c, PerSecond(10).WithBurst(1)) // 100 ms a token
+	first, err := r.reserve(ctx, "k", 1, noBudget)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	second, err := r.reserve(ctx, "k", 1, noBudget)
+	if err != nil {
+		t.Fatalf("reserve after SCRIPT FLUSH: %v", err)
+	}
+	if want := first.finish + r.interval; second.finish != want {
+		t.Errorf("after SCRIPT FLUSH the booking finished at %d, want %d: the bucket lost its state", second.finish, want)
+	}
+	calls, err := redistest.CommandStats(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls["eval"].Calls != 1 {
+		t.Errorf("commandstats %v: want exactly one EVAL, the fallback from NOSCRIPT", calls)
+	}
+	if err := r.Wait(ctx, "k2", 1); err != nil {
+		t.Fatalf("Wait after SCRIPT FLUSH: %v", err)
+	}
+}
+
+// TestRedisKeyLayout: the bucket lives at prefix{key} as integer
+// microseconds, and expires when the bucket is full again.
+func TestRedisKeyLayout(t *testing.T) {
+	ctx := context.Background()
+	c := newTestRedis(t)
+	r := mustRedis(t, c, PerMinute(60).WithBurst(3), WithPrefix("quota:")) // 1 s a token
+	b, err := r.reserve(ctx, "api.example.com:443", 2, noBudget)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const key = "quota:{api.example.com:443}"
+	stored, err := c.Get(ctx, key).Int64()
+	if err != nil || stored != b.finish {
+		t.Fatalf("GET %s = %d, %v; want the schedule time %d", key, stored, err, b.finish)
+	}
+	ttl, err := c.PTTL(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := time.Duration(b.finish-b.now) * time.Microsecond // 2 s: the bucket is full again then
+	if ttl < full-50*time.Millisecond || ttl > full+time.Second {
+		t.Errorf("PTTL %s = %v, want from %v, when the bucket is full again, to a second later", key, ttl, full)
+	}
+}
+
+// TestRedisReplyErrors: a foreign value or type at a bucket's key is an
+// error that names the key, never a panic or a wrong grant.
+func TestRedisReplyErrors(t *testing.T) {
+	ctx := context.Background()
+	c := newTestRedis(t)
+	r := mustRedis(t, c, PerSecond(10))
+	c.Set(ctx, r.bucketKey("text"), "not a number", 0)
+	c.LPush(ctx, r.bucketKey("list"), "x")
+	for key, want := range map[string]string{"text": "not a number", "list": "WRONGTYPE"} {
+		err := r.Wait(ctx, key, 1)
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), key) {
+			t.Errorf("Wait on key %q holding a foreign value: %v, want an error naming the key and saying %q", key, err, want)
+		}
+	}
+}

@@ -1,0 +1,91 @@
+package pace_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"time"
+
+	"github.com/fleetpace/pace"
+	"github.com/redis/go-redis/v9"
+)
+
+// A client paced in one process: 20 requests a second with bursts of 2. Six
+// requests take at least 200 ms: two at once, then one every 50 ms.
+func ExampleTransport() {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "ok")
+	}))
+	defer upstream.Close()
+
+	var waited atomic.Int64
+	limiter, err := pace.NewLocal(pace.PerSecond(20).WithBurst(2), pace.WithObserver(func(e pace.Event) {
+		if e.Kind == pace.EventWait && e.Delay > 0 {
+			waited.Add(1)
+		}
+	}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	transport := &pace.Transport{Limiter: limiter}
+	defer transport.CloseIdleConnections()
+	client := &http.Client{Transport: transport}
+
+	start := time.Now()
+	for range 6 {
+		resp, err := client.Get(upstream.URL)
+		if err != nil {
+			log.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	fmt.Println("requests that waited:", waited.Load())
+	fmt.Println("took at least 200ms:", time.Since(start) >= 200*time.Millisecond)
+	// Output:
+	// requests that waited: 4
+	// took at least 200ms: true
+}
+
+// The whole fleet shares one quota: every process that runs this, against
+// the same Redis, draws on one bucket per upstream host. (This example needs
+// a Redis on localhost:6379, so it is compiled but not run by go test.)
+func ExampleNewRedis() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	defer rdb.Close()
+	limiter, err := pace.NewRedis(rdb, pace.PerHour(5000))
+	if err != nil {
+		log.Fatal(err)
+	}
+	client := &http.Client{Transport: &pace.Transport{Limiter: limiter}}
+
+	// A request waits for its token; if it cannot be had within the
+	// request's deadline, it fails at once with a *pace.DeadlineError.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://api.github.com/rate_limit", nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer resp.Body.Close()
+}
+
+func ExampleParseLimit() {
+	for _, s := range []string{"100/s", "5000/h", "900/15m", "10/s burst 20", "fast"} {
+		l, err := pace.ParseLimit(s)
+		if err != nil {
+			fmt.Println(err)
+			continue
+		}
+		fmt.Printf("%-14s %8.3f/s, burst %d\n", l, l.Rate(), l.Burst())
+	}
+	// Output:
+	// 100/s           100.000/s, burst 100
+	// 5000/h            1.389/s, burst 5000
+	// 900/15m           1.000/s, burst 900
+	// 10/s burst 20    10.000/s, burst 20
+	// pace: invalid limit "fast": no '/' (want COUNT/PERIOD [burst N], such as "100/s" or "10/s burst 20")
+}

@@ -1,0 +1,142 @@
+// Package redistest starts real redis-server processes on loopback for tests.
+package redistest
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Server is a redis-server process that a test started.
+type Server struct {
+	Addr string // host:port on loopback
+	cmd  *exec.Cmd
+}
+
+// startTimeout bounds how long a redis-server may take to accept connections.
+const startTimeout = 10 * time.Second
+
+// Start starts a redis-server on a free loopback port, without persistence,
+// waits until it answers, and stops it when the test ends. It fails the test,
+// saying how to install it, when redis-server is not on PATH. Extra arguments
+// go to redis-server's command line (such as "--maxmemory", "1mb").
+func Start(tb testing.TB, extra ...string) *Server {
+	tb.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		tb.Fatalf("redistest: redis-server is not on PATH (%v); install it with `apt-get install -y redis-server`, or run `make test`, which does", err)
+	}
+	port := freePort(tb)
+	args := append([]string{
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", "",
+	}, extra...)
+	cmd := exec.Command(bin, args...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatalf("redistest: %v", err)
+	}
+	if err := cmd.Start(); err != nil {
+		tb.Fatalf("redistest: starting %s: %v", bin, err)
+	}
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cmd: cmd}
+	tb.Cleanup(s.stop)
+
+	// redis-server says when it is ready; its log also tells why it is not.
+	ready, exited := make(chan struct{}), make(chan struct{})
+	var log strings.Builder // written before ready or exited is closed
+	go func() {
+		defer close(exited)
+		scanner := bufio.NewScanner(stdout)
+		waiting := true
+		for scanner.Scan() {
+			if waiting {
+				log.WriteString(scanner.Text() + "\n")
+				if strings.Contains(scanner.Text(), "Ready to accept connections") {
+					waiting = false
+					close(ready)
+				}
+			}
+		}
+	}()
+	select {
+	case <-ready:
+	case <-exited:
+		tb.Fatalf("redistest: redis-server on port %d exited:\n%s", port, log.String())
+	case <-time.After(startTimeout):
+		tb.Fatalf("redistest: redis-server on port %d did not become ready within %v", port, startTimeout)
+	}
+	return s
+}
+
+// Client returns a go-redis client of s, closed when the test ends.
+func (s *Server) Client(tb testing.TB) *redis.Client {
+	tb.Helper()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	tb.Cleanup(func() { c.Close() })
+	return c
+}
+
+// CommandStat is what INFO commandstats says of one command.
+type CommandStat struct {
+	Calls       int64   // how many times Redis ran it
+	MicrosPerOp float64 // Redis's time per call, in microseconds
+}
+
+// CommandStats returns INFO commandstats since the statistics were last
+// reset, by command name ("evalsha", "ping"). Commands that scripts run
+// inside them count under their own names, so count script round trips with
+// "evalsha" and "eval" alone.
+func CommandStats(ctx context.Context, c redis.UniversalClient) (map[string]CommandStat, error) {
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return nil, err
+	}
+	stats := make(map[string]CommandStat)
+	for _, line := range strings.Split(info, "\n") {
+		name, fields, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		var stat CommandStat
+		for _, field := range strings.Split(fields, ",") {
+			key, value, _ := strings.Cut(field, "=")
+			switch key {
+			case "calls":
+				stat.Calls, err = strconv.ParseInt(value, 10, 64)
+			case "usec_per_call":
+				stat.MicrosPerOp, err = strconv.ParseFloat(value, 64)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("redistest: commandstats line %q: %v", line, err)
+			}
+		}
+		stats[strings.TrimPrefix(name, "cmdstat_")] = stat
+	}
+	return stats, nil
+}
+
+func (s *Server) stop() {
+	if s.cmd.Process != nil {
+		s.cmd.Process.Kill()
+		s.cmd.Wait()
+	}
+}
+
+func freePort(tb testing.TB) int {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("redistest: finding a free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}

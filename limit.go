@@ -1,0 +1,197 @@
+package pace
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// A Limit is a token bucket: count events per period on average, with bursts
+// of up to burst events. The zero Limit is invalid: limiters refuse it.
+//
+// A Limit is a plain value, safe to copy and to share between goroutines.
+type Limit struct {
+	count  float64
+	period time.Duration
+	burst  int
+}
+
+// maxRefill (a year) is the longest time a bucket may take to refill from empty.
+// It keeps every time the Redis script handles an exact integer in Lua's
+// doubles, with a wide margin.
+const maxRefill = 365 * 24 * time.Hour
+
+// PerSecond returns a Limit of n events per second with a burst of n
+// (rounded up, at least 1).
+func PerSecond(n float64) Limit { return Per(n, time.Second) }
+
+// PerMinute returns a Limit of n events per minute with a burst of n
+// (rounded up, at least 1).
+func PerMinute(n float64) Limit { return Per(n, time.Minute) }
+
+// PerHour returns a Limit of n events per hour with a burst of n
+// (rounded up, at least 1).
+func PerHour(n float64) Limit { return Per(n, time.Hour) }
+
+// Per returns a Limit of n events per period with a burst of n (rounded up,
+// at least 1). Per(900, 15*time.Minute) is X's "900 requests per 15 minutes".
+func Per(n float64, period time.Duration) Limit {
+	return Limit{count: n, period: period, burst: defaultBurst(n)}
+}
+
+// Every returns a Limit of one event every interval, with a burst of 1.
+func Every(interval time.Duration) Limit { return Per(1, interval) }
+
+// WithBurst returns a copy of l whose bucket holds burst events.
+func (l Limit) WithBurst(burst int) Limit {
+	l.burst = burst
+	return l
+}
+
+// Rate returns the sustained rate of l in events per second.
+func (l Limit) Rate() float64 { return l.count / l.period.Seconds() }
+
+// Burst returns the number of events l allows at once.
+func (l Limit) Burst() int { return l.burst }
+
+// Validate reports why l cannot be used, or nil. Limiters call it for you.
+func (l Limit) Validate() error {
+	if why := l.problem(); why != "" {
+		return fmt.Errorf("pace: limit %s: %s", l, why)
+	}
+	return nil
+}
+
+// problem says what is wrong with l, or "".
+func (l Limit) problem() string {
+	switch {
+	case math.IsNaN(l.count) || math.IsInf(l.count, 0) || l.count <= 0:
+		return fmt.Sprintf("count %v is not a positive finite number", l.count)
+	case l.period <= 0:
+		return fmt.Sprintf("period %v is not positive", l.period)
+	case l.burst < 1:
+		return fmt.Sprintf("burst %d is below 1", l.burst)
+	case float64(l.period)/l.count < float64(time.Microsecond):
+		return fmt.Sprintf("rate %v/s is above the maximum of 1000000/s", l.Rate())
+	case int64(l.burst) > maxRefill.Microseconds()/l.intervalMicros():
+		return fmt.Sprintf("burst %d takes more than a year to refill", l.burst)
+	}
+	return ""
+}
+
+// intervalMicros is interval in whole microseconds, rounded up so that a
+// rounded rate is never above l. The tiny relative slack absorbs the
+// floating-point error of count*1000 in quotients that are whole numbers
+// (PerMinute(100) is exactly 600000 µs, not 600001).
+func (l Limit) intervalMicros() int64 {
+	us := float64(l.period) / (l.count * 1000)
+	return int64(math.Ceil(us * (1 - 1e-12)))
+}
+
+// String formats l in the syntax ParseLimit reads, such as "100/s" or
+// "10/s burst 20". The burst is shown when it differs from the count's default.
+func (l Limit) String() string {
+	s := strconv.FormatFloat(l.count, 'g', -1, 64) + "/" + formatPeriod(l.period)
+	if l.burst != defaultBurst(l.count) {
+		s += " burst " + strconv.Itoa(l.burst)
+	}
+	return s
+}
+
+// ParseLimit reads a Limit written as
+//
+//	COUNT/PERIOD [burst N]
+//
+// COUNT is a positive number; PERIOD is s, m, h or d (second, minute, hour,
+// day), or a Go duration such as 15m or 500ms; the burst defaults to COUNT
+// rounded up. Examples: "100/s", "5000/h", "900/15m", "10/s burst 20".
+// Anything else is an error that quotes the input.
+func ParseLimit(s string) (Limit, error) {
+	bad := func(why string) (Limit, error) {
+		return Limit{}, fmt.Errorf("pace: invalid limit %q: %s (want COUNT/PERIOD [burst N], such as \"100/s\" or \"10/s burst 20\")", s, why)
+	}
+	fields := strings.Fields(s)
+	if len(fields) != 1 && (len(fields) != 3 || fields[1] != "burst") {
+		return bad("wrong number of words")
+	}
+	countText, periodText, ok := strings.Cut(fields[0], "/")
+	if !ok {
+		return bad("no '/'")
+	}
+	count, err := strconv.ParseFloat(countText, 64)
+	if err != nil {
+		return bad("count " + strconv.Quote(countText) + " is not a number")
+	}
+	period, err := parsePeriod(periodText)
+	if err != nil {
+		return bad("period " + strconv.Quote(periodText) + " is not s, m, h, d or a duration")
+	}
+	l := Per(count, period)
+	if len(fields) == 3 {
+		if l.burst, err = strconv.Atoi(fields[2]); err != nil {
+			return bad("burst " + strconv.Quote(fields[2]) + " is not a whole number")
+		}
+	}
+	if why := l.problem(); why != "" {
+		return bad(why)
+	}
+	return l, nil
+}
+
+// MarshalText implements encoding.TextMarshaler with the syntax of ParseLimit.
+func (l Limit) MarshalText() ([]byte, error) { return []byte(l.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler with ParseLimit, so a
+// Limit can be read from JSON, YAML or flag.TextVar.
+func (l *Limit) UnmarshalText(text []byte) error {
+	parsed, err := ParseLimit(string(text))
+	if err != nil {
+		return err
+	}
+	*l = parsed
+	return nil
+}
+
+// defaultBurst is count rounded up, at least 1; counts that are not finite
+// get 1 and are refused by Validate.
+func defaultBurst(count float64) int {
+	if !(count >= 1) || count > math.MaxInt32 {
+		return 1
+	}
+	return int(math.Ceil(count))
+}
+
+var namedPeriods = []struct {
+	name   string
+	period time.Duration
+}{{"s", time.Second}, {"m", time.Minute}, {"h", time.Hour}, {"d", 24 * time.Hour}}
+
+func parsePeriod(s string) (time.Duration, error) {
+	for _, p := range namedPeriods {
+		if s == p.name {
+			return p.period, nil
+		}
+	}
+	if s == "" || s[0] < '0' || s[0] > '9' {
+		return 0, fmt.Errorf("unknown period %q", s)
+	}
+	return time.ParseDuration(s)
+}
+
+func formatPeriod(d time.Duration) string {
+	for _, p := range namedPeriods {
+		if d == p.period {
+			return p.name
+		}
+	}
+	s := d.String() // "15m0s" reads better as "15m", and "2h0m0s" as "2h"
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}

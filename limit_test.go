@@ -1,0 +1,101 @@
+package pace
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseLimit(t *testing.T) {
+	for text, want := range map[string]struct {
+		rate     float64
+		burst    int
+		interval int64 // µs per token in Redis
+		str      string
+	}{
+		"100/s":           {100, 100, 10_000, "100/s"},
+		"5000/h":          {5000.0 / 3600, 5000, 720_000, "5000/h"},
+		"10/s burst 20":   {10, 20, 100_000, "10/s burst 20"},
+		"  10/s  burst 1": {10, 1, 100_000, "10/s burst 1"},
+		"900/15m":         {1, 900, 1_000_000, "900/15m"},
+		"10/2h":           {10.0 / 7200, 10, 720_000_000, "10/2h"},
+		"3/1h30m":         {3.0 / 5400, 3, 1_800_000_000, "3/1h30m"},
+		"2/1m30s":         {2.0 / 90, 2, 45_000_000, "2/1m30s"},
+		"100/m":           {100.0 / 60, 100, 600_000, "100/m"},
+		"3/s":             {3, 3, 333_334, "3/s"},
+		"1/500ms":         {2, 1, 500_000, "1/500ms"},
+		"0.5/s":           {0.5, 1, 2_000_000, "0.5/s"},
+		"86400/d":         {1, 86400, 1_000_000, "86400/d"},
+		"1e6/s burst 5":   {1e6, 5, 1, "1e+06/s burst 5"},
+	} {
+		l, err := ParseLimit(text)
+		if err != nil {
+			t.Errorf("ParseLimit(%q): %v", text, err)
+			continue
+		}
+		if diff := l.Rate() - want.rate; diff > 1e-9 || diff < -1e-9 || l.Burst() != want.burst || l.intervalMicros() != want.interval || l.String() != want.str {
+			t.Errorf("ParseLimit(%q) = rate %v burst %d interval %dµs %q; want %v %d %dµs %q",
+				text, l.Rate(), l.Burst(), l.intervalMicros(), l, want.rate, want.burst, want.interval, want.str)
+		}
+		if again, err := ParseLimit(l.String()); err != nil || again != l {
+			t.Errorf("ParseLimit(%q) = %v, %v; want %v back", l.String(), again, err, l)
+		}
+	}
+}
+
+func TestParseLimitRejects(t *testing.T) {
+	for _, text := range []string{
+		"", "100", "100/", "/s", "abc/s", "100/x", "100/-5s", "10/s burst", "10/s burst x",
+		"10/s bust 20", "10/s burst 20 more", "-5/s", "0/s", "NaN/s", "Inf/s", "10/s burst 0",
+		"10/s burst -1", "10 / s", "2000000/s", "1/0s",
+	} {
+		_, err := ParseLimit(text)
+		if err == nil {
+			t.Errorf("ParseLimit(%q) accepted it", text)
+			continue
+		}
+		if !strings.Contains(err.Error(), strconv.Quote(text)) {
+			t.Errorf("ParseLimit(%q): %q does not quote the input", text, err)
+		}
+	}
+}
+
+func TestLimitConstructors(t *testing.T) {
+	for _, tc := range []struct {
+		limit Limit
+		str   string
+	}{
+		{PerSecond(100), "100/s"},
+		{PerMinute(60).WithBurst(5), "60/m burst 5"},
+		{PerHour(5000), "5000/h"},
+		{Per(900, 15*time.Minute), "900/15m"},
+		{Every(250 * time.Millisecond), "1/250ms"},
+		{Every(time.Second).WithBurst(3), "1/s burst 3"},
+	} {
+		if err := tc.limit.Validate(); err != nil {
+			t.Errorf("%s: %v", tc.str, err)
+		}
+		if got := tc.limit.String(); got != tc.str {
+			t.Errorf("String() = %q, want %q", got, tc.str)
+		}
+	}
+}
+
+func TestLimitText(t *testing.T) {
+	var config struct{ Limit Limit }
+	if err := json.Unmarshal([]byte(`{"Limit": "10/s burst 20"}`), &config); err != nil {
+		t.Fatal(err)
+	}
+	if config.Limit != PerSecond(10).WithBurst(20) {
+		t.Errorf("unmarshalled %v", config.Limit)
+	}
+	out, err := json.Marshal(config)
+	if err != nil || string(out) != `{"Limit":"10/s burst 20"}` {
+		t.Errorf("marshalled %s, %v", out, err)
+	}
+	if err := json.Unmarshal([]byte(`{"Limit": "fast"}`), &config); err == nil || !strings.Contains(err.Error(), `"fast"`) {
+		t.Errorf("unmarshalling \"fast\": %v", err)
+	}
+}

@@ -1,0 +1,143 @@
+package pace
+
+import (
+	"context"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetpace/pace/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// promptly runs f and fails the test if f blocks for more than a second.
+func promptly(t *testing.T, f func() error) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(time.Second):
+		t.Fatal("the call blocked for more than a second")
+		return nil
+	}
+}
+
+// TestBadInputs: every impossible request is an error that names the value,
+// returned at once, without a word to Redis.
+func TestBadInputs(t *testing.T) {
+	ctx := context.Background()
+	c := newTestRedis(t)
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	badLimits := map[string]struct {
+		limit Limit
+		want  string
+	}{
+		"rate 0":        {PerSecond(0), "count 0 "},
+		"rate negative": {PerSecond(-5), "count -5 "},
+		"rate NaN":      {PerSecond(math.NaN()), "count NaN "},
+		"rate +Inf":     {PerSecond(math.Inf(1)), "count +Inf "},
+		"burst 0":       {PerSecond(10).WithBurst(0), "burst 0 "},
+		"zero Limit":    {Limit{}, "count 0 "},
+		"period 0":      {Per(5, 0), "period 0s "},
+		"too fast":      {PerSecond(2e6), "rate 2e+06/s"},
+		"slow refill":   {Per(1, 24*time.Hour).WithBurst(1000), "burst 1000 "},
+	}
+	for name, tc := range badLimits {
+		t.Run(name, func(t *testing.T) {
+			if _, err := NewRedis(c, tc.limit); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("NewRedis(%s): %v, want an error containing %q", tc.limit, err, tc.want)
+			}
+			if _, err := NewLocal(tc.limit); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("NewLocal(%s): %v, want an error containing %q", tc.limit, err, tc.want)
+			}
+		})
+	}
+
+	limit := PerSecond(100).WithBurst(10)
+	limiters := map[string]Limiter{"redis": mustRedis(t, c, limit), "local": mustLocal(t, limit)}
+	badWaits := map[string]struct {
+		key  string
+		cost int
+		want string
+	}{
+		"cost 0":        {"k", 0, "cost 0 "},
+		"cost negative": {"k", -3, "cost -3 "},
+		"cost > burst":  {"k", 11, "cost 11 exceeds the burst 10"},
+		"empty key":     {"", 1, "empty key"},
+	}
+	for lname, lim := range limiters {
+		for name, tc := range badWaits {
+			t.Run(lname+"/"+name, func(t *testing.T) {
+				err := promptly(t, func() error { return lim.Wait(ctx, tc.key, tc.cost) })
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("Wait(%q, %d): %v, want an error containing %q", tc.key, tc.cost, err, tc.want)
+				}
+			})
+		}
+	}
+
+	badOptions := map[string]struct {
+		build func() error
+		want  string
+	}{
+		"nil client":       {func() error { _, err := NewRedis(nil, limit); return err }, "nil client"},
+		"prefix with {":    {func() error { _, err := NewRedis(c, limit, WithPrefix("a{b")); return err }, `"a{b"`},
+		"negative maxWait": {func() error { _, err := NewLocal(limit, WithMaxWait(-time.Second)); return err }, "-1s"},
+	}
+	for name, tc := range badOptions {
+		t.Run(name, func(t *testing.T) {
+			if err := tc.build(); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+
+	calls, err := redistest.CommandStats(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls["evalsha"].Calls+calls["eval"].Calls != 0 {
+		t.Errorf("bad inputs reached Redis: commandstats %v", calls)
+	}
+}
+
+// scripterReplying is a redis.Scripter whose every script call replies val,
+// to feed the reply parser shapes a real Redis would only send after a bug.
+type scripterReplying struct {
+	redis.Scripter
+	val any
+}
+
+func (s scripterReplying) EvalSha(ctx context.Context, _ string, _ []string, _ ...any) *redis.Cmd {
+	cmd := redis.NewCmd(ctx)
+	cmd.SetVal(s.val)
+	return cmd
+}
+
+// TestRedisOddReplies: a reply of the wrong shape is an error, never a panic
+// and never a grant.
+func TestRedisOddReplies(t *testing.T) {
+	for name, val := range map[string]any{
+		"nil":          nil,
+		"string":       "OK",
+		"short":        []any{int64(1), int64(0)},
+		"long":         []any{int64(1), int64(0), int64(0), int64(0), int64(0)},
+		"text inside":  []any{int64(1), "soon", int64(0), int64(0)},
+		"bad granted":  []any{int64(7), int64(0), int64(0), int64(0)},
+		"negative":     []any{int64(1), int64(-5), int64(0), int64(0)},
+		"nested table": []any{[]any{int64(1)}, int64(0), int64(0), int64(0)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := mustRedis(t, scripterReplying{val: val}, PerSecond(10))
+			if err := r.Wait(context.Background(), "k", 1); err == nil {
+				t.Errorf("reply %#v: Wait granted, want an error", val)
+			}
+		})
+	}
+}

@@ -1,0 +1,132 @@
+package pace
+
+import (
+	"context"
+	"hash/maphash"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// Local paces events within one process, with one golang.org/x/time/rate
+// limiter per key. A key's limiter is created on first use and dropped once
+// its bucket is full again, when a new one would behave the same, so a
+// crawler that meets millions of hosts keeps only the busy ones.
+//
+// A Local is safe for concurrent use. Create it with NewLocal.
+type Local struct {
+	limit  Limit
+	config commonConfig
+	now    func() time.Time // time.Now, or a test's clock
+	refill time.Duration    // how long an empty bucket takes to fill
+	seed   maphash.Seed
+	shards [localShards]localShard
+}
+
+// localShards spreads keys over independent locks, so that callers on
+// different keys rarely wait for one another, and a sweep holds up only a
+// small part of the keys.
+const localShards = 32
+
+type localShard struct {
+	mu        sync.Mutex
+	limiters  map[string]*rate.Limiter
+	nextSweep time.Time
+}
+
+var _ Limiter = (*Local)(nil)
+
+// NewLocal returns a Local that gives each key the limit l.
+func NewLocal(l Limit, opts ...Option) (*Local, error) {
+	if err := l.Validate(); err != nil {
+		return nil, err
+	}
+	loc := &Local{limit: l, now: time.Now, seed: maphash.MakeSeed()}
+	for _, o := range opts {
+		o.applyLocal(&loc.config)
+	}
+	if err := loc.config.validate(); err != nil {
+		return nil, err
+	}
+	loc.refill = time.Duration(l.burst) * time.Duration(float64(l.period)/l.count)
+	for i := range loc.shards {
+		loc.shards[i].limiters = make(map[string]*rate.Limiter)
+	}
+	return loc, nil
+}
+
+// Wait implements Limiter. It books cost tokens for key and sleeps until they
+// are due; if ctx ends first, the tokens go back to the bucket.
+func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
+	if err := checkRequest(loc.limit, key, cost); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	now := loc.now()
+	shard := &loc.shards[maphash.String(loc.seed, key)%localShards]
+	shard.mu.Lock()
+	lim := shard.limiter(loc, key, now)
+	if lim.AllowN(now, cost) {
+		shard.mu.Unlock()
+		loc.config.observer.emit(Event{Kind: EventWait, Limiter: "local", Key: key, Cost: cost})
+		return nil
+	}
+	// Under the shard's lock nobody else can book on lim, so a reservation
+	// cancelled at once is given back whole: nothing stays booked.
+	r := lim.ReserveN(now, cost)
+	delay := r.DelayFrom(now)
+	if budget := waitBudget(ctx, loc.config.maxWait, now); budget != noBudget && delay > budget {
+		r.CancelAt(now)
+		shard.mu.Unlock()
+		return loc.refuse(key, cost, delay, budget)
+	}
+	shard.mu.Unlock()
+	loc.config.observer.emit(Event{Kind: EventWait, Limiter: "local", Key: key, Cost: cost, Delay: delay})
+	if err := sleep(ctx, key, delay); err != nil {
+		r.CancelAt(loc.now())
+		loc.config.observer.emit(Event{Kind: EventCancel, Limiter: "local", Key: key, Cost: cost, Delay: delay, Err: err})
+		return err
+	}
+	return nil
+}
+
+// Len returns how many keys have a limiter at the moment.
+func (loc *Local) Len() int {
+	n := 0
+	for i := range loc.shards {
+		s := &loc.shards[i]
+		s.mu.Lock()
+		n += len(s.limiters)
+		s.mu.Unlock()
+	}
+	return n
+}
+
+func (loc *Local) refuse(key string, cost int, delay, budget time.Duration) error {
+	err := &DeadlineError{Key: key, Cost: cost, Delay: delay, Budget: budget}
+	loc.config.observer.emit(Event{Kind: EventRefuse, Limiter: "local", Key: key, Cost: cost, Delay: delay, Err: err})
+	return err
+}
+
+// limiter returns key's limiter, creating it if needed. Once per refill
+// period it first drops the limiters whose buckets are full: they have been
+// idle for at least that long. The caller holds s.mu.
+func (s *localShard) limiter(loc *Local, key string, now time.Time) *rate.Limiter {
+	if !now.Before(s.nextSweep) {
+		for k, lim := range s.limiters {
+			if lim.TokensAt(now) >= float64(loc.limit.burst) {
+				delete(s.limiters, k)
+			}
+		}
+		s.nextSweep = now.Add(max(loc.refill, time.Second))
+	}
+	lim, ok := s.limiters[key]
+	if !ok {
+		lim = rate.NewLimiter(rate.Limit(loc.limit.Rate()), loc.limit.burst)
+		s.limiters[key] = lim
+	}
+	return lim
+}
