@@ -28,7 +28,7 @@ type DeadlineError struct {
 }
 
 func (e *DeadlineError) Error() string {
-	return fmt.Sprintf("pace: key %q: a wait of %v for %d would pass the deadline (%v left)", e.Key, e.Delay, e.Cost, e.Budget)
+	return fmt.Sprintf("pace: key %q: a wait of %v for cost %d exceeds the %v the caller may wait", e.Key, e.Delay, e.Cost, e.Budget)
 }
 
 // Unwrap returns context.DeadlineExceeded.
