@@ -74,12 +74,9 @@ func NewRedis(client redis.Scripter, l Limit, opts ...RedisOption) (*Redis, erro
 
 // Wait implements Limiter. It books cost tokens for key in Redis and sleeps
 // until they are due; if ctx ends first, the tokens go back to the bucket,
-// so that the callers behind move up.
+// so that the next callers get them sooner.
 func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
-	if err := checkRequest(r.limit, key, cost); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
+	if err := checkWait(ctx, r.limit, key, cost); err != nil {
 		return err
 	}
 	budget := waitBudget(ctx, r.config.maxWait, time.Now())

@@ -158,6 +158,24 @@ func TestRedisDeadlineBooksNothing(t *testing.T) {
 	t.Logf("refused in %v: %v", elapsed, de)
 }
 
+// TestRedisMaxWait: WithMaxWait refuses a longer wait at once, as a deadline
+// would, and lets a shorter one through.
+func TestRedisMaxWait(t *testing.T) {
+	ctx := context.Background()
+	r := mustRedis(t, newTestRedis(t), PerSecond(10).WithBurst(1), WithMaxWait(150*time.Millisecond)) // 100 ms a token
+	for i := range 2 {                                                                                // no wait, then 100 ms
+		if err := r.Wait(ctx, "k", 1); err != nil {
+			t.Fatalf("wait %d: %v", i, err)
+		}
+	}
+	r.reserve(ctx, "k", 1, noBudget) // the next caller would wait about 200 ms
+	err := r.Wait(ctx, "k", 1)
+	var de *DeadlineError
+	if !errors.As(err, &de) || !errors.Is(err, context.DeadlineExceeded) || de.Budget != 150*time.Millisecond || de.Delay < 150*time.Millisecond {
+		t.Fatalf("Wait past the maximum wait: %v, want a *DeadlineError with a budget of 150ms", err)
+	}
+}
+
 // TestRedisCancelGivesBack: of 10 booked callers, cancelling the last 5 (all
 // at once, so their refunds reach Redis in any order) moves the next new
 // caller up by exactly 5 tokens.

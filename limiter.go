@@ -27,6 +27,8 @@ type DeadlineError struct {
 	Budget time.Duration // how long the caller could wait
 }
 
+// Error says which wait was refused, how long it would have been and how
+// long the caller could wait.
 func (e *DeadlineError) Error() string {
 	return fmt.Sprintf("pace: key %q: a wait of %v for cost %d exceeds the %v the caller may wait", e.Key, e.Delay, e.Cost, e.Budget)
 }
@@ -37,8 +39,9 @@ func (e *DeadlineError) Unwrap() error { return context.DeadlineExceeded }
 // noBudget is the budget of a caller who may wait as long as it takes.
 const noBudget time.Duration = -1
 
-// checkRequest reports a key or cost that no wait could ever grant under limit.
-func checkRequest(limit Limit, key string, cost int) error {
+// checkWait reports a wait that cannot begin: a key or cost that no wait
+// could ever grant under limit, or a context that has already ended.
+func checkWait(ctx context.Context, limit Limit, key string, cost int) error {
 	switch {
 	case key == "":
 		return fmt.Errorf("pace: empty key (cost %d)", cost)
@@ -46,6 +49,8 @@ func checkRequest(limit Limit, key string, cost int) error {
 		return fmt.Errorf("pace: key %q: cost %d is below 1", key, cost)
 	case cost > limit.burst:
 		return fmt.Errorf("pace: key %q: cost %d exceeds the burst %d of limit %s", key, cost, limit.burst, limit)
+	case ctx.Err() != nil:
+		return fmt.Errorf("pace: key %q: context ended before the wait: %w", key, context.Cause(ctx))
 	}
 	return nil
 }

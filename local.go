@@ -59,10 +59,7 @@ func NewLocal(l Limit, opts ...Option) (*Local, error) {
 // Wait implements Limiter. It books cost tokens for key and sleeps until they
 // are due; if ctx ends first, the tokens go back to the bucket.
 func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
-	if err := checkRequest(loc.limit, key, cost); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
+	if err := checkWait(ctx, loc.limit, key, cost); err != nil {
 		return err
 	}
 	now := loc.now()

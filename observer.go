@@ -35,6 +35,7 @@ const (
 	EventCancel
 )
 
+// String returns the kind's name: "wait", "refuse" or "cancel".
 func (k EventKind) String() string {
 	switch k {
 	case EventWait:

@@ -77,6 +77,9 @@ func Start(tb testing.TB, extra ...string) *Server {
 	return s
 }
 
+// Pid returns the process id of the redis-server.
+func (s *Server) Pid() int { return s.cmd.Process.Pid }
+
 // Client returns a go-redis client of s, closed when the test ends.
 func (s *Server) Client(tb testing.TB) *redis.Client {
 	tb.Helper()
