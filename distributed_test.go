@@ -114,8 +114,9 @@ func TestRedisMatchesModel(t *testing.T) {
 func TestRedisDeadlineBooksNothing(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
-	r := mustRedis(t, c, PerSecond(20).WithBurst(1)) // 50 ms a token
-	for range 10 {                                   // the 11th caller would wait 500 ms
+	// 50 ms a token: after 10 bookings, the 11th caller would wait 500 ms.
+	r := mustRedis(t, c, PerSecond(20).WithBurst(1))
+	for range 10 {
 		if _, err := r.reserve(ctx, "k", 1, noBudget); err != nil {
 			t.Fatal(err)
 		}
@@ -162,8 +163,9 @@ func TestRedisDeadlineBooksNothing(t *testing.T) {
 // would, and lets a shorter one through.
 func TestRedisMaxWait(t *testing.T) {
 	ctx := context.Background()
-	r := mustRedis(t, newTestRedis(t), PerSecond(10).WithBurst(1), WithMaxWait(150*time.Millisecond)) // 100 ms a token
-	for i := range 2 {                                                                                // no wait, then 100 ms
+	// 100 ms a token: the first wait goes at once, the second after 100 ms.
+	r := mustRedis(t, newTestRedis(t), PerSecond(10).WithBurst(1), WithMaxWait(150*time.Millisecond))
+	for i := range 2 {
 		if err := r.Wait(ctx, "k", 1); err != nil {
 			t.Fatalf("wait %d: %v", i, err)
 		}
