@@ -85,9 +85,7 @@ func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
 		return err
 	}
 	if !b.granted {
-		err := &DeadlineError{Key: key, Cost: cost, Delay: b.delay, Budget: budget}
-		r.config.observer.emit(Event{Kind: EventRefuse, Limiter: "redis", Key: key, Cost: cost, Delay: b.delay, Err: err})
-		return err
+		return refuse(r.config.observer, "redis", key, cost, b.delay, budget)
 	}
 	r.config.observer.emit(Event{Kind: EventWait, Limiter: "redis", Key: key, Cost: cost, Delay: b.delay})
 	if err := sleep(ctx, key, b.delay); err != nil {

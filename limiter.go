@@ -36,6 +36,14 @@ func (e *DeadlineError) Error() string {
 // Unwrap returns context.DeadlineExceeded.
 func (e *DeadlineError) Unwrap() error { return context.DeadlineExceeded }
 
+// refuse tells o that limiter refused a wait of delay for a caller who could
+// wait budget, and returns the *DeadlineError that says so.
+func refuse(o Observer, limiter, key string, cost int, delay, budget time.Duration) error {
+	err := &DeadlineError{Key: key, Cost: cost, Delay: delay, Budget: budget}
+	o.emit(Event{Kind: EventRefuse, Limiter: limiter, Key: key, Cost: cost, Delay: delay, Err: err})
+	return err
+}
+
 // noBudget is the budget of a caller who may wait as long as it takes.
 const noBudget time.Duration = -1
 

@@ -10,9 +10,10 @@ import (
 )
 
 // Local paces events within one process, with one golang.org/x/time/rate
-// limiter per key. A key's limiter is created on first use and dropped once
-// its bucket is full again, when a new one would behave the same, so a
-// crawler that meets millions of hosts keeps only the busy ones.
+// limiter per key. A key's limiter is created on first use and dropped within
+// a refill period (the time an empty bucket takes to fill, at least a second)
+// of being full again, when a new one would behave the same; so a crawler
+// that meets millions of hosts keeps only the recently busy ones.
 //
 // A Local is safe for concurrent use. Create it with NewLocal.
 type Local struct {
@@ -78,7 +79,7 @@ func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
 	if budget := waitBudget(ctx, loc.config.maxWait, now); budget != noBudget && delay > budget {
 		r.CancelAt(now)
 		shard.mu.Unlock()
-		return loc.refuse(key, cost, delay, budget)
+		return refuse(loc.config.observer, "local", key, cost, delay, budget)
 	}
 	shard.mu.Unlock()
 	loc.config.observer.emit(Event{Kind: EventWait, Limiter: "local", Key: key, Cost: cost, Delay: delay})
@@ -102,15 +103,9 @@ func (loc *Local) Len() int {
 	return n
 }
 
-func (loc *Local) refuse(key string, cost int, delay, budget time.Duration) error {
-	err := &DeadlineError{Key: key, Cost: cost, Delay: delay, Budget: budget}
-	loc.config.observer.emit(Event{Kind: EventRefuse, Limiter: "local", Key: key, Cost: cost, Delay: delay, Err: err})
-	return err
-}
-
 // limiter returns key's limiter, creating it if needed. Once per refill
-// period it first drops the limiters whose buckets are full: they have been
-// idle for at least that long. The caller holds s.mu.
+// period (at least a second) it first drops the limiters whose buckets are
+// full again, since a new one would behave the same. The caller holds s.mu.
 func (s *localShard) limiter(loc *Local, key string, now time.Time) *rate.Limiter {
 	if !now.Before(s.nextSweep) {
 		for k, lim := range s.limiters {
