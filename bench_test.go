@@ -25,7 +25,7 @@ func BenchmarkRedisWait(b *testing.B) {
 	ctx := context.Background()
 	srv := redistest.Start(b)
 	pinRedis(b, srv)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 32})
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 32, ContextTimeoutEnabled: true})
 	defer c.Close()
 	r := mustRedis(b, c, unlimited)
 	for _, mode := range benchModes {

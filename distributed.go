@@ -22,12 +22,23 @@ import (
 // expire once the bucket is full again; the braces make them one Redis
 // Cluster hash slot.
 //
+// When Redis fails (no answer within the call timeout, a dead connection,
+// an error such as OOM, BUSY or LOADING), the limiter decides by its
+// FailurePolicy, by default pacing locally at this process's share of the
+// limit, and leaves Redis alone for a cool-down before one request probes it
+// again; the shared limit resumes by itself when a probe succeeds. Bookings
+// made before a switch are kept: their callers go at the time they were
+// given.
+//
 // A Redis is safe for concurrent use. Create it with NewRedis.
 type Redis struct {
 	client   redis.Scripter
 	limit    Limit
 	interval int64 // microseconds one token adds to the schedule
 	config   redisConfig
+	calls    *caller
+	breaker  breaker
+	fleet    *fleet
 
 	// The script arguments that never change, boxed once rather than on
 	// every call.
@@ -46,10 +57,6 @@ var (
 	refundScript = redis.NewScript(refundSource)
 )
 
-// refundTimeout bounds the call that gives a cancelled booking back, which
-// runs after the caller's own context has ended.
-const refundTimeout = time.Second
-
 // NewRedis returns a Redis limiter that gives each key the limit l, shared
 // through client. Any go-redis client serves: *redis.Client,
 // *redis.ClusterClient, *redis.Ring, a Sentinel failover client, or any
@@ -61,7 +68,7 @@ func NewRedis(client redis.Scripter, l Limit, opts ...RedisOption) (*Redis, erro
 	if err := l.Validate(); err != nil {
 		return nil, err
 	}
-	r := &Redis{client: client, limit: l, interval: l.intervalMicros(), config: redisConfig{prefix: DefaultPrefix}}
+	r := &Redis{client: client, limit: l, interval: l.intervalMicros(), config: defaultRedisConfig()}
 	r.intervalArg, r.burstArg = r.interval, int64(l.burst)
 	for _, o := range opts {
 		o.applyRedis(&r.config)
@@ -69,33 +76,96 @@ func NewRedis(client redis.Scripter, l Limit, opts ...RedisOption) (*Redis, erro
 	if err := r.config.validate(); err != nil {
 		return nil, err
 	}
+	r.calls = newCaller(client, r.config.callTimeout)
+	r.breaker = breaker{minCooldown: r.config.minCooldown, maxCooldown: r.config.maxCooldown}
+	r.fleet = newFleet(r.config.prefix, r.config.fleetName, r.config.fleetSize)
 	return r, nil
 }
 
 // Wait implements Limiter. It books cost tokens for key in Redis and sleeps
 // until they are due; if ctx ends first, the tokens go back to the bucket,
-// so that the next callers get them sooner.
+// so that the next callers get them sooner. While Redis fails, the
+// FailurePolicy decides instead.
 func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
 	if err := checkWait(ctx, r.limit, key, cost); err != nil {
 		return err
 	}
-	budget := waitBudget(ctx, r.config.maxWait, time.Now())
+	now := time.Now()
+	route, cause, fallback := r.breaker.route(now)
+	if route == withoutRedis {
+		return r.waitWithoutRedis(ctx, key, cost, cause, fallback)
+	}
+	budget := waitBudget(ctx, r.config.maxWait, now)
 	b, err := r.reserve(ctx, key, cost, budget)
+	if err != nil && isRedisFailure(err) {
+		fallback := r.failed(ctx, key, cost, route == viaProbe, err)
+		return r.waitWithoutRedis(ctx, key, cost, err, fallback)
+	}
+	if route == viaProbe {
+		outage := r.breaker.recover(time.Now())
+		r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: key, Cost: cost, Delay: outage})
+	}
 	if err != nil {
 		return err
 	}
-	if !b.granted {
-		return refuse(r.config.observer, "redis", key, cost, b.delay, budget)
+	if r.fleet.pinned == 0 && r.fleet.beatDue(now) {
+		if p, ok := r.client.(interface{ Pipeline() redis.Pipeliner }); ok {
+			if err := r.fleet.beat(ctx, r.calls, p.Pipeline(), b.now); err != nil {
+				r.failed(ctx, key, cost, false, err) // this request keeps its booking
+			}
+		}
 	}
-	r.config.observer.emit(Event{Kind: EventWait, Limiter: "redis", Key: key, Cost: cost, Delay: b.delay})
+	if !b.granted {
+		return refuse(ctx, r.config.observer, "redis", key, cost, b.delay, budget)
+	}
+	r.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: "redis", Key: key, Cost: cost, Delay: b.delay})
 	if err := sleep(ctx, key, b.delay); err != nil {
 		if _, _, refundErr := r.refund(ctx, key, cost, b.finish); refundErr != nil {
 			err = errors.Join(err, refundErr)
+			r.failed(ctx, key, cost, false, refundErr)
 		}
-		r.config.observer.emit(Event{Kind: EventCancel, Limiter: "redis", Key: key, Cost: cost, Delay: b.delay, Err: err})
+		r.config.observer.emit(ctx, Event{Kind: EventCancel, Limiter: "redis", Key: key, Cost: cost, Delay: b.delay, Err: err})
 		return err
 	}
 	return nil
+}
+
+// failed records a failed Redis call, tells the observer, and returns the
+// local limiter of the outage (nil unless the policy is FallbackLocal).
+func (r *Redis) failed(ctx context.Context, key string, cost int, probe bool, err error) *Local {
+	began, fallback := r.breaker.fail(time.Now(), probe, err, r.newFallback)
+	switch {
+	case began:
+		r.config.observer.emit(ctx, Event{Kind: EventFallback, Limiter: "redis", Key: key, Cost: cost, Err: err})
+	case probe:
+		r.config.observer.emit(ctx, Event{Kind: EventProbe, Limiter: "redis", Key: key, Cost: cost, Err: err})
+	}
+	return fallback
+}
+
+// newFallback returns the local limiter for an outage that begins now: this
+// process's share of the limit, with every bucket empty at the start, since
+// Redis may have just granted the whole burst.
+func (r *Redis) newFallback() *Local {
+	if r.config.policy != FallbackLocal {
+		return nil
+	}
+	loc := newLocal(r.limit.share(r.fleet.Size()), r.config.commonConfig)
+	loc.emptyAt = loc.now()
+	return loc
+}
+
+// waitWithoutRedis decides a request by the failure policy while Redis is
+// away; cause is the failure that sent it there.
+func (r *Redis) waitWithoutRedis(ctx context.Context, key string, cost int, cause error, fallback *Local) error {
+	switch r.config.policy {
+	case FailOpen:
+		r.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: "open", Key: key, Cost: cost, Err: cause})
+		return nil
+	case FailClosed:
+		return fmt.Errorf("pace: key %q: %w: %w", key, ErrUnavailable, cause)
+	}
+	return fallback.Wait(ctx, key, cost)
 }
 
 // booking is what the reserve script decided.
@@ -114,7 +184,7 @@ func (r *Redis) reserve(ctx context.Context, key string, cost int, budget time.D
 		budgetArg = budget.Microseconds()
 	}
 	var reply [4]int64
-	err := int64Reply(reserveScript.Run(ctx, r.client, []string{r.bucketKey(key)},
+	err := int64Reply(r.calls.run(ctx, reserveScript, []string{r.bucketKey(key)},
 		r.intervalArg, r.burstArg, cost, budgetArg), reply[:])
 	if err == nil && (reply[0] < 0 || reply[0] > 1 || reply[1] < 0) {
 		err = fmt.Errorf("replied %v, want [granted delay now finish]", reply)
@@ -141,13 +211,12 @@ const (
 
 // refund gives back the booking of cost tokens for key that left the bucket
 // at finish, and returns what became of it and the Redis TIME it used, in
-// microseconds. It runs on a context of its own, since ctx has usually ended.
+// microseconds. Like every call, it has a deadline of its own, so it runs
+// although ctx has usually ended.
 func (r *Redis) refund(ctx context.Context, key string, cost int, finish int64) (refundResult, int64, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
-	defer cancel()
 	base := r.bucketKey(key)
 	var reply [2]int64
-	err := int64Reply(refundScript.Run(ctx, r.client, []string{base, base + ":gaps"},
+	err := int64Reply(r.calls.run(ctx, refundScript, []string{base, base + ":gaps"},
 		finish, int64(cost)*r.interval), reply[:])
 	if err == nil && (reply[0] < int64(refundNothing) || reply[0] > int64(refundGap)) {
 		err = fmt.Errorf("replied %v, want [result now] with result 0, 1 or 2", reply)

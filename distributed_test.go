@@ -185,7 +185,7 @@ func TestRedisCancelGivesBack(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
 	booked := make(chan Event, 16)
-	r := mustRedis(t, c, PerSecond(2).WithBurst(1), WithObserver(func(e Event) {
+	r := mustRedis(t, c, PerSecond(2).WithBurst(1), WithObserver(func(_ context.Context, e Event) {
 		if e.Kind == EventWait {
 			booked <- e
 		}

@@ -22,7 +22,7 @@ func ExampleTransport() {
 	defer upstream.Close()
 
 	var waited atomic.Int64
-	limiter, err := pace.NewLocal(pace.PerSecond(20).WithBurst(2), pace.WithObserver(func(e pace.Event) {
+	limiter, err := pace.NewLocal(pace.PerSecond(20).WithBurst(2), pace.WithObserver(func(_ context.Context, e pace.Event) {
 		if e.Kind == pace.EventWait && e.Delay > 0 {
 			waited.Add(1)
 		}

@@ -63,7 +63,7 @@ func (w fleetWorker) run() (fleetReport, error) {
 	client := redis.NewClient(&redis.Options{Addr: w.Addr, PoolSize: w.Goroutines})
 	defer client.Close()
 	var cancels atomic.Int64
-	r, err := NewRedis(client, limit, WithObserver(func(e Event) {
+	r, err := NewRedis(client, limit, WithObserver(func(_ context.Context, e Event) {
 		if e.Kind == EventCancel {
 			cancels.Add(1)
 		}

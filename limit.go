@@ -81,6 +81,12 @@ func (l Limit) problem() string {
 	return ""
 }
 
+// share is the part of l for one of n processes: 1/n of the rate, and 1/n
+// of the burst (at least 1).
+func (l Limit) share(n int) Limit {
+	return Limit{count: l.count / float64(n), period: l.period, burst: max(l.burst/n, 1)}
+}
+
 // intervalMicros is interval in whole microseconds, rounded up so that a
 // rounded rate is never above l. The tiny relative slack absorbs the
 // floating-point error of count*1000 in quotients that are whole numbers

@@ -38,9 +38,9 @@ func (e *DeadlineError) Unwrap() error { return context.DeadlineExceeded }
 
 // refuse tells o that limiter refused a wait of delay for a caller who could
 // wait budget, and returns the *DeadlineError that says so.
-func refuse(o Observer, limiter, key string, cost int, delay, budget time.Duration) error {
+func refuse(ctx context.Context, o Observer, limiter, key string, cost int, delay, budget time.Duration) error {
 	err := &DeadlineError{Key: key, Cost: cost, Delay: delay, Budget: budget}
-	o.emit(Event{Kind: EventRefuse, Limiter: limiter, Key: key, Cost: cost, Delay: delay, Err: err})
+	o.emit(ctx, Event{Kind: EventRefuse, Limiter: limiter, Key: key, Cost: cost, Delay: delay, Err: err})
 	return err
 }
 

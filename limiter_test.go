@@ -2,6 +2,7 @@ package pace
 
 import (
 	"context"
+	"errors"
 	"math"
 	"strings"
 	"testing"
@@ -120,8 +121,8 @@ func (s scripterReplying) EvalSha(ctx context.Context, _ string, _ []string, _ .
 	return cmd
 }
 
-// TestRedisOddReplies: a reply of the wrong shape is an error, never a panic
-// and never a grant.
+// TestRedisOddReplies: a reply of the wrong shape is a Redis failure, never a
+// panic and never a grant from Redis: a FailClosed limiter says so.
 func TestRedisOddReplies(t *testing.T) {
 	for name, val := range map[string]any{
 		"nil":          nil,
@@ -134,9 +135,9 @@ func TestRedisOddReplies(t *testing.T) {
 		"nested table": []any{[]any{int64(1)}, int64(0), int64(0), int64(0)},
 	} {
 		t.Run(name, func(t *testing.T) {
-			r := mustRedis(t, scripterReplying{val: val}, PerSecond(10))
-			if err := r.Wait(context.Background(), "k", 1); err == nil {
-				t.Errorf("reply %#v: Wait granted, want an error", val)
+			r := mustRedis(t, scripterReplying{val: val}, PerSecond(10), WithFailurePolicy(FailClosed))
+			if err := r.Wait(context.Background(), "k", 1); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "replied") {
+				t.Errorf("reply %#v: Wait returned %v, want an error wrapping ErrUnavailable that quotes the reply", val, err)
 			}
 		})
 	}

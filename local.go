@@ -20,6 +20,10 @@ type Local struct {
 	limit  Limit
 	config commonConfig
 	now    func() time.Time // time.Now, or a test's clock
+	// emptyAt, if set, is when the buckets of keys met later were empty: a
+	// Redis limiter's fallback starts so, lest each process burst its share
+	// on top of what Redis granted just before.
+	emptyAt time.Time
 	refill time.Duration    // how long an empty bucket takes to fill
 	seed   maphash.Seed
 	shards [localShards]localShard
@@ -43,18 +47,24 @@ func NewLocal(l Limit, opts ...Option) (*Local, error) {
 	if err := l.Validate(); err != nil {
 		return nil, err
 	}
-	loc := &Local{limit: l, now: time.Now, seed: maphash.MakeSeed()}
+	var config commonConfig
 	for _, o := range opts {
-		o.applyLocal(&loc.config)
+		o.applyLocal(&config)
 	}
-	if err := loc.config.validate(); err != nil {
+	if err := config.validate(); err != nil {
 		return nil, err
 	}
+	return newLocal(l, config), nil
+}
+
+// newLocal returns a Local of a valid limit and configuration.
+func newLocal(l Limit, config commonConfig) *Local {
+	loc := &Local{limit: l, config: config, now: time.Now, seed: maphash.MakeSeed()}
 	loc.refill = time.Duration(l.burst) * time.Duration(float64(l.period)/l.count)
 	for i := range loc.shards {
 		loc.shards[i].limiters = make(map[string]*rate.Limiter)
 	}
-	return loc, nil
+	return loc
 }
 
 // Wait implements Limiter. It books cost tokens for key and sleeps until they
@@ -69,7 +79,7 @@ func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
 	lim := shard.limiter(loc, key, now)
 	if lim.AllowN(now, cost) {
 		shard.mu.Unlock()
-		loc.config.observer.emit(Event{Kind: EventWait, Limiter: "local", Key: key, Cost: cost})
+		loc.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: "local", Key: key, Cost: cost})
 		return nil
 	}
 	// Under the shard's lock nobody else can book on lim, so a reservation
@@ -79,13 +89,13 @@ func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
 	if budget := waitBudget(ctx, loc.config.maxWait, now); budget != noBudget && delay > budget {
 		r.CancelAt(now)
 		shard.mu.Unlock()
-		return refuse(loc.config.observer, "local", key, cost, delay, budget)
+		return refuse(ctx, loc.config.observer, "local", key, cost, delay, budget)
 	}
 	shard.mu.Unlock()
-	loc.config.observer.emit(Event{Kind: EventWait, Limiter: "local", Key: key, Cost: cost, Delay: delay})
+	loc.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: "local", Key: key, Cost: cost, Delay: delay})
 	if err := sleep(ctx, key, delay); err != nil {
 		r.CancelAt(loc.now())
-		loc.config.observer.emit(Event{Kind: EventCancel, Limiter: "local", Key: key, Cost: cost, Delay: delay, Err: err})
+		loc.config.observer.emit(ctx, Event{Kind: EventCancel, Limiter: "local", Key: key, Cost: cost, Delay: delay, Err: err})
 		return err
 	}
 	return nil
@@ -118,6 +128,9 @@ func (s *localShard) limiter(loc *Local, key string, now time.Time) *rate.Limite
 	lim, ok := s.limiters[key]
 	if !ok {
 		lim = rate.NewLimiter(rate.Limit(loc.limit.Rate()), loc.limit.burst)
+		if !loc.emptyAt.IsZero() {
+			lim.AllowN(loc.emptyAt, loc.limit.burst)
+		}
 		s.limiters[key] = lim
 	}
 	return lim

@@ -101,7 +101,7 @@ func TestLocalKeepsBusyKeys(t *testing.T) {
 func TestLocalDeadlineAndCancel(t *testing.T) {
 	ctx := context.Background()
 	events := make(chan Event, 4)
-	loc := mustLocal(t, PerSecond(2).WithBurst(1), WithObserver(func(e Event) { events <- e })) // 500 ms a token
+	loc := mustLocal(t, PerSecond(2).WithBurst(1), WithObserver(func(_ context.Context, e Event) { events <- e })) // 500 ms a token
 	if err := loc.Wait(ctx, "k", 1); err != nil {
 		t.Fatal(err)
 	}

@@ -1,31 +1,33 @@
 package pace
 
 import (
+	"context"
 	"strconv"
 	"time"
 )
 
-// An Observer sees what a limiter decides, so that a program can log, count
-// or trace it; pace itself never logs. It is called synchronously on the
-// caller's goroutine, possibly from many goroutines at once: it must be safe
-// for concurrent use and quick.
-type Observer func(Event)
+// An Observer sees what a limiter decides and what becomes of Redis, so that
+// a program can log, count or trace it; pace itself never logs. It is called
+// synchronously on the goroutine of the request concerned, with that
+// request's context (so a tracer finds its span), possibly from many
+// goroutines at once: it must be safe for concurrent use and quick.
+type Observer func(context.Context, Event)
 
 // An Event is one thing a limiter did.
 type Event struct {
 	Kind    EventKind
-	Limiter string        // "redis" or "local": which limiter decided
+	Limiter string        // which limiter decided: "redis", "local" (also the fallback), or "open" (fail-open)
 	Key     string        // the key the event is about
 	Cost    int           // the units asked for
-	Delay   time.Duration // the wait booked, refused or cut short
-	Err     error         // why a wait was refused or ended early; nil for EventWait
+	Delay   time.Duration // the wait booked, refused or cut short; for EventRecover, how long Redis was away
+	Err     error         // why: the refusal, the cancellation, or the Redis failure
 }
 
 // An EventKind says what an Event reports.
 type EventKind uint8
 
 const (
-	// EventWait: cost units were booked; the caller waits Delay, then goes.
+	// EventWait: cost units were granted; the caller waits Delay, then goes.
 	EventWait EventKind = iota + 1
 	// EventRefuse: nothing was booked, since a wait of Delay would pass the
 	// caller's deadline or the maximum wait; Err is a *DeadlineError.
@@ -33,23 +35,32 @@ const (
 	// EventCancel: the caller's context ended during its wait; its booking
 	// was given back (Err says if that failed).
 	EventCancel
+	// EventFallback: a Redis call failed (Err says how), and until Redis is
+	// back the limiter decides by its FailurePolicy.
+	EventFallback
+	// EventProbe: after a cool-down, one request tried Redis again and
+	// failed (Err says how); the next cool-down is longer.
+	EventProbe
+	// EventRecover: a probe succeeded; the shared limit is back. Delay is how
+	// long the limiter went without Redis.
+	EventRecover
 )
 
-// String returns the kind's name: "wait", "refuse" or "cancel".
+var eventKindNames = [...]string{
+	EventWait: "wait", EventRefuse: "refuse", EventCancel: "cancel",
+	EventFallback: "fallback", EventProbe: "probe", EventRecover: "recover",
+}
+
+// String returns the kind's name, such as "wait" or "fallback".
 func (k EventKind) String() string {
-	switch k {
-	case EventWait:
-		return "wait"
-	case EventRefuse:
-		return "refuse"
-	case EventCancel:
-		return "cancel"
+	if int(k) < len(eventKindNames) && eventKindNames[k] != "" {
+		return eventKindNames[k]
 	}
 	return "EventKind(" + strconv.Itoa(int(k)) + ")"
 }
 
-func (o Observer) emit(e Event) {
+func (o Observer) emit(ctx context.Context, e Event) {
 	if o != nil {
-		o(e)
+		o(ctx, e)
 	}
 }

@@ -33,16 +33,50 @@ func (c commonConfig) validate() error {
 // redisConfig is what a Redis limiter can be told.
 type redisConfig struct {
 	commonConfig
-	prefix string
+	prefix                   string
+	callTimeout              time.Duration
+	policy                   FailurePolicy
+	fleetName                string
+	fleetSize                int
+	minCooldown, maxCooldown time.Duration
 }
 
-// DefaultPrefix starts the name of every Redis key pace writes, unless
-// WithPrefix says otherwise.
-const DefaultPrefix = "pace:"
+// The defaults of a Redis limiter.
+const (
+	// DefaultPrefix starts the name of every Redis key pace writes.
+	DefaultPrefix = "pace:"
+	// DefaultCallTimeout bounds each Redis call.
+	DefaultCallTimeout = 50 * time.Millisecond
+	// DefaultMinCooldown and DefaultMaxCooldown bound the time a failing
+	// Redis is left alone before the next probe.
+	DefaultMinCooldown = 100 * time.Millisecond
+	DefaultMaxCooldown = 2 * time.Second
+)
+
+func defaultRedisConfig() redisConfig {
+	return redisConfig{
+		prefix:      DefaultPrefix,
+		callTimeout: DefaultCallTimeout,
+		fleetName:   "default",
+		minCooldown: DefaultMinCooldown,
+		maxCooldown: DefaultMaxCooldown,
+	}
+}
 
 func (c redisConfig) validate() error {
-	if strings.ContainsAny(c.prefix, "{}") {
+	switch {
+	case strings.ContainsAny(c.prefix, "{}"):
 		return fmt.Errorf("pace: WithPrefix(%q): a prefix may not contain '{' or '}', which pace uses for the Redis Cluster hash tag", c.prefix)
+	case c.fleetName == "" || strings.ContainsAny(c.fleetName, "{}"):
+		return fmt.Errorf("pace: WithFleetName(%q): want a name without '{' or '}'", c.fleetName)
+	case c.callTimeout <= 0:
+		return fmt.Errorf("pace: WithCallTimeout(%v): not positive", c.callTimeout)
+	case c.policy > FailClosed:
+		return fmt.Errorf("pace: WithFailurePolicy(%v): unknown policy", c.policy)
+	case c.fleetSize < 0:
+		return fmt.Errorf("pace: WithFleetSize(%d): negative", c.fleetSize)
+	case c.minCooldown <= 0 || c.maxCooldown < c.minCooldown:
+		return fmt.Errorf("pace: WithCooldown(%v, %v): want 0 < min <= max", c.minCooldown, c.maxCooldown)
 	}
 	return c.commonConfig.validate()
 }
@@ -72,4 +106,41 @@ func WithMaxWait(d time.Duration) Option {
 // DefaultPrefix. Limiters with different prefixes do not share buckets.
 func WithPrefix(prefix string) RedisOption {
 	return redisOption(func(c *redisConfig) { c.prefix = prefix })
+}
+
+// WithCallTimeout bounds each Redis call, whatever the request's context and
+// the client's options; the default is DefaultCallTimeout. A call gets from d
+// to 1.25*d. When it does not answer in time, the limiter handles the request
+// by its FailurePolicy.
+func WithCallTimeout(d time.Duration) RedisOption {
+	return redisOption(func(c *redisConfig) { c.callTimeout = d })
+}
+
+// WithFailurePolicy says what the limiter does while Redis fails; the
+// default is FallbackLocal.
+func WithFailurePolicy(p FailurePolicy) RedisOption {
+	return redisOption(func(c *redisConfig) { c.policy = p })
+}
+
+// WithFleetName names the fleet whose processes count one another (by
+// heartbeats in Redis) to know their share of the limit should Redis fail.
+// Limiters for different upstreams may share a name when the same processes
+// run them. The default is "default".
+func WithFleetName(name string) RedisOption {
+	return redisOption(func(c *redisConfig) { c.fleetName = name })
+}
+
+// WithFleetSize pins the number of processes that share the limit, instead
+// of counting them by heartbeats. Should Redis fail, each paces at 1/n of the
+// limit. Zero, the default, means count.
+func WithFleetSize(n int) RedisOption {
+	return redisOption(func(c *redisConfig) { c.fleetSize = n })
+}
+
+// WithCooldown sets how long a failing Redis is left alone before one
+// request probes it again: min after the first failure, doubling (with
+// jitter) after each failed probe, up to max. The defaults are
+// DefaultMinCooldown and DefaultMaxCooldown.
+func WithCooldown(min, max time.Duration) RedisOption {
+	return redisOption(func(c *redisConfig) { c.minCooldown, c.maxCooldown = min, max })
 }

@@ -78,7 +78,7 @@ func TestTransportClosesBodyOnEveryErrorPath(t *testing.T) {
 		"cancelled while waiting": {
 			transport: func() *Transport {
 				lim := busy().(*Local)
-				lim.config.observer = func(e Event) { // the wait is booked: end it now
+				lim.config.observer = func(_ context.Context, e Event) { // the wait is booked: end it now
 					if e.Kind == EventWait {
 						cancelWaiting()
 					}
@@ -149,7 +149,7 @@ func TestTransportClosesBodyOnEveryErrorPath(t *testing.T) {
 func TestTransportCancelsPromptly(t *testing.T) {
 	c := newTestRedis(t)
 	booked := make(chan time.Duration, 1)
-	lim := mustRedis(t, c, Every(10*time.Second), WithObserver(func(e Event) {
+	lim := mustRedis(t, c, Every(10*time.Second), WithObserver(func(_ context.Context, e Event) {
 		if e.Kind == EventWait && e.Delay > 0 {
 			booked <- e.Delay
 		}

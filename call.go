@@ -1,0 +1,120 @@
+package pace
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// caller runs Redis calls, each with a timeout of its own, whatever the
+// request's context and whatever the options of the client.
+//
+// A client that applies context deadlines to its socket I/O (go-redis with
+// ContextTimeoutEnabled) gets the call directly, with a deadline. Any other
+// client (go-redis's default, or a type pace cannot inspect) might block for
+// its ReadTimeout and retries, seconds in all, so its call runs on a goroutine
+// of its own and the caller stops waiting for it at the deadline.
+type caller struct {
+	client  redis.Scripter
+	timeout time.Duration
+	guarded bool // the client may ignore context deadlines
+
+	// deadline is a context whose deadline lies timeout to 1.25*timeout
+	// ahead, renewed every quarter timeout and shared by the calls that start
+	// meanwhile, so that a call's timeout costs no allocation of its own.
+	deadline atomic.Pointer[sharedDeadline]
+}
+
+type sharedDeadline struct {
+	ctx     context.Context
+	cancel  context.CancelFunc // left to the context's own timer, which ends it at the deadline
+	renewAt time.Time
+}
+
+func newCaller(client redis.Scripter, timeout time.Duration) *caller {
+	return &caller{client: client, timeout: timeout, guarded: !appliesContextDeadlines(client)}
+}
+
+// appliesContextDeadlines reports whether client bounds its socket I/O by a
+// context's deadline.
+func appliesContextDeadlines(client redis.Scripter) bool {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}
+
+// callContext is the context of one Redis call: the values of the request's
+// context, for the client's tracing hooks, with the call's own deadline
+// instead of the request's.
+type callContext struct {
+	context.Context                 // the shared deadline
+	values          context.Context // the request
+}
+
+func (c callContext) Value(key any) any { return c.values.Value(key) }
+
+func (c *caller) context(ctx context.Context) context.Context {
+	now := time.Now()
+	d := c.deadline.Load()
+	if d == nil || !now.Before(d.renewAt) {
+		dctx, cancel := context.WithDeadline(context.Background(), now.Add(c.timeout+c.timeout/4))
+		d = &sharedDeadline{ctx: dctx, cancel: cancel, renewAt: now.Add(c.timeout / 4)}
+		c.deadline.Store(d)
+	}
+	return callContext{Context: d.ctx, values: ctx}
+}
+
+// run runs script with the call's timeout.
+func (c *caller) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	cctx := c.context(ctx)
+	if !c.guarded {
+		return script.Run(cctx, c.client, keys, args...)
+	}
+	done := make(chan *redis.Cmd, 1)
+	go func() { done <- script.Run(cctx, c.client, keys, args...) }()
+	select {
+	case cmd := <-done:
+		return cmd
+	case <-cctx.Done():
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(c.timedOut())
+		return cmd
+	}
+}
+
+// pipeline runs the commands that fill sends, in one round trip, with the
+// call's timeout.
+func (c *caller) pipeline(ctx context.Context, p redis.Pipeliner) ([]redis.Cmder, error) {
+	cctx := c.context(ctx)
+	if !c.guarded {
+		return p.Exec(cctx)
+	}
+	type result struct {
+		cmds []redis.Cmder
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		cmds, err := p.Exec(cctx)
+		done <- result{cmds, err}
+	}()
+	select {
+	case r := <-done:
+		return r.cmds, r.err
+	case <-cctx.Done():
+		return nil, c.timedOut()
+	}
+}
+
+func (c *caller) timedOut() error {
+	return fmt.Errorf("pace: Redis did not answer within the call timeout of %v", c.timeout)
+}

@@ -1,0 +1,75 @@
+package pace
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// fleet keeps count of the processes that share a limiter, so that when
+// Redis fails each can pace at its share of the limit. While Redis answers,
+// every process that is making requests adds itself to a sorted set in Redis
+// once per heartbeat, scored by Redis's clock, and reads how many others did
+// within the last heartbeatTTL. An idle process drops out, leaving its share
+// to the busy ones.
+type fleet struct {
+	key      string // prefix{fleet}:name
+	member   string // this process
+	pinned   int    // a size the user set, or 0
+	size     atomic.Int64
+	nextBeat atomic.Int64 // time.Now().UnixNano() of the next heartbeat
+}
+
+const (
+	heartbeatEvery = time.Second
+	heartbeatTTL   = 3 * heartbeatEvery
+)
+
+func newFleet(prefix, name string, pinned int) *fleet {
+	var id [6]byte
+	rand.Read(id[:])
+	host, _ := os.Hostname()
+	return &fleet{
+		key:    prefix + "{fleet}:" + name,
+		member: host + ":" + strconv.Itoa(os.Getpid()) + ":" + hex.EncodeToString(id[:]),
+		pinned: pinned,
+	}
+}
+
+// Size returns the fleet's size: the pinned one, else the last one counted,
+// else 1 (before any heartbeat, a process knows of no other).
+func (f *fleet) Size() int {
+	if f.pinned > 0 {
+		return f.pinned
+	}
+	return max(int(f.size.Load()), 1)
+}
+
+// beatDue reports whether this process should send its heartbeat now; only
+// one caller a period gets true.
+func (f *fleet) beatDue(now time.Time) bool {
+	next := f.nextBeat.Load()
+	return now.UnixNano() >= next && f.nextBeat.CompareAndSwap(next, now.Add(heartbeatEvery).UnixNano())
+}
+
+// beat sends the heartbeat through p in one round trip, at redisNow (Redis's
+// clock, in microseconds, from the reservation just made), and counts the
+// fleet.
+func (f *fleet) beat(ctx context.Context, c *caller, p redis.Pipeliner, redisNow int64) error {
+	ttl := heartbeatTTL.Microseconds()
+	p.ZRemRangeByScore(ctx, f.key, "-inf", strconv.FormatInt(redisNow-ttl, 10))
+	p.ZAdd(ctx, f.key, redis.Z{Score: float64(redisNow), Member: f.member})
+	count := p.ZCard(ctx, f.key)
+	p.PExpire(ctx, f.key, heartbeatTTL)
+	if _, err := c.pipeline(ctx, p); err != nil {
+		return err
+	}
+	f.size.Store(count.Val())
+	return nil
+}
