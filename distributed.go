@@ -108,12 +108,13 @@ func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
 	if err != nil {
 		return err
 	}
-	if r.fleet.pinned == 0 && r.fleet.beatDue(now) {
-		if p, ok := r.client.(interface{ Pipeline() redis.Pipeliner }); ok {
+	if p, ok := r.client.(interface{ Pipeline() redis.Pipeliner }); ok && r.fleet.pinned == 0 && r.fleet.beatDue(now) {
+		// The heartbeat goes beside the request, which need not wait for it.
+		go func() {
 			if err := r.fleet.beat(ctx, r.calls, p.Pipeline(), b.now); err != nil {
-				r.failed(ctx, key, cost, false, err) // this request keeps its booking
+				r.failed(ctx, key, cost, false, err)
 			}
-		}
+		}()
 	}
 	if !b.granted {
 		return refuse(ctx, r.config.observer, "redis", key, cost, b.delay, budget)

@@ -4,37 +4,73 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fleetpace/pace/internal/redistest"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 )
 
 // fleetWorkerEnv, when set, makes the test binary a fleet worker: a process
 // of its own, configured by the JSON fleetWorker in the variable.
 const fleetWorkerEnv = "PACE_FLEET_WORKER"
 
-// fleetWorker is what a worker process is told to do.
+// fleetWorker is what a worker process is told to do: run Goroutines
+// goroutines that wait on one Redis limiter for Key, one request after
+// another, from Start until End.
 type fleetWorker struct {
 	Addr       string // Redis
 	Limit      string // in ParseLimit syntax
 	Key        string
 	Goroutines int
 	Start, End time.Time // the same for every process of the fleet
+
+	Policy                   FailurePolicy
+	CallTimeout              time.Duration // 0: the default
+	MinCooldown, MaxCooldown time.Duration // 0: the defaults
+	// DefaultClient leaves go-redis's options as they are, so that pace
+	// must guard each call; otherwise the client applies context deadlines.
+	DefaultClient bool
+	// Work is how long each request takes after its grant (the upstream's
+	// time), so that a limiter that does not pace cannot spin the worker.
+	Work time.Duration
+}
+
+// fleetRequest is what became of one Wait in a worker.
+type fleetRequest struct {
+	Start, End  time.Time
+	Limiter     string        // who granted it, from its EventWait; "" if it failed
+	Delay       time.Duration // the pacing delay it was given
+	Err         string
+	Unavailable bool // Err wraps ErrUnavailable
 }
 
 // fleetReport is what a worker process prints on stdout.
 type fleetReport struct {
-	Grants  []time.Time
-	Cancels int64
-	Err     string
+	Requests  []fleetRequest
+	Fallbacks []time.Time // EventFallback
+	Recovers  []time.Time // EventRecover
+	Cancels   int
+	Err       string
+}
+
+// grants returns the end times of the granted requests, sorted.
+func (r fleetReport) grants(limiter string) []time.Time {
+	var grants []time.Time
+	for _, q := range r.Requests {
+		if q.Err == "" && (limiter == "" || q.Limiter == limiter) {
+			grants = append(grants, q.End)
+		}
+	}
+	slices.SortFunc(grants, time.Time.Compare)
+	return grants
 }
 
 // runFleetWorker runs one fleet worker process and returns its exit code.
@@ -44,6 +80,9 @@ func runFleetWorker() int {
 	err := json.Unmarshal([]byte(os.Getenv(fleetWorkerEnv)), &w)
 	if err == nil {
 		report, err = w.run()
+	}
+	if err == nil { // the limiter and client are done with: nothing of theirs may still run
+		err = goleak.Find()
 	}
 	if err != nil {
 		report.Err = err.Error()
@@ -55,30 +94,83 @@ func runFleetWorker() int {
 	return 0
 }
 
+type requestKey struct{}
+
 func (w fleetWorker) run() (fleetReport, error) {
 	limit, err := ParseLimit(w.Limit)
 	if err != nil {
 		return fleetReport{}, err
 	}
-	client := redis.NewClient(&redis.Options{Addr: w.Addr, PoolSize: w.Goroutines})
+	options := &redis.Options{Addr: w.Addr}
+	if !w.DefaultClient {
+		options.ContextTimeoutEnabled = true
+		options.PoolSize = 64 // see README: dial failures beyond PoolSize slow recovery
+	}
+	client := redis.NewClient(options)
 	defer client.Close()
-	var cancels atomic.Int64
-	r, err := NewRedis(client, limit, WithObserver(func(_ context.Context, e Event) {
-		if e.Kind == EventCancel {
-			cancels.Add(1)
+
+	var mu sync.Mutex
+	var report fleetReport
+	opts := []RedisOption{WithFailurePolicy(w.Policy), WithObserver(func(ctx context.Context, e Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch e.Kind {
+		case EventWait:
+			if q, ok := ctx.Value(requestKey{}).(*fleetRequest); ok {
+				q.Limiter, q.Delay = e.Limiter, e.Delay
+			}
+		case EventCancel:
+			report.Cancels++
+		case EventFallback:
+			report.Fallbacks = append(report.Fallbacks, time.Now())
+		case EventRecover:
+			report.Recovers = append(report.Recovers, time.Now())
 		}
-	}))
+	})}
+	if w.CallTimeout > 0 {
+		opts = append(opts, WithCallTimeout(w.CallTimeout))
+	}
+	if w.MaxCooldown > 0 {
+		opts = append(opts, WithCooldown(w.MinCooldown, w.MaxCooldown))
+	}
+	r, err := NewRedis(client, limit, opts...)
 	if err != nil {
 		return fleetReport{}, err
 	}
-	time.Sleep(time.Until(w.Start)) // line up with the other processes
-	grants, err := runWorkers(w.Goroutines, w.End, func(ctx context.Context) error { return r.Wait(ctx, w.Key, 1) })
-	return fleetReport{Grants: grants, Cancels: cancels.Load()}, err
+
+	// Open a connection for each goroutine, then line up with the other
+	// processes: the run measures pacing, not a cold start.
+	var warm sync.WaitGroup
+	for range w.Goroutines {
+		warm.Go(func() { client.Ping(context.Background()) })
+	}
+	warm.Wait()
+	time.Sleep(time.Until(w.Start))
+	var wg sync.WaitGroup
+	for range w.Goroutines {
+		wg.Go(func() {
+			for time.Now().Before(w.End) {
+				q := &fleetRequest{Start: time.Now()}
+				err := r.Wait(context.WithValue(context.Background(), requestKey{}, q), w.Key, 1)
+				mu.Lock()
+				q.End = time.Now()
+				if err != nil {
+					q.Err, q.Unavailable = err.Error(), errors.Is(err, ErrUnavailable)
+				}
+				report.Requests = append(report.Requests, *q)
+				mu.Unlock()
+				time.Sleep(w.Work)
+			}
+		})
+	}
+	wg.Wait()
+	return report, nil
 }
 
 // runFleet starts procs worker processes of this test binary, all told to do
-// w, and returns their reports.
-func runFleet(t *testing.T, procs int, w fleetWorker) []fleetReport {
+// w, and returns their reports. During the run, it calls each fault's act at
+// its time after w.Start, and returns when each was done too.
+func runFleet(t *testing.T, procs int, w fleetWorker, faults ...fault) ([]fleetReport, []time.Time) {
 	t.Helper()
 	config, err := json.Marshal(w)
 	if err != nil {
@@ -101,13 +193,26 @@ func runFleet(t *testing.T, procs int, w fleetWorker) []fleetReport {
 			}
 		})
 	}
+	done := make([]time.Time, len(faults))
+	for i, f := range faults {
+		time.Sleep(time.Until(w.Start.Add(f.at)))
+		f.act()
+		done[i] = time.Now()
+	}
 	wg.Wait()
 	for _, err := range errs {
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
-	return reports
+	return reports, done
+}
+
+// A fault is something done to Redis during a fleet run, at a time after its
+// start.
+type fault struct {
+	at  time.Duration
+	act func()
 }
 
 // TestRedisFleet: 4 processes of 8 goroutines each share one key at 200/s
@@ -118,7 +223,7 @@ func TestRedisFleet(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
 	const limit = "200/s burst 10"
-	warm := mustRedis(t, c, mustParseLimit(t, limit))
+	warm := mustRedis(t, c, mustParseLimit(t, limit), WithFleetSize(1))
 	if err := warm.Wait(ctx, "warm-up", 1); err != nil { // loads the script, so workers' EVALSHA finds it
 		t.Fatal(err)
 	}
@@ -127,18 +232,18 @@ func TestRedisFleet(t *testing.T) {
 	}
 
 	start := time.Now().Add(time.Second) // time for the processes to start
-	reports := runFleet(t, 4, fleetWorker{
+	reports, _ := runFleet(t, 4, fleetWorker{
 		Addr: c.Options().Addr, Limit: limit, Key: "api.example.com:443",
 		Goroutines: 8, Start: start, End: start.Add(3 * time.Second),
 	})
 
 	var grants []time.Time
-	var cancels int64
+	var cancels int
 	for i, r := range reports {
-		if len(r.Grants) < 50 {
-			t.Errorf("process %d got only %d grants: the fleet did not share fairly", i, len(r.Grants))
+		if n := len(r.grants("redis")); n != len(r.Requests) || n < 50 {
+			t.Errorf("process %d: %d of %d requests granted by Redis, want all, and at least 50", i, n, len(r.Requests))
 		}
-		grants = append(grants, r.Grants...)
+		grants = append(grants, r.grants("")...)
 		cancels += r.Cancels
 	}
 	slices.SortFunc(grants, time.Time.Compare)
@@ -149,8 +254,8 @@ func TestRedisFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	scriptCalls := calls["evalsha"].Calls + calls["eval"].Calls
-	t.Logf("%d script calls (evalsha %d, eval %d) for %d grants: %.2f per grant; %d refunds",
-		scriptCalls, calls["evalsha"].Calls, calls["eval"].Calls, len(grants), float64(scriptCalls)/float64(len(grants)), cancels)
+	t.Logf("%d script calls (evalsha %d, eval %d) for %d grants: %.2f per grant; %d refunds; %d heartbeats",
+		scriptCalls, calls["evalsha"].Calls, calls["eval"].Calls, len(grants), float64(scriptCalls)/float64(len(grants)), cancels, calls["zadd"].Calls)
 	if scriptCalls != int64(len(grants)) || cancels != 0 {
 		t.Errorf("%d script calls and %d refunds for %d grants, want exactly one reservation call per grant and no refund",
 			scriptCalls, cancels, len(grants))

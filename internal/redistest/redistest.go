@@ -9,15 +9,21 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// Server is a redis-server process that a test started.
+// Server is a redis-server process that a test started. Its methods Kill,
+// Restart, Freeze and Thaw inject faults.
 type Server struct {
 	Addr string // host:port on loopback
+	tb   testing.TB
+	args []string
+	mu   sync.Mutex
 	cmd  *exec.Cmd
 }
 
@@ -35,20 +41,33 @@ func Start(tb testing.TB, extra ...string) *Server {
 		tb.Fatalf("redistest: redis-server is not on PATH (%v); install it with `apt-get install -y redis-server`, or run `make test`, which does", err)
 	}
 	port := freePort(tb)
-	args := append([]string{
-		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", "",
-	}, extra...)
-	cmd := exec.Command(bin, args...)
+	s := &Server{
+		Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+		tb:   tb,
+		args: append([]string{
+			"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", "",
+		}, extra...),
+	}
+	tb.Cleanup(s.Kill)
+	s.start(bin)
+	return s
+}
+
+// start runs redis-server and waits until it accepts connections.
+func (s *Server) start(bin string) {
+	s.tb.Helper()
+	cmd := exec.Command(bin, s.args...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		tb.Fatalf("redistest: %v", err)
+		s.tb.Fatalf("redistest: %v", err)
 	}
 	if err := cmd.Start(); err != nil {
-		tb.Fatalf("redistest: starting %s: %v", bin, err)
+		s.tb.Fatalf("redistest: starting %s: %v", bin, err)
 	}
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cmd: cmd}
-	tb.Cleanup(s.stop)
+	s.mu.Lock()
+	s.cmd = cmd
+	s.mu.Unlock()
 
 	// redis-server says when it is ready; its log also tells why it is not.
 	ready, exited := make(chan struct{}), make(chan struct{})
@@ -70,15 +89,56 @@ func Start(tb testing.TB, extra ...string) *Server {
 	select {
 	case <-ready:
 	case <-exited:
-		tb.Fatalf("redistest: redis-server on port %d exited:\n%s", port, log.String())
+		s.tb.Fatalf("redistest: redis-server on %s exited:\n%s", s.Addr, log.String())
 	case <-time.After(startTimeout):
-		tb.Fatalf("redistest: redis-server on port %d did not become ready within %v", port, startTimeout)
+		s.tb.Fatalf("redistest: redis-server on %s did not become ready within %v", s.Addr, startTimeout)
 	}
-	return s
+}
+
+// Kill ends redis-server with SIGKILL, as a crash would, and waits for it.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil && s.cmd.ProcessState == nil {
+		s.cmd.Process.Signal(syscall.SIGCONT) // a frozen process dies only once thawed
+		s.cmd.Process.Kill()
+		s.cmd.Wait()
+	}
+}
+
+// Restart kills redis-server if it runs and starts a new, empty one on the
+// same address, and waits until it accepts connections.
+func (s *Server) Restart() {
+	s.tb.Helper()
+	s.Kill()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		s.tb.Fatal(err)
+	}
+	s.start(bin)
+}
+
+// Freeze stops redis-server with SIGSTOP: it keeps its connections and
+// answers nothing until Thaw.
+func (s *Server) Freeze() { s.signal(syscall.SIGSTOP) }
+
+// Thaw resumes a frozen redis-server with SIGCONT.
+func (s *Server) Thaw() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		s.tb.Errorf("redistest: %v to redis-server: %v", sig, err)
+	}
 }
 
 // Pid returns the process id of the redis-server.
-func (s *Server) Pid() int { return s.cmd.Process.Pid }
+func (s *Server) Pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cmd.Process.Pid
+}
 
 // Client returns a go-redis client of s, closed when the test ends.
 func (s *Server) Client(tb testing.TB) *redis.Client {
@@ -125,13 +185,6 @@ func CommandStats(ctx context.Context, c redis.UniversalClient) (map[string]Comm
 		stats[strings.TrimPrefix(name, "cmdstat_")] = stat
 	}
 	return stats, nil
-}
-
-func (s *Server) stop() {
-	if s.cmd.Process != nil {
-		s.cmd.Process.Kill()
-		s.cmd.Wait()
-	}
 }
 
 func freePort(tb testing.TB) int {
