@@ -24,9 +24,9 @@ type Local struct {
 	// Redis limiter's fallback starts so, lest each process burst its share
 	// on top of what Redis granted just before.
 	emptyAt time.Time
-	refill time.Duration    // how long an empty bucket takes to fill
-	seed   maphash.Seed
-	shards [localShards]localShard
+	refill  time.Duration // how long an empty bucket takes to fill
+	seed    maphash.Seed
+	shards  [localShards]localShard
 }
 
 // localShards spreads keys over independent locks, so that callers on
