@@ -108,20 +108,19 @@ func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
 	if err != nil {
 		return err
 	}
-	if p, ok := r.client.(interface{ Pipeline() redis.Pipeliner }); ok && r.fleet.pinned == 0 && r.fleet.beatDue(now) {
-		// The heartbeat goes beside the request, which need not wait for it.
-		go func() {
-			if err := r.fleet.beat(ctx, r.calls, p.Pipeline(), b.now); err != nil {
-				r.failed(ctx, key, cost, false, err)
-			}
-		}()
+	if p, ok := r.client.(pipeliner); ok && r.fleet.pinned == 0 && r.fleet.beatDue(now) {
+		go r.heartbeat(ctx, key, cost, p, b.now) // beside the request, which need not wait for it
 	}
 	if !b.granted {
 		return refuse(ctx, r.config.observer, "redis", key, cost, b.delay, budget)
 	}
 	r.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: "redis", Key: key, Cost: cost, Delay: b.delay})
 	if err := sleep(ctx, key, b.delay); err != nil {
-		if _, _, refundErr := r.refund(ctx, key, cost, b.finish); refundErr != nil {
+		if r.breaker.open.Load() {
+			// Redis failed meanwhile: the tokens stay booked rather than
+			// hold this caller for a call timeout.
+			err = fmt.Errorf("%w (tokens not given back: Redis is unavailable)", err)
+		} else if _, _, refundErr := r.refund(ctx, key, cost, b.finish); refundErr != nil {
 			err = errors.Join(err, refundErr)
 			r.failed(ctx, key, cost, false, refundErr)
 		}
@@ -129,6 +128,17 @@ func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
 		return err
 	}
 	return nil
+}
+
+// pipeliner is a client that can send several commands in one round trip.
+type pipeliner interface{ Pipeline() redis.Pipeliner }
+
+// heartbeat counts this process into the fleet at redisNow, Redis's clock
+// of the reservation just made for the request of ctx.
+func (r *Redis) heartbeat(ctx context.Context, key string, cost int, p pipeliner, redisNow int64) {
+	if err := r.fleet.beat(ctx, r.calls, p.Pipeline(), redisNow); err != nil {
+		r.failed(ctx, key, cost, false, err)
+	}
 }
 
 // failed records a failed Redis call, tells the observer, and returns the

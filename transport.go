@@ -12,6 +12,12 @@
 //
 // For a limit of rate r and burst b, over any interval of length t the grants
 // for one key are at most b + r*t, summed over the whole fleet.
+//
+// When Redis fails, a Redis limiter decides by its FailurePolicy, by default
+// pacing locally at this process's share of the limit, leaves Redis alone for
+// a growing cool-down, and goes back to the shared limit by itself once a
+// probe finds Redis again. An Observer sees every decision and every switch;
+// pace never logs.
 package pace
 
 import (
