@@ -60,6 +60,7 @@ type callContext struct {
 	values          context.Context // the request
 }
 
+// Value returns the request context's value for key.
 func (c callContext) Value(key any) any { return c.values.Value(key) }
 
 func (c *caller) context(ctx context.Context) context.Context {

@@ -25,6 +25,7 @@ const (
 	FailClosed
 )
 
+// String returns the policy's name, such as "FallbackLocal".
 func (p FailurePolicy) String() string {
 	switch p {
 	case FallbackLocal:
