@@ -45,7 +45,7 @@ type Redis struct {
 	intervalArg, burstArg any
 }
 
-var _ Limiter = (*Redis)(nil)
+var _ Holder = (*Redis)(nil)
 
 var (
 	//go:embed lua/reserve.lua
@@ -55,6 +55,10 @@ var (
 	//go:embed lua/refund.lua
 	refundSource string
 	refundScript = redis.NewScript(refundSource)
+
+	//go:embed lua/hold.lua
+	holdSource string
+	holdScript = redis.NewScript(holdSource)
 )
 
 // NewRedis returns a Redis limiter that gives each key the limit l, shared
@@ -177,6 +181,34 @@ func (r *Redis) waitWithoutRedis(ctx context.Context, key string, cost int, caus
 		return fmt.Errorf("pace: key %q: %w: %w", key, ErrUnavailable, cause)
 	}
 	return fallback.Wait(ctx, key, cost)
+}
+
+// Hold implements Holder: in Redis, for every process of the fleet, the
+// next wait for key ends no sooner than h.For from now (by Redis's clock),
+// and the ones after it follow at the rate. While Redis is away, the hold
+// goes to this process's fallback alone.
+func (r *Redis) Hold(ctx context.Context, key string, h Hold) error {
+	if err := checkHold(key, h); err != nil {
+		return err
+	}
+	if !r.breaker.open.Load() {
+		var reply [2]int64
+		err := int64Reply(r.calls.run(ctx, holdScript, []string{r.bucketKey(key)},
+			h.For.Microseconds(), r.intervalArg, r.burstArg), reply[:])
+		if err == nil {
+			reportHold(ctx, r.config.observer, "redis", key, h, reply[0] == 1)
+			return nil
+		}
+		err = fmt.Errorf("pace: key %q: hold script: %w", key, err)
+		if !isRedisFailure(err) {
+			return err
+		}
+		r.failed(ctx, key, 0, false, err)
+	}
+	if fallback := r.breaker.local(); fallback != nil {
+		return fallback.Hold(ctx, key, h)
+	}
+	return nil
 }
 
 // booking is what the reserve script decided.

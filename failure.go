@@ -125,6 +125,13 @@ func (b *breaker) fail(now time.Time, probe bool, err error, fallback func() *Lo
 	return false, b.fallback
 }
 
+// local returns the current outage's local limiter, or nil.
+func (b *breaker) local() *Local {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.fallback
+}
+
 // recover records a successful probe and returns how long Redis was away.
 func (b *breaker) recover(now time.Time) time.Duration {
 	b.mu.Lock()

@@ -37,10 +37,11 @@ const localShards = 32
 type localShard struct {
 	mu        sync.Mutex
 	limiters  map[string]*rate.Limiter
+	holds     map[string]time.Time // keys held until then
 	nextSweep time.Time
 }
 
-var _ Limiter = (*Local)(nil)
+var _ Holder = (*Local)(nil)
 
 // NewLocal returns a Local that gives each key the limit l.
 func NewLocal(l Limit, opts ...Option) (*Local, error) {
@@ -63,6 +64,7 @@ func newLocal(l Limit, config commonConfig) *Local {
 	loc.refill = time.Duration(l.burst) * time.Duration(float64(l.period)/l.count)
 	for i := range loc.shards {
 		loc.shards[i].limiters = make(map[string]*rate.Limiter)
+		loc.shards[i].holds = make(map[string]time.Time)
 	}
 	return loc
 }
@@ -74,17 +76,20 @@ func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
 		return err
 	}
 	now := loc.now()
-	shard := &loc.shards[maphash.String(loc.seed, key)%localShards]
+	shard := loc.shard(key)
 	shard.mu.Lock()
 	lim := shard.limiter(loc, key, now)
-	if lim.AllowN(now, cost) {
+	at := now // when the booking may begin: now, or the end of a hold
+	if until, held := shard.holds[key]; held && until.After(now) {
+		at = until
+	} else if lim.AllowN(now, cost) {
 		shard.mu.Unlock()
 		loc.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: "local", Key: key, Cost: cost})
 		return nil
 	}
 	// Under the shard's lock nobody else can book on lim, so a reservation
 	// cancelled at once is given back whole: nothing stays booked.
-	r := lim.ReserveN(now, cost)
+	r := lim.ReserveN(at, cost)
 	delay := r.DelayFrom(now)
 	if budget := waitBudget(ctx, loc.config.maxWait, now); budget != noBudget && delay > budget {
 		r.CancelAt(now)
@@ -99,6 +104,31 @@ func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
 		return err
 	}
 	return nil
+}
+
+// Hold implements Holder: the next wait for key ends no sooner than h.For
+// from now, and the ones after it follow at the rate.
+func (loc *Local) Hold(ctx context.Context, key string, h Hold) error {
+	if err := checkHold(key, h); err != nil {
+		return err
+	}
+	now := loc.now()
+	until := now.Add(h.For)
+	shard := loc.shard(key)
+	shard.mu.Lock()
+	lim := shard.limiter(loc, key, now)
+	changed := !shard.holds[key].After(until)
+	if changed {
+		shard.holds[key] = until
+		lim.ReserveN(until, loc.limit.burst-1) // all but the token of the first grant after the hold
+	}
+	shard.mu.Unlock()
+	reportHold(ctx, loc.config.observer, "local", key, h, changed)
+	return nil
+}
+
+func (loc *Local) shard(key string) *localShard {
+	return &loc.shards[maphash.String(loc.seed, key)%localShards]
 }
 
 // Len returns how many keys have a limiter at the moment.
@@ -121,6 +151,11 @@ func (s *localShard) limiter(loc *Local, key string, now time.Time) *rate.Limite
 		for k, lim := range s.limiters {
 			if lim.TokensAt(now) >= float64(loc.limit.burst) {
 				delete(s.limiters, k)
+			}
+		}
+		for k, until := range s.holds {
+			if !until.After(now) {
+				delete(s.holds, k)
 			}
 		}
 		s.nextSweep = now.Add(max(loc.refill, time.Second))

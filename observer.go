@@ -19,8 +19,9 @@ type Event struct {
 	Limiter string        // which limiter decided: "redis", "local" (also the fallback), or "open" (fail-open)
 	Key     string        // the key the event is about
 	Cost    int           // the units asked for
-	Delay   time.Duration // the wait booked, refused or cut short; for EventRecover, how long Redis was away
+	Delay   time.Duration // the wait booked, refused or cut short; how long Redis was away; how long a hold lasts
 	Err     error         // why: the refusal, the cancellation, or the Redis failure
+	Reason  string        // for holds: the upstream's status and header, such as "429 Retry-After: 2"
 }
 
 // An EventKind says what an Event reports.
@@ -44,11 +45,22 @@ const (
 	// EventRecover: a probe succeeded; the shared limit is back. Delay is how
 	// long the limiter went without Redis.
 	EventRecover
+	// EventHold: the upstream said Key's quota is spent (Reason), and the key
+	// is held for Delay, for the whole fleet. A hold that would not outlast
+	// one already in place changes nothing and is not reported.
+	EventHold
+	// EventHoldCapped: the upstream asked for a hold longer than the
+	// Transport's MaxHold; Delay is what it asked for, and the hold is
+	// reported (EventHold) at the cap.
+	EventHoldCapped
+	// EventHoldEnd: a hold this process set has run its course.
+	EventHoldEnd
 )
 
 var eventKindNames = [...]string{
 	EventWait: "wait", EventRefuse: "refuse", EventCancel: "cancel",
 	EventFallback: "fallback", EventProbe: "probe", EventRecover: "recover",
+	EventHold: "hold", EventHoldCapped: "hold-capped", EventHoldEnd: "hold-end",
 }
 
 // String returns the kind's name, such as "wait" or "fallback".

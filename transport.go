@@ -25,6 +25,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"time"
 )
 
 // Transport is an http.RoundTripper that waits on Limiter before passing each
@@ -46,6 +47,10 @@ type Transport struct {
 
 	// Cost is how many tokens a request takes. If nil, each takes 1.
 	Cost func(*http.Request) int
+
+	// MaxHold caps how long a response can hold its key (see ParseHold and
+	// Holder). If zero, DefaultMaxHold is used.
+	MaxHold time.Duration
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -53,22 +58,33 @@ var _ http.RoundTripper = (*Transport)(nil)
 // RoundTrip waits until the Limiter grants the request's cost under its key,
 // or its context ends, then sends it with Base and returns Base's response
 // and error untouched. It never modifies the request, and closes its body on
-// every path where Base does not receive it.
+// every path where Base does not receive it. When the response says the
+// key's quota is spent (ParseHold) and the Limiter is a Holder, the key is
+// held for the whole fleet before RoundTrip returns.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if t.Limiter != nil {
-		if err := t.wait(req); err != nil {
-			if req.Body != nil {
-				req.Body.Close()
-			}
-			return nil, err
+	if t.Limiter == nil {
+		return t.base().RoundTrip(req)
+	}
+	key, err := t.wait(req)
+	if err != nil {
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		return nil, err
+	}
+	resp, err := t.base().RoundTrip(req)
+	if holder, ok := t.Limiter.(Holder); ok && err == nil && resp != nil {
+		if h, ok := ParseHold(resp, time.Now(), t.maxHold()); ok {
+			holder.Hold(req.Context(), key, h) // a failure reaches the Limiter's observer
 		}
 	}
-	return t.base().RoundTrip(req)
+	return resp, err
 }
 
-func (t *Transport) wait(req *http.Request) error {
+// wait waits for the request's turn and returns its key.
+func (t *Transport) wait(req *http.Request) (string, error) {
 	if req.URL == nil {
-		return errors.New("pace: request has no URL")
+		return "", errors.New("pace: request has no URL")
 	}
 	key := HostKey
 	if t.Key != nil {
@@ -78,7 +94,15 @@ func (t *Transport) wait(req *http.Request) error {
 	if t.Cost != nil {
 		cost = t.Cost(req)
 	}
-	return t.Limiter.Wait(req.Context(), key(req), cost)
+	k := key(req)
+	return k, t.Limiter.Wait(req.Context(), k, cost)
+}
+
+func (t *Transport) maxHold() time.Duration {
+	if t.MaxHold > 0 {
+		return t.MaxHold
+	}
+	return DefaultMaxHold
 }
 
 // CloseIdleConnections closes the idle connections of Base, if it has such a
