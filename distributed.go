@@ -5,6 +5,8 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -39,6 +41,11 @@ type Redis struct {
 	calls    *caller
 	breaker  breaker
 	fleet    *fleet
+
+	held       heldKeys // the fleet's holds this process heard of
+	listenOnce sync.Once
+	pubsub     atomic.Pointer[redis.PubSub]
+	listening  sync.WaitGroup
 
 	// The script arguments that never change, boxed once rather than on
 	// every call.
@@ -94,6 +101,7 @@ func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
 	if err := checkWait(ctx, r.limit, key, cost); err != nil {
 		return err
 	}
+	r.listen()
 	now := time.Now()
 	route, cause, fallback := r.breaker.route(now)
 	if route == withoutRedis {
@@ -130,6 +138,11 @@ func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
 		}
 		r.config.observer.emit(ctx, Event{Kind: EventCancel, Limiter: "redis", Key: key, Cost: cost, Delay: b.delay, Err: err})
 		return err
+	}
+	if r.held.before(key, b.now+b.delay.Microseconds()) {
+		// The upstream asked the fleet to hold off while this caller slept:
+		// its slot belongs to a schedule the hold replaced. It books anew.
+		return r.Wait(ctx, key, cost)
 	}
 	return nil
 }
@@ -193,9 +206,11 @@ func (r *Redis) Hold(ctx context.Context, key string, h Hold) error {
 	}
 	if !r.breaker.open.Load() {
 		var reply [2]int64
+		r.listen()
 		err := int64Reply(r.calls.run(ctx, holdScript, []string{r.bucketKey(key)},
-			h.For.Microseconds(), r.intervalArg, r.burstArg), reply[:])
+			h.For.Microseconds(), r.intervalArg, r.burstArg, r.holdChannel(), key), reply[:])
 		if err == nil {
+			r.held.add(key, reply[1]+h.For.Microseconds(), h.For)
 			reportHold(ctx, r.config.observer, "redis", key, h, reply[0] == 1)
 			return nil
 		}

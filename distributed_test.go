@@ -25,6 +25,7 @@ func mustRedis(t testing.TB, c redis.Scripter, l Limit, opts ...RedisOption) *Re
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { r.Close() })
 	return r
 }
 

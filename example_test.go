@@ -59,6 +59,7 @@ func ExampleNewRedis() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer limiter.Close()
 	client := &http.Client{Transport: &pace.Transport{Limiter: limiter}}
 
 	// A request waits for its token; if it cannot be had within the

@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -41,6 +43,24 @@ type fleetWorker struct {
 	// Work is how long each request takes after its grant (the upstream's
 	// time), so that a limiter that does not pace cannot spin the worker.
 	Work time.Duration
+	// URL, when set, is an upstream to GET through a Transport on the
+	// limiter, instead of calling Wait; each request carries the time of its
+	// grant in grantedAtHeader.
+	URL string
+}
+
+// grantedAtHeader carries, in a fleet's requests to an upstream, the
+// UnixNano time the limiter granted them.
+const grantedAtHeader = "X-Granted-At"
+
+// stampGrant is the Base of a fleet worker's Transport: it sends a copy of
+// the request that says when it was granted.
+type stampGrant struct{ base http.RoundTripper }
+
+func (s stampGrant) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	req.Header.Set(grantedAtHeader, strconv.FormatInt(time.Now().UnixNano(), 10))
+	return s.base.RoundTrip(req)
 }
 
 // fleetRequest is what became of one Wait in a worker.
@@ -57,6 +77,7 @@ type fleetReport struct {
 	Requests  []fleetRequest
 	Fallbacks []time.Time // EventFallback
 	Recovers  []time.Time // EventRecover
+	Holds     []time.Time // EventHold
 	Cancels   int
 	Err       string
 }
@@ -125,6 +146,8 @@ func (w fleetWorker) run() (fleetReport, error) {
 			report.Fallbacks = append(report.Fallbacks, time.Now())
 		case EventRecover:
 			report.Recovers = append(report.Recovers, time.Now())
+		case EventHold:
+			report.Holds = append(report.Holds, time.Now())
 		}
 	})}
 	if w.CallTimeout > 0 {
@@ -137,6 +160,7 @@ func (w fleetWorker) run() (fleetReport, error) {
 	if err != nil {
 		return fleetReport{}, err
 	}
+	defer r.Close()
 
 	// Open a connection for each goroutine, then line up with the other
 	// processes: the run measures pacing, not a cold start.
@@ -145,13 +169,30 @@ func (w fleetWorker) run() (fleetReport, error) {
 		warm.Go(func() { client.Ping(context.Background()) })
 	}
 	warm.Wait()
+	wait := func(ctx context.Context) error { return r.Wait(ctx, w.Key, 1) }
+	if w.URL != "" {
+		base := &http.Transport{}
+		defer base.CloseIdleConnections()
+		client := &http.Client{Transport: &Transport{Base: stampGrant{base}, Limiter: r}}
+		wait = func(ctx context.Context) error {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.URL, nil)
+			if err != nil {
+				return err
+			}
+			resp, err := client.Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err
+		}
+	}
 	time.Sleep(time.Until(w.Start))
 	var wg sync.WaitGroup
 	for range w.Goroutines {
 		wg.Go(func() {
 			for time.Now().Before(w.End) {
 				q := &fleetRequest{Start: time.Now()}
-				err := r.Wait(context.WithValue(context.Background(), requestKey{}, q), w.Key, 1)
+				err := wait(context.WithValue(context.Background(), requestKey{}, q))
 				mu.Lock()
 				q.End = time.Now()
 				if err != nil {

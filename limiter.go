@@ -47,16 +47,22 @@ func refuse(ctx context.Context, o Observer, limiter, key string, cost int, dela
 // noBudget is the budget of a caller who may wait as long as it takes.
 const noBudget time.Duration = -1
 
+// A requestError is a wait that no limiter could ever grant: a bad key or
+// cost. Retrying it is pointless.
+type requestError struct{ msg string }
+
+func (e *requestError) Error() string { return e.msg }
+
 // checkWait reports a wait that cannot begin: a key or cost that no wait
 // could ever grant under limit, or a context that has already ended.
 func checkWait(ctx context.Context, limit Limit, key string, cost int) error {
 	switch {
 	case key == "":
-		return fmt.Errorf("pace: empty key (cost %d)", cost)
+		return &requestError{fmt.Sprintf("pace: empty key (cost %d)", cost)}
 	case cost < 1:
-		return fmt.Errorf("pace: key %q: cost %d is below 1", key, cost)
+		return &requestError{fmt.Sprintf("pace: key %q: cost %d is below 1", key, cost)}
 	case cost > limit.burst:
-		return fmt.Errorf("pace: key %q: cost %d exceeds the burst %d of limit %s", key, cost, limit.burst, limit)
+		return &requestError{fmt.Sprintf("pace: key %q: cost %d exceeds the burst %d of limit %s", key, cost, limit.burst, limit)}
 	case ctx.Err() != nil:
 		return fmt.Errorf("pace: key %q: context ended before the wait: %w", key, context.Cause(ctx))
 	}

@@ -6,7 +6,11 @@
 -- ARGV[1]  the hold, in microseconds from now
 -- ARGV[2]  interval: microseconds one token adds to the schedule
 -- ARGV[3]  burst: how many tokens the bucket holds
+-- ARGV[4]  the Pub/Sub channel that tells the fleet of holds
+-- ARGV[5]  the key, as the fleet names it
 --
+-- It publishes "KEY\nEND LENGTH": when the hold ends (Redis's clock) and how
+-- long it is, in microseconds.
 -- Returns {changed (1 or 0), now}: whether the hold moved the schedule, and
 -- the TIME it used.
 local clock = redis.call('TIME')
@@ -23,6 +27,8 @@ if stored then
     return {0, now}
   end
 end
+-- Callers already booked and asleep hear of the hold and book anew.
+redis.call('PUBLISH', ARGV[4], ARGV[5] .. '\n' .. string.format('%d', now + ARGV[1]) .. ' ' .. ARGV[1])
 -- the expiry of reserve.lua: the end of the second in which the bucket is full
 local second = target - target % 1000000
 redis.call('SET', KEYS[1], string.format('%d', target), 'PXAT', second / 1000 + 1000)

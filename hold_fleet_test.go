@@ -1,0 +1,113 @@
+package pace
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetpace/pace/internal/redistest"
+)
+
+// upstream is an API on loopback that notes every arrival and, at its first
+// arrival after speakAt, answers once with status and a header that asks
+// the fleet to hold off; every other request gets a 200.
+type upstream struct {
+	speakAt       time.Time
+	status        int
+	header, value string
+	mu            sync.Mutex
+	arrivals      []arrival
+	spoke         time.Time // when it answered with the hold
+}
+
+type arrival struct{ at, granted time.Time }
+
+func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	now := time.Now()
+	granted, _ := strconv.ParseInt(r.Header.Get(grantedAtHeader), 10, 64)
+	u.mu.Lock()
+	u.arrivals = append(u.arrivals, arrival{now, time.Unix(0, granted)})
+	speak := u.spoke.IsZero() && now.After(u.speakAt)
+	if speak {
+		u.spoke = now
+	}
+	u.mu.Unlock()
+	if speak {
+		w.Header().Set(u.header, u.value)
+		w.WriteHeader(u.status)
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// runFleetHold: 4 processes of 4 goroutines share an upstream at 50/s
+// burst 5 through one real Redis; once, the upstream answers with the given
+// status and header, which ask for hold. From the moment that response is
+// read, no request reaches the upstream for hold but those already granted
+// before; afterwards the fleet resumes at the limit.
+func runFleetHold(t *testing.T, status int, header, value string, hold time.Duration) {
+	srv := redistest.Start(t)
+	warmScript(t, srv)
+	start := time.Now().Add(time.Second)
+	up := &upstream{speakAt: start.Add(time.Second), status: status, header: header, value: value}
+	api := httptest.NewServer(up)
+	defer api.Close()
+
+	reports, _ := runFleet(t, 4, fleetWorker{
+		Addr: srv.Addr, Limit: "50/s burst 5", Goroutines: 4, URL: api.URL,
+		Start: start, End: up.speakAt.Add(hold + 1500*time.Millisecond),
+	})
+	checkNoErrors(t, reports)
+
+	var holds []time.Time
+	for _, r := range reports {
+		holds = append(holds, r.Holds...)
+	}
+	if len(holds) != 1 {
+		t.Fatalf("%d holds set across the fleet, want 1: %v", len(holds), holds)
+	}
+	held := holds[0]
+	end := up.spoke.Add(hold)
+	var inFlight, during int
+	var after []time.Time
+	for _, a := range up.arrivals {
+		switch {
+		case a.at.After(up.spoke) && a.at.Before(end) && a.granted.Before(held):
+			inFlight++
+		case a.at.After(up.spoke) && a.at.Before(end):
+			during++
+		case !a.at.Before(end):
+			after = append(after, a.at)
+		}
+	}
+	t.Logf("hold set %v after the response was sent; %d requests already in flight arrived during the hold, %d others",
+		held.Sub(up.spoke), inFlight, during)
+	if during != 0 {
+		t.Errorf("%d requests granted after the hold was set reached the upstream during the %v hold", during, hold)
+	}
+	slices.SortFunc(after, time.Time.Compare)
+	if len(after) < 2 {
+		t.Fatalf("%d arrivals after the hold", len(after))
+	}
+	span := after[len(after)-1].Sub(end).Seconds()
+	rate := float64(len(after)) / span
+	t.Logf("after the hold: %d arrivals in %.2fs, %.1f/s (limit 50/s)", len(after), span, rate)
+	if rate < 45 || float64(len(after)) > 50*span+1+1 {
+		t.Errorf("after the hold the fleet sent %d in %.2fs, want the limit's 50/s (at least 45/s, at most 50*t + 1 with no burst)", len(after), span)
+	}
+}
+
+// TestFleetHoldsOnRetryAfter: a 429 with Retry-After: 2 pauses the fleet.
+func TestFleetHoldsOnRetryAfter(t *testing.T) {
+	runFleetHold(t, http.StatusTooManyRequests, "Retry-After", "2", 2*time.Second)
+}
+
+// TestFleetHoldsOnRateLimitField: a 200 whose RateLimit field says the
+// quota is spent for a second pauses the fleet.
+func TestFleetHoldsOnRateLimitField(t *testing.T) {
+	runFleetHold(t, http.StatusOK, "RateLimit", `"default";r=0;t=1`, time.Second)
+}
