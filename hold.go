@@ -57,7 +57,7 @@ func ParseHold(resp *http.Response, now time.Time, max time.Duration) (Hold, boo
 		}
 		h := Hold{For: max, Reason: reason, Asked: time.Duration(math.MaxInt64)}
 		if seconds < max.Seconds() {
-			h = Hold{For: time.Duration(math.Ceil(seconds * 1e3)) * time.Millisecond, Reason: reason}
+			h = Hold{For: time.Duration(math.Ceil(seconds*1e3)) * time.Millisecond, Reason: reason}
 		} else if seconds < float64(math.MaxInt64/int64(time.Second)) {
 			h.Asked = time.Duration(seconds * float64(time.Second))
 		}
