@@ -143,6 +143,18 @@ func TestHoldPausesKey(t *testing.T) {
 			if took := time.Since(start); took < 250*time.Millisecond+20*time.Millisecond {
 				t.Errorf("three waits after a hold of 300ms took %v, want the hold and then the rate, no burst", took)
 			}
+			for deadline := time.Now().Add(time.Second); ; { // the end is told by a timer of its own
+				if e, ok := log.last(EventHoldEnd); ok {
+					if e.Key != "k" || e.Reason != h.Reason {
+						t.Errorf("hold end %+v, want key k and the hold's reason", e)
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("no EventHoldEnd within a second after the hold ended")
+				}
+				time.Sleep(time.Millisecond)
+			}
 		})
 	}
 }
