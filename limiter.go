@@ -51,6 +51,7 @@ const noBudget time.Duration = -1
 // cost. Retrying it is pointless.
 type requestError struct{ msg string }
 
+// Error returns the message that names the bad value.
 func (e *requestError) Error() string { return e.msg }
 
 // checkWait reports a wait that cannot begin: a key or cost that no wait
