@@ -99,6 +99,49 @@ func FuzzParseHold(f *testing.F) {
 	})
 }
 
+// TestHoldStopsSleepers: callers already booked and asleep when a hold
+// comes do not go during the hold, on Local as on Redis.
+func TestHoldStopsSleepers(t *testing.T) {
+	ctx := context.Background()
+	c := newTestRedis(t)
+	for name, newLimiter := range map[string]func(Observer) Holder{
+		"redis": func(o Observer) Holder { return mustRedis(t, c, PerSecond(20).WithBurst(1), WithObserver(o)) },
+		"local": func(o Observer) Holder { return mustLocal(t, PerSecond(20).WithBurst(1), WithObserver(o)) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			booked := make(chan time.Duration, 8)
+			lim := newLimiter(func(_ context.Context, e Event) {
+				if e.Kind == EventWait {
+					booked <- e.Delay
+				}
+			})
+			lim.Wait(ctx, "k", 1) // empty the bucket
+			<-booked
+			done := make(chan time.Time, 3)
+			for range 3 { // asleep for 50, 100 and 150 ms
+				go func() {
+					lim.Wait(ctx, "k", 1)
+					done <- time.Now()
+				}()
+			}
+			for range 3 {
+				if d := <-booked; d == 0 {
+					t.Fatal("a caller was not put to sleep")
+				}
+			}
+			held := time.Now()
+			if err := lim.Hold(ctx, "k", Hold{For: 400 * time.Millisecond, Reason: "test"}); err != nil {
+				t.Fatal(err)
+			}
+			for range 3 {
+				if at := <-done; at.Sub(held) < 400*time.Millisecond {
+					t.Errorf("a caller booked before the hold went %v after it, within the 400ms hold", at.Sub(held))
+				}
+			}
+		})
+	}
+}
+
 // TestHoldPausesKey: a hold makes the next wait for its key last the hold,
 // on Redis for every limiter that shares it and on Local; a shorter hold
 // does not shorten it; and the observer hears of it.

@@ -103,6 +103,11 @@ func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
 		loc.config.observer.emit(ctx, Event{Kind: EventCancel, Limiter: "local", Key: key, Cost: cost, Delay: delay, Err: err})
 		return err
 	}
+	if shard.heldPast(key, now.Add(delay)) {
+		// A hold came while this caller slept, and its slot lies before the
+		// hold's end: it books anew, after the hold.
+		return loc.Wait(ctx, key, cost)
+	}
 	return nil
 }
 
@@ -141,6 +146,14 @@ func (loc *Local) Len() int {
 		s.mu.Unlock()
 	}
 	return n
+}
+
+// heldPast reports whether key is held beyond slot.
+func (s *localShard) heldPast(key string, slot time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	until, held := s.holds[key]
+	return held && slot.Before(until)
 }
 
 // limiter returns key's limiter, creating it if needed. Once per refill
