@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -42,10 +41,10 @@ type Redis struct {
 	breaker  breaker
 	fleet    *fleet
 
-	held       heldKeys // the fleet's holds this process heard of
-	listenOnce sync.Once
-	pubsub     atomic.Pointer[redis.PubSub]
-	listening  sync.WaitGroup
+	held          heldKeys // the fleet's holds this process heard of
+	listenOnce    sync.Once
+	stopListening context.CancelFunc
+	listening     sync.WaitGroup
 
 	// The script arguments that never change, boxed once rather than on
 	// every call.

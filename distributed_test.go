@@ -121,6 +121,11 @@ func TestRedisDeadlineBooksNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A limiter's first Wait starts its listener and heartbeat: the measure
+	// is of one already running.
+	if err := r.Wait(ctx, "warm-up", 1); err != nil {
+		t.Fatal(err)
+	}
 	before, err := r.reserve(ctx, "k", 1, 0) // a probe: refused, books nothing
 	if err != nil || before.granted {
 		t.Fatalf("probe: %+v, %v", before, err)

@@ -81,21 +81,33 @@ func parseHoldMessage(payload string) (key string, end int64, d time.Duration, o
 }
 
 // listen starts, once, the subscription through which the limiter hears of
-// the fleet's holds. Close ends it.
+// the fleet's holds, on a goroutine of its own, so that no request waits for
+// it. Close ends it.
 func (r *Redis) listen() {
 	r.listenOnce.Do(func() {
 		s, ok := r.client.(subscriber)
 		if !ok {
 			return
 		}
-		ps := s.Subscribe(context.Background(), r.holdChannel())
-		r.pubsub.Store(ps)
+		ctx, stop := context.WithCancel(context.Background())
+		r.stopListening = stop
 		r.listening.Add(1)
 		go func() {
 			defer r.listening.Done()
-			for msg := range ps.Channel() {
-				if key, end, d, ok := parseHoldMessage(msg.Payload); ok {
-					r.held.add(key, end, d)
+			ps := s.Subscribe(ctx, r.holdChannel())
+			defer ps.Close()
+			messages := ps.Channel()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case msg, ok := <-messages:
+					if !ok {
+						return
+					}
+					if key, end, d, ok := parseHoldMessage(msg.Payload); ok {
+						r.held.add(key, end, d)
+					}
 				}
 			}
 		}()
@@ -110,10 +122,9 @@ func (r *Redis) holdChannel() string { return r.config.prefix + "holds" }
 // does not close the client.
 func (r *Redis) Close() error {
 	r.listenOnce.Do(func() {}) // no listening after Close
-	var err error
-	if ps := r.pubsub.Load(); ps != nil {
-		err = ps.Close()
+	if r.stopListening != nil {
+		r.stopListening()
 	}
 	r.listening.Wait()
-	return err
+	return nil
 }

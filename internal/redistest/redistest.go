@@ -140,10 +140,11 @@ func (s *Server) Pid() int {
 	return s.cmd.Process.Pid
 }
 
-// Client returns a go-redis client of s, closed when the test ends.
+// Client returns a go-redis client of s, closed when the test ends, with
+// the options pace recommends (ContextTimeoutEnabled).
 func (s *Server) Client(tb testing.TB) *redis.Client {
 	tb.Helper()
-	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true})
 	tb.Cleanup(func() { c.Close() })
 	return c
 }
