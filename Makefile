@@ -14,9 +14,9 @@ bench: redis-server
 	$$(command -v taskset >/dev/null && echo taskset -c 0) go test -run '^$$' -bench . -benchtime 2s -count 1 .
 
 redis-server:
-	@command -v redis-server >/dev/null || { \
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { \
 		sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
 		export DEBIAN_FRONTEND=noninteractive; \
-		$$sudo apt-get install -y redis-server || { $$sudo apt-get update && $$sudo apt-get install -y redis-server; }; \
+		$$sudo apt-get install -y redis-server redis-tools || { $$sudo apt-get update && $$sudo apt-get install -y redis-server redis-tools; }; \
 	}
 	@redis-server --version

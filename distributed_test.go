@@ -33,9 +33,10 @@ func mustRedis(t testing.TB, c redis.Scripter, l Limit, opts ...RedisOption) *Re
 // with the same random sequence of keys, costs, budgets, refunds and pauses.
 // The model, fed the TIME each script used, must give the same answer to the
 // microsecond every time.
-func TestRedisMatchesModel(t *testing.T) {
+func TestRedisMatchesModel(t *testing.T) { checkMatchesModel(t, newTestRedis(t)) }
+
+func checkMatchesModel(t *testing.T, c redis.UniversalClient) {
 	ctx := context.Background()
-	c := newTestRedis(t)
 	limiters := []*Redis{
 		mustRedis(t, c, PerSecond(1000).WithBurst(5)), // 1000 µs a token
 		mustRedis(t, c, PerSecond(5000).WithBurst(3)), // 200 µs: refills between calls
@@ -111,9 +112,10 @@ func TestRedisMatchesModel(t *testing.T) {
 
 // TestRedisDeadlineBooksNothing: a wait that would need 500 ms under a 50 ms
 // deadline fails at once, says how long it would have been, and books nothing.
-func TestRedisDeadlineBooksNothing(t *testing.T) {
+func TestRedisDeadlineBooksNothing(t *testing.T) { checkDeadlineBooksNothing(t, newTestRedis(t)) }
+
+func checkDeadlineBooksNothing(t *testing.T, c redis.UniversalClient) {
 	ctx := context.Background()
-	c := newTestRedis(t)
 	// 50 ms a token: after 10 bookings, the 11th caller would wait 500 ms.
 	r := mustRedis(t, c, PerSecond(20).WithBurst(1))
 	for range 10 {
@@ -186,9 +188,10 @@ func TestRedisMaxWait(t *testing.T) {
 // TestRedisCancelGivesBack: of 10 booked callers, cancelling the last 5 (all
 // at once, so their refunds reach Redis in any order) moves the next new
 // caller up by exactly 5 tokens.
-func TestRedisCancelGivesBack(t *testing.T) {
+func TestRedisCancelGivesBack(t *testing.T) { checkCancelGivesBack(t, newTestRedis(t)) }
+
+func checkCancelGivesBack(t *testing.T, c redis.UniversalClient) {
 	ctx := context.Background()
-	c := newTestRedis(t)
 	booked := make(chan Event, 16)
 	r := mustRedis(t, c, PerSecond(2).WithBurst(1), WithObserver(func(_ context.Context, e Event) {
 		if e.Kind == EventWait {
