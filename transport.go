@@ -51,6 +51,10 @@ type Transport struct {
 	// MaxHold caps how long a response can hold its key (see ParseHold and
 	// Holder). If zero, DefaultMaxHold is used.
 	MaxHold time.Duration
+
+	// Rules, if set, decide each request's limiter, key and cost, and
+	// Limiter, Key and Cost are not used.
+	Rules *Rules
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -62,10 +66,10 @@ var _ http.RoundTripper = (*Transport)(nil)
 // key's quota is spent (ParseHold) and the Limiter is a Holder, the key is
 // held for the whole fleet before RoundTrip returns.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if t.Limiter == nil {
+	if t.Limiter == nil && t.Rules == nil {
 		return t.base().RoundTrip(req)
 	}
-	key, err := t.wait(req)
+	limiter, key, err := t.wait(req)
 	if err != nil {
 		if req.Body != nil {
 			req.Body.Close()
@@ -73,7 +77,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	resp, err := t.base().RoundTrip(req)
-	if holder, ok := t.Limiter.(Holder); ok && err == nil && resp != nil {
+	if holder, ok := limiter.(Holder); ok && err == nil && resp != nil {
 		if h, ok := ParseHold(resp, time.Now(), t.maxHold()); ok {
 			holder.Hold(req.Context(), key, h) // a failure reaches the Limiter's observer
 		}
@@ -81,21 +85,29 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-// wait waits for the request's turn and returns its key.
-func (t *Transport) wait(req *http.Request) (string, error) {
+// wait waits for the request's turn and returns the limiter that granted
+// it (nil when none paces it) and its key.
+func (t *Transport) wait(req *http.Request) (Limiter, string, error) {
 	if req.URL == nil {
-		return "", errors.New("pace: request has no URL")
+		return nil, "", errors.New("pace: request has no URL")
 	}
-	key := HostKey
+	if t.Rules != nil {
+		rule, key, cost, err := t.Rules.decide(req)
+		if err != nil || rule.Unlimited {
+			return nil, key, err
+		}
+		return rule.Limiter, key, rule.Limiter.Wait(req.Context(), key, cost)
+	}
+	keyOf := HostKey
 	if t.Key != nil {
-		key = t.Key
+		keyOf = t.Key
 	}
 	cost := 1
 	if t.Cost != nil {
 		cost = t.Cost(req)
 	}
-	k := key(req)
-	return k, t.Limiter.Wait(req.Context(), k, cost)
+	key := keyOf(req)
+	return t.Limiter, key, t.Limiter.Wait(req.Context(), key, cost)
 }
 
 func (t *Transport) maxHold() time.Duration {

@@ -1,0 +1,120 @@
+package pace
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// A Rule says which requests it takes, and by which limiter, under which
+// key and at which cost they are paced. Rules are tried in order; the first
+// that matches a request decides it.
+type Rule struct {
+	// Name names the rule in keys and errors. Required, and unique.
+	Name string
+
+	// What the rule matches; an empty field matches every request.
+	Host       string // the URL's host, without port, compared case-insensitively
+	PathPrefix string // the start of the URL's path
+	Method     string // such as "POST"
+
+	// KeyHeader, when set, gives each value of that request header (an API
+	// token, a tenant id) a bucket of its own. The value is hashed
+	// (SHA-256) before it becomes part of a key: a token never reaches Redis
+	// in clear. Requests without the header share one bucket.
+	KeyHeader string
+
+	// Limiter paces the rule's requests; Unlimited lets them through. A rule
+	// says one or the other.
+	Limiter   Limiter
+	Unlimited bool
+
+	// Cost is what each request takes; 0 means 1. CostHeader, when set,
+	// takes the cost from that request header instead (a whole number of 1
+	// or more; 1 when the header is absent).
+	Cost       int
+	CostHeader string
+}
+
+// Rules map each request to a limiter, a key and a cost, by the first Rule
+// that matches it, or Default. Build them with NewRules; set them as a
+// Transport's Rules.
+type Rules struct {
+	rules []Rule
+}
+
+// maxCoster is a limiter that knows the largest cost it can ever grant.
+type maxCoster interface{ maxCost() int }
+
+func (loc *Local) maxCost() int { return loc.limit.burst }
+func (r *Redis) maxCost() int   { return r.limit.burst }
+
+// NewRules checks rules and returns them, with def last: the rule for
+// requests that no other rule matches (its match fields must be empty). Every
+// error names the rule and the value.
+func NewRules(def Rule, rules ...Rule) (*Rules, error) {
+	if def.Host != "" || def.PathPrefix != "" || def.Method != "" {
+		return nil, fmt.Errorf("pace: default rule %q: it matches every request and may not name a host, path or method", def.Name)
+	}
+	all := append(append([]Rule(nil), rules...), def)
+	names := make(map[string]bool)
+	for _, r := range all {
+		switch {
+		case r.Name == "":
+			return nil, errors.New("pace: a rule without a name")
+		case names[r.Name]:
+			return nil, fmt.Errorf("pace: two rules named %q", r.Name)
+		case r.Limiter == nil && !r.Unlimited:
+			return nil, fmt.Errorf("pace: rule %q has no limit: set Limiter, or Unlimited to let its requests through", r.Name)
+		case r.Limiter != nil && r.Unlimited:
+			return nil, fmt.Errorf("pace: rule %q has a Limiter and is Unlimited: say one or the other", r.Name)
+		case r.Cost < 0:
+			return nil, fmt.Errorf("pace: rule %q: cost %d is below 0", r.Name, r.Cost)
+		}
+		if m, ok := r.Limiter.(maxCoster); ok && r.Cost > m.maxCost() {
+			return nil, fmt.Errorf("pace: rule %q: cost %d exceeds the burst %d of its limiter", r.Name, r.Cost, m.maxCost())
+		}
+		names[r.Name] = true
+	}
+	return &Rules{rules: all}, nil
+}
+
+// decide returns the rule that takes req, and the request's key and cost
+// under it.
+func (rs *Rules) decide(req *http.Request) (*Rule, string, int, error) {
+	r := rs.match(req)
+	key := r.Name + "|" + HostKey(req)
+	if r.KeyHeader != "" {
+		if v := req.Header.Get(r.KeyHeader); v != "" {
+			sum := sha256.Sum256([]byte(v))
+			key += "|" + hex.EncodeToString(sum[:16])
+		}
+	}
+	cost := max(r.Cost, 1)
+	if r.CostHeader != "" {
+		if v := req.Header.Get(r.CostHeader); v != "" {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil || n < 1 {
+				return r, key, 0, fmt.Errorf("pace: rule %q: header %s: %q is not a cost of 1 or more", r.Name, r.CostHeader, v)
+			}
+			cost = n
+		}
+	}
+	return r, key, cost, nil
+}
+
+func (rs *Rules) match(req *http.Request) *Rule {
+	for i := range rs.rules {
+		r := &rs.rules[i]
+		if (r.Host == "" || strings.EqualFold(r.Host, req.URL.Hostname())) &&
+			(r.PathPrefix == "" || strings.HasPrefix(req.URL.Path, r.PathPrefix)) &&
+			(r.Method == "" || r.Method == req.Method) {
+			return r
+		}
+	}
+	return &rs.rules[len(rs.rules)-1] // the default matches everything
+}

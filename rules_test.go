@@ -1,0 +1,184 @@
+package pace
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/fleetpace/pace/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// recorder is a Limiter that notes every wait.
+type recorder struct {
+	name  string
+	mu    *sync.Mutex
+	waits *[]string
+}
+
+func (r recorder) Wait(ctx context.Context, key string, cost int) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	*r.waits = append(*r.waits, r.name+" "+key+" "+strings.Repeat("*", cost))
+	return nil
+}
+
+// TestRulesRoute: each request goes to the first rule that matches it, with
+// a key by host and hashed header, and a cost from the rule or a header.
+func TestRulesRoute(t *testing.T) {
+	var mu sync.Mutex
+	var waits []string
+	lim := func(name string) Limiter { return recorder{name, &mu, &waits} }
+	rules, err := NewRules(Rule{Name: "other", Unlimited: true},
+		Rule{Name: "search", Host: "api.github.com", PathPrefix: "/search/", KeyHeader: "Authorization", Limiter: lim("search")},
+		Rule{Name: "graphql", Host: "api.github.com", PathPrefix: "/graphql", Method: "POST", KeyHeader: "Authorization", CostHeader: "X-Query-Cost", Limiter: lim("graphql")},
+		Rule{Name: "core", Host: "API.GitHub.com", KeyHeader: "Authorization", Limiter: lim("core")},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &Transport{Base: &countingBase{resp: &http.Response{StatusCode: 200, Body: http.NoBody}}, Rules: rules}
+	send := func(method, url, token, cost string) error {
+		req, _ := http.NewRequest(method, url, nil)
+		if token != "" {
+			req.Header.Set("Authorization", token)
+		}
+		if cost != "" {
+			req.Header.Set("X-Query-Cost", cost)
+		}
+		_, err := tr.RoundTrip(req)
+		return err
+	}
+	for _, r := range []struct{ method, url, token, cost string }{
+		{"GET", "https://api.github.com/search/code?q=x", "token ghp_alice", ""},
+		{"GET", "https://api.github.com/repos/a/b", "token ghp_alice", ""},
+		{"GET", "https://api.github.com/repos/a/b", "token ghp_bob", ""},
+		{"POST", "https://api.github.com/graphql", "token ghp_alice", "3"},
+		{"GET", "https://api.github.com/graphql", "", ""}, // not a POST: core, no token
+		{"GET", "https://example.com/", "token ghp_alice", ""},
+	} {
+		if err := send(r.method, r.url, r.token, r.cost); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hash := func(token string) string {
+		sum := sha256.Sum256([]byte(token))
+		return hex.EncodeToString(sum[:16])
+	}
+	alice, bob := hash("token ghp_alice"), hash("token ghp_bob")
+	want := []string{
+		"search search|api.github.com:443|" + alice + " *",
+		"core core|api.github.com:443|" + alice + " *",
+		"core core|api.github.com:443|" + bob + " *",
+		"graphql graphql|api.github.com:443|" + alice + " ***",
+		"core core|api.github.com:443 *",
+	}
+	if len(waits) != len(want) {
+		t.Fatalf("waits %q, want %d of them (example.com unlimited)", waits, len(want))
+	}
+	for i, w := range waits {
+		if strings.Contains(w, "ghp_") {
+			t.Errorf("wait %q carries the token in clear", w)
+		}
+		if w != want[i] {
+			t.Errorf("wait %d = %q, want %q", i, w, want[i])
+		}
+	}
+
+	body := &trackedBody{Reader: strings.NewReader("{}")}
+	req, _ := http.NewRequest("POST", "https://api.github.com/graphql", body)
+	req.Header.Set("X-Query-Cost", "lots")
+	if _, err := tr.RoundTrip(req); err == nil || !strings.Contains(err.Error(), `"lots"`) || body.closes.Load() != 1 {
+		t.Errorf("a bad cost header: %v, body closed %d times; want an error quoting it and the body closed", err, body.closes.Load())
+	}
+}
+
+// TestRulesBadInput: every rule that cannot work is refused at construction,
+// by name and value.
+func TestRulesBadInput(t *testing.T) {
+	lim := mustLocal(t, PerSecond(10))
+	for name, tc := range map[string]struct {
+		def   Rule
+		rules []Rule
+		want  string
+	}{
+		"no limit":       {Rule{Name: "default", Unlimited: true}, []Rule{{Name: "api", Host: "api.example.com"}}, `rule "api" has no limit`},
+		"both":           {Rule{Name: "default", Limiter: lim, Unlimited: true}, nil, `rule "default" has a Limiter and is Unlimited`},
+		"no name":        {Rule{Name: "default", Unlimited: true}, []Rule{{Limiter: lim}}, "without a name"},
+		"same name":      {Rule{Name: "api", Unlimited: true}, []Rule{{Name: "api", Limiter: lim}}, `two rules named "api"`},
+		"cost > burst":   {Rule{Name: "default", Unlimited: true}, []Rule{{Name: "big", Limiter: lim, Cost: 11}}, `rule "big": cost 11 exceeds the burst 10`},
+		"negative cost":  {Rule{Name: "default", Unlimited: true}, []Rule{{Name: "neg", Limiter: lim, Cost: -1}}, `rule "neg": cost -1`},
+		"default's host": {Rule{Name: "default", Host: "x", Unlimited: true}, nil, `default rule "default"`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := NewRules(tc.def, tc.rules...); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("NewRules: %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestRulesOnRedis: rules keyed by API token on a real Redis and on a real
+// cluster: each token has its own bucket, in whatever slot its key hashes
+// to, and no token appears in any Redis key.
+func TestRulesOnRedis(t *testing.T) {
+	single := redistest.Start(t).Client(t)
+	cluster := redistest.StartCluster(t).Client(t)
+	for name, c := range map[string]redis.UniversalClient{"single": single, "cluster": cluster} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			rules, err := NewRules(Rule{Name: "default", Unlimited: true},
+				Rule{Name: "core", Host: "api.github.com", KeyHeader: "Authorization", Limiter: mustRedis(t, c, PerHour(5000))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr := &Transport{Base: &countingBase{resp: &http.Response{StatusCode: 200, Body: http.NoBody}}, Rules: rules}
+			slots := map[int64]bool{}
+			for i := range 8 {
+				token := "token ghp_secret" + strings.Repeat("x", i)
+				req, _ := http.NewRequest("GET", "https://api.github.com/user", nil)
+				req.Header.Set("Authorization", token)
+				if _, err := tr.RoundTrip(req); err != nil {
+					t.Fatalf("token %d: %v", i, err)
+				}
+				_, key, _, _ := rules.decide(req)
+				slots[c.ClusterKeySlot(ctx, DefaultPrefix+"{"+key+"}").Val()] = true
+			}
+			var keys []string
+			scan := func(ctx context.Context, node *redis.Client) error {
+				found, err := node.Keys(ctx, "*").Result()
+				keys = append(keys, found...)
+				return err
+			}
+			if cc, ok := c.(*redis.ClusterClient); ok {
+				var mu sync.Mutex
+				err = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+					mu.Lock()
+					defer mu.Unlock()
+					return scan(ctx, node)
+				})
+			} else {
+				err = scan(ctx, c.(*redis.Client))
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			buckets := 0
+			for _, k := range keys {
+				if strings.Contains(k, "secret") {
+					t.Errorf("Redis key %q carries the token", k)
+				}
+				if strings.HasPrefix(k, DefaultPrefix+"{core|") {
+					buckets++
+				}
+			}
+			if buckets != 8 || (name == "cluster" && len(slots) < 2) {
+				t.Errorf("%d buckets over %d slots for 8 tokens, want 8 buckets (keys %q)", buckets, len(slots), keys)
+			}
+		})
+	}
+}
