@@ -5,7 +5,9 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -33,22 +35,25 @@ import (
 //
 // A Redis is safe for concurrent use. Create it with NewRedis.
 type Redis struct {
-	client   redis.Scripter
-	limit    Limit
-	interval int64 // microseconds one token adds to the schedule
-	config   redisConfig
-	calls    *caller
-	breaker  breaker
-	fleet    *fleet
+	client      redis.Scripter
+	limits      []Limit
+	limit       Limit // limits[0]
+	interval    int64 // limits[0]'s: microseconds one unit adds to a bucket's schedule
+	largestCost int   // the smallest burst or count of the limits: the most a request may cost
+	config      redisConfig
+	calls       *caller
+	breaker     breaker
+	fleet       *fleet
 
 	held          heldKeys // the fleet's holds this process heard of
 	listenOnce    sync.Once
 	stopListening context.CancelFunc
 	listening     sync.WaitGroup
 
-	// The script arguments that never change, boxed once rather than on
-	// every call.
-	intervalArg, burstArg any
+	suffixes   []string // each limit's key is prefix{key} and its suffix
+	limitArgs  []any    // each limit's kind, interval or length, and burst or count, boxed once
+	sliding    bool     // some limit is a sliding window, whose grants need ids
+	requestIDs atomic.Uint64
 }
 
 var _ Holder = (*Redis)(nil)
@@ -67,19 +72,35 @@ var (
 	holdScript = redis.NewScript(holdSource)
 )
 
-// NewRedis returns a Redis limiter that gives each key the limit l, shared
-// through client. Any go-redis client serves: *redis.Client,
-// *redis.ClusterClient, *redis.Ring, a Sentinel failover client, or any
-// redis.UniversalClient. NewRedis does not contact Redis.
-func NewRedis(client redis.Scripter, l Limit, opts ...RedisOption) (*Redis, error) {
+// NewRedis returns a Redis limiter that gives each key the quota q (a Limit,
+// or several at once with AllOf), shared through client. Any go-redis client
+// serves: *redis.Client, *redis.ClusterClient, *redis.Ring, a Sentinel
+// failover client, or any redis.UniversalClient. NewRedis does not contact
+// Redis.
+func NewRedis(client redis.Scripter, q Quota, opts ...RedisOption) (*Redis, error) {
 	if client == nil {
 		return nil, errors.New("pace: NewRedis: nil client")
 	}
-	if err := l.Validate(); err != nil {
+	limits, err := checkQuota(q)
+	if err != nil {
 		return nil, err
 	}
-	r := &Redis{client: client, limit: l, interval: l.intervalMicros(), config: defaultRedisConfig()}
-	r.intervalArg, r.burstArg = r.interval, int64(l.burst)
+	r := &Redis{client: client, limits: limits, limit: limits[0], interval: limits[0].intervalMicros(), config: defaultRedisConfig()}
+	r.largestCost = limits[0].burst
+	for _, l := range limits {
+		r.largestCost = min(r.largestCost, l.burst)
+		a, b := l.intervalMicros(), int64(l.burst)
+		if l.kind != bucket {
+			a = l.period.Microseconds()
+		}
+		r.limitArgs = append(r.limitArgs, int64(l.kind)+1, a, b)
+		r.sliding = r.sliding || l.kind == slidingWindow
+		suffix := ":" + l.String()
+		if len(limits) == 1 && l.kind == bucket {
+			suffix = "" // the layout of a single bucket: prefix{key}
+		}
+		r.suffixes = append(r.suffixes, suffix)
+	}
 	for _, o := range opts {
 		o.applyRedis(&r.config)
 	}
@@ -97,7 +118,7 @@ func NewRedis(client redis.Scripter, l Limit, opts ...RedisOption) (*Redis, erro
 // so that the next callers get them sooner. While Redis fails, the
 // FailurePolicy decides instead.
 func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
-	if err := checkWait(ctx, r.limit, key, cost); err != nil {
+	if err := checkWait(ctx, r.largestCost, key, cost); err != nil {
 		return err
 	}
 	r.listen()
@@ -131,7 +152,7 @@ func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
 			// Redis failed meanwhile: the tokens stay booked rather than
 			// hold this caller for a call timeout.
 			err = fmt.Errorf("%w (tokens not given back: Redis is unavailable)", err)
-		} else if _, _, refundErr := r.refund(ctx, key, cost, b.finish); refundErr != nil {
+		} else if _, _, refundErr := r.refund(ctx, key, b); refundErr != nil {
 			err = errors.Join(err, refundErr)
 			r.failed(ctx, key, cost, false, refundErr)
 		}
@@ -177,9 +198,23 @@ func (r *Redis) newFallback() *Local {
 	if r.config.policy != FallbackLocal {
 		return nil
 	}
-	loc := newLocal(r.limit.share(r.fleet.Size()), r.config.commonConfig)
+	loc := newLocal(r.fallbackLimit().share(r.fleet.Size()), r.config.commonConfig)
 	loc.emptyAt = loc.now()
 	return loc
+}
+
+// fallbackLimit is one token bucket that allows no more than any of the
+// limits: the lowest rate and the smallest burst, windows taken as buckets.
+func (r *Redis) fallbackLimit() Limit {
+	fallback := r.limits[0].asBucket()
+	for _, l := range r.limits[1:] {
+		l = l.asBucket()
+		if l.Rate() < fallback.Rate() {
+			fallback.count, fallback.period = l.count, l.period
+		}
+		fallback.burst = min(fallback.burst, l.burst)
+	}
+	return fallback
 }
 
 // waitWithoutRedis decides a request by the failure policy while Redis is
@@ -206,8 +241,8 @@ func (r *Redis) Hold(ctx context.Context, key string, h Hold) error {
 	if !r.breaker.open.Load() {
 		var reply [2]int64
 		r.listen()
-		err := int64Reply(r.calls.run(ctx, holdScript, []string{r.bucketKey(key)},
-			h.For.Microseconds(), r.intervalArg, r.burstArg, r.holdChannel(), key), reply[:])
+		args := append(make([]any, 0, 3+len(r.limitArgs)), h.For.Microseconds(), r.holdChannel(), key)
+		err := int64Reply(r.calls.run(ctx, holdScript, r.keys(key, false), append(args, r.limitArgs...)...), reply[:])
 		if err == nil {
 			r.held.add(key, reply[1]+h.For.Microseconds(), h.For)
 			reportHold(ctx, r.config.observer, "redis", key, h, reply[0] == 1)
@@ -227,61 +262,74 @@ func (r *Redis) Hold(ctx context.Context, key string, h Hold) error {
 
 // booking is what the reserve script decided.
 type booking struct {
-	granted bool
-	delay   time.Duration
-	now     int64 // the Redis TIME of the decision, in microseconds
-	finish  int64 // the bucket's schedule time after the booking, in microseconds
+	granted  bool
+	delay    time.Duration
+	now      int64            // the Redis TIME of the decision, in microseconds
+	slot     int64            // when the request goes, by Redis's clock
+	finishes [maxLimits]int64 // each bucket's schedule time after the booking (0 for windows)
+	id       string           // the request's id in sliding windows
+	cost     int
 }
 
-// reserve runs the reserve script once: it books cost tokens for key unless
-// the wait would exceed budget (noBudget: no limit).
+// reserve runs the reserve script once: it books cost units for key under
+// every limit unless the wait would exceed budget (noBudget: no limit).
 func (r *Redis) reserve(ctx context.Context, key string, cost int, budget time.Duration) (booking, error) {
+	b := booking{cost: cost}
 	budgetArg := noBudgetArg
 	if budget != noBudget {
 		budgetArg = budget.Microseconds()
 	}
-	var reply [4]int64
-	err := int64Reply(r.calls.run(ctx, reserveScript, []string{r.bucketKey(key)},
-		r.intervalArg, r.burstArg, cost, budgetArg), reply[:])
+	if r.sliding {
+		b.id = r.fleet.member + ":" + strconv.FormatUint(r.requestIDs.Add(1), 10)
+	}
+	args := append(make([]any, 0, 3+len(r.limitArgs)), cost, budgetArg, b.id)
+	var reply [4 + maxLimits]int64
+	n := len(r.limits)
+	err := int64Reply(r.calls.run(ctx, reserveScript, r.keys(key, false), append(args, r.limitArgs...)...), reply[:4+n])
 	if err == nil && (reply[0] < 0 || reply[0] > 1 || reply[1] < 0) {
-		err = fmt.Errorf("replied %v, want [granted delay now finish]", reply)
+		err = fmt.Errorf("replied %v, want [granted delay now slot finish...]", reply[:4+n])
 	}
 	if err != nil {
 		return booking{}, fmt.Errorf("pace: key %q: reserve script: %w", key, err)
 	}
-	return booking{
-		granted: reply[0] == 1,
-		delay:   time.Duration(reply[1]) * time.Microsecond,
-		now:     reply[2],
-		finish:  reply[3],
-	}, nil
+	b.granted, b.delay, b.now, b.slot = reply[0] == 1, time.Duration(reply[1])*time.Microsecond, reply[2], reply[3]
+	copy(b.finishes[:], reply[4:4+n])
+	return b, nil
 }
 
-// refundResult says what the refund script did with a booking.
+// refundResult says what the refund script did with a booking under one
+// limit.
 type refundResult int64
 
 const (
 	refundNothing refundResult = iota // its time had passed, or the bucket was gone
-	refundTail                        // the tokens went back into the bucket
+	refundTail                        // the tokens went back into the bucket, or the window
 	refundGap                         // kept as a gap until the bookings behind it go too
 )
 
-// refund gives back the booking of cost tokens for key that left the bucket
-// at finish, and returns what became of it and the Redis TIME it used, in
-// microseconds. Like every call, it has a deadline of its own, so it runs
-// although ctx has usually ended.
-func (r *Redis) refund(ctx context.Context, key string, cost int, finish int64) (refundResult, int64, error) {
-	base := r.bucketKey(key)
-	var reply [2]int64
-	err := int64Reply(r.calls.run(ctx, refundScript, []string{base, base + ":gaps"},
-		finish, int64(cost)*r.interval), reply[:])
-	if err == nil && (reply[0] < int64(refundNothing) || reply[0] > int64(refundGap)) {
-		err = fmt.Errorf("replied %v, want [result now] with result 0, 1 or 2", reply)
+// refund gives back booking b for key under every limit, and returns what
+// became of it under each and the Redis TIME it used, in microseconds. Like
+// every call, it has a deadline of its own, so it runs although ctx has
+// usually ended.
+func (r *Redis) refund(ctx context.Context, key string, b booking) ([maxLimits]refundResult, int64, error) {
+	var results [maxLimits]refundResult
+	n := len(r.limits)
+	args := append(make([]any, 0, 3+3*n), b.id, b.cost, b.slot)
+	for i := range r.limits {
+		args = append(args, r.limitArgs[3*i], r.limitArgs[3*i+1], b.finishes[i])
+	}
+	var reply [1 + maxLimits]int64
+	err := int64Reply(r.calls.run(ctx, refundScript, r.keys(key, true), args...), reply[:1+n])
+	for i, res := range reply[1 : 1+n] {
+		if err == nil && (res < int64(refundNothing) || res > int64(refundGap)) {
+			err = fmt.Errorf("replied %v, want [now result...] with results 0, 1 or 2", reply[:1+n])
+		}
+		results[i] = refundResult(res)
 	}
 	if err != nil {
-		return refundNothing, 0, fmt.Errorf("pace: key %q: refund script: %w", key, err)
+		return results, 0, fmt.Errorf("pace: key %q: refund script: %w", key, err)
 	}
-	return refundResult(reply[0]), reply[1], nil
+	return results, reply[0], nil
 }
 
 // noBudgetArg is the script argument for a caller without a budget.
@@ -306,7 +354,22 @@ func int64Reply(cmd *redis.Cmd, dst []int64) error {
 	return nil
 }
 
-// bucketKey is the Redis key of key's bucket.
-func (r *Redis) bucketKey(key string) string {
-	return r.config.prefix + "{" + key + "}"
+// keys are the Redis keys of key's limits, each followed by its gaps key when
+// withGaps. They share one hash tag: one Redis Cluster slot.
+func (r *Redis) keys(key string, withGaps bool) []string {
+	base := r.config.prefix + "{" + key + "}"
+	if len(r.suffixes) == 1 && !withGaps {
+		return []string{base + r.suffixes[0]}
+	}
+	keys := make([]string, 0, 2*len(r.suffixes))
+	for _, suffix := range r.suffixes {
+		keys = append(keys, base+suffix)
+		if withGaps {
+			keys = append(keys, base+suffix+":gaps")
+		}
+	}
+	return keys
 }
+
+// bucketKey is the Redis key of key's first limit.
+func (r *Redis) bucketKey(key string) string { return r.keys(key, false)[0] }

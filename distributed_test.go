@@ -46,9 +46,8 @@ func checkMatchesModel(t *testing.T, c redis.UniversalClient) {
 	limiterOf := func(key string) *Redis { return limiters[int(key[0]-'a')%len(limiters)] }
 
 	type booked struct {
-		key          string
-		cost         int
-		finish, size int64
+		key string
+		b   booking
 	}
 	var bookings []booked
 	model := newBucketModel()
@@ -72,9 +71,9 @@ func checkMatchesModel(t *testing.T, c redis.UniversalClient) {
 				budgetMicros = budget.Microseconds()
 			}
 			granted, delay, finish := model.reserve(key, r.interval, int64(r.limit.burst), int64(cost), budgetMicros, b.now)
-			if b.granted != granted || b.delay != time.Duration(delay)*time.Microsecond || b.finish != finish {
+			if b.granted != granted || b.delay != time.Duration(delay)*time.Microsecond || b.finishes[0] != finish {
 				t.Fatalf("step %d: reserve(%s, cost %d, budget %v) at %d: script granted=%v delay=%v finish=%d, model granted=%v delay=%dµs finish=%d",
-					step, key, cost, budget, b.now, b.granted, b.delay, b.finish, granted, delay, finish)
+					step, key, cost, budget, b.now, b.granted, b.delay, b.finishes[0], granted, delay, finish)
 			}
 			if b.now < lastNow {
 				t.Fatalf("step %d: Redis TIME went back from %d to %d", step, lastNow, b.now)
@@ -82,7 +81,7 @@ func checkMatchesModel(t *testing.T, c redis.UniversalClient) {
 			lastNow = b.now
 			if granted {
 				counts["granted"]++
-				bookings = append(bookings, booked{key, cost, finish, int64(cost) * r.interval})
+				bookings = append(bookings, booked{key, b})
 			} else {
 				counts["refused"]++
 			}
@@ -90,12 +89,13 @@ func checkMatchesModel(t *testing.T, c redis.UniversalClient) {
 			i := len(bookings) - 1 - rng.IntN(min(len(bookings), 6))
 			bk := bookings[i]
 			bookings = slices.Delete(bookings, i, i+1)
-			got, now, err := limiterOf(bk.key).refund(ctx, bk.key, bk.cost, bk.finish)
+			results, now, err := limiterOf(bk.key).refund(ctx, bk.key, bk.b)
 			if err != nil {
 				t.Fatalf("step %d: %v", step, err)
 			}
-			if want := model.refund(bk.key, bk.finish, bk.size, now); got != want {
-				t.Fatalf("step %d: refund(%s, finish %d) at %d: script %d, model %d", step, bk.key, bk.finish, now, got, want)
+			got, finish := results[0], bk.b.finishes[0]
+			if want := model.refund(bk.key, finish, int64(bk.b.cost)*limiterOf(bk.key).interval, now); got != want {
+				t.Fatalf("step %d: refund(%s, finish %d) at %d: script %d, model %d", step, bk.key, finish, now, got, want)
 			}
 			counts[[]string{"refund-nothing", "refund-tail", "refund-gap"}[got]]++
 		default:
@@ -153,9 +153,9 @@ func checkDeadlineBooksNothing(t *testing.T, c redis.UniversalClient) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if after.finish != before.finish {
+	if after.finishes[0] != before.finishes[0] {
 		t.Errorf("the next caller would finish at %d, before the refused wait at %d: the refused wait booked %d µs",
-			after.finish, before.finish, after.finish-before.finish)
+			after.finishes[0], before.finishes[0], after.finishes[0]-before.finishes[0])
 	}
 	if de.Delay > before.delay || de.Delay < after.delay || de.Delay < 490*time.Millisecond {
 		t.Errorf("DeadlineError.Delay = %v, want between %v and %v, about 500ms", de.Delay, after.delay, before.delay)
@@ -242,7 +242,7 @@ func checkCancelGivesBack(t *testing.T, c redis.UniversalClient) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if moved, want := before.finish-after.finish, 5*r.interval; moved != want {
+	if moved, want := before.finishes[0]-after.finishes[0], 5*r.interval; moved != want {
 		t.Errorf("cancelling 5 callers moved the next caller up by %d µs, want %d (5 tokens)", moved, want)
 	}
 	for i, err := range errs[5:] {
@@ -277,8 +277,8 @@ func TestRedisSurvivesScriptFlush(t *testing.T) {
 	if err != nil {
 		t.Fatalf("reserve after SCRIPT FLUSH: %v", err)
 	}
-	if want := first.finish + r.interval; second.finish != want {
-		t.Errorf("after SCRIPT FLUSH the booking finished at %d, want %d: the bucket lost its state", second.finish, want)
+	if want := first.finishes[0] + r.interval; second.finishes[0] != want {
+		t.Errorf("after SCRIPT FLUSH the booking finished at %d, want %d: the bucket lost its state", second.finishes[0], want)
 	}
 	calls, err := redistest.CommandStats(ctx, c)
 	if err != nil {
@@ -304,14 +304,14 @@ func TestRedisKeyLayout(t *testing.T) {
 	}
 	const key = "quota:{api.example.com:443}"
 	stored, err := c.Get(ctx, key).Int64()
-	if err != nil || stored != b.finish {
-		t.Fatalf("GET %s = %d, %v; want the schedule time %d", key, stored, err, b.finish)
+	if err != nil || stored != b.finishes[0] {
+		t.Fatalf("GET %s = %d, %v; want the schedule time %d", key, stored, err, b.finishes[0])
 	}
 	ttl, err := c.PTTL(ctx, key).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	full := time.Duration(b.finish-b.now) * time.Microsecond // 2 s: the bucket is full again then
+	full := time.Duration(b.finishes[0]-b.now) * time.Microsecond // 2 s: the bucket is full again then
 	if ttl < full-50*time.Millisecond || ttl > full+time.Second {
 		t.Errorf("PTTL %s = %v, want from %v, when the bucket is full again, to a second later", key, ttl, full)
 	}

@@ -9,14 +9,59 @@ import (
 )
 
 // A Limit is a token bucket: count events per period on average, with bursts
-// of up to burst events. The zero Limit is invalid: limiters refuse it.
+// of up to burst events; or, made by Window or FixedWindow, a window quota of
+// count events per period. The zero Limit is invalid: limiters refuse it.
 //
 // A Limit is a plain value, safe to copy and to share between goroutines.
 type Limit struct {
 	count  float64
 	period time.Duration
-	burst  int
+	burst  int // for windows, count: the most one request may take
+	kind   limitKind
 }
+
+// limitKind says how a Limit counts.
+type limitKind uint8
+
+const (
+	bucket        limitKind = iota // a token bucket
+	slidingWindow                  // count per period, in every period wherever it starts
+	fixedWindow                    // count per period, in periods aligned to the clock
+)
+
+// Window returns a sliding window quota: in no period of length per,
+// wherever it starts, are more than n events granted. It is safe against an
+// upstream that counts in fixed windows whose alignment the client does not
+// know. It needs Redis (a Redis limiter), which keeps the times of the last n
+// grants of each key: about 60 bytes each.
+func Window(n int, per time.Duration) Limit {
+	return Limit{count: float64(n), period: per, burst: n, kind: slidingWindow}
+}
+
+// FixedWindow returns a fixed window quota: at most n events in each period
+// of length per, with periods aligned to Redis's clock (a minute's windows
+// start on the minute), as an upstream that counts so would. A request that
+// finds its window full waits for the next one. It needs Redis.
+func FixedWindow(n int, per time.Duration) Limit {
+	return Limit{count: float64(n), period: per, burst: n, kind: fixedWindow}
+}
+
+// A Quota is what a limiter enforces: a Limit, or several at once (AllOf).
+type Quota interface {
+	limits() []Limit
+}
+
+func (l Limit) limits() []Limit { return []Limit{l} }
+
+// AllOf is a Quota of several limits at once, such as 10/s and 5000/h: a
+// request goes when every one of them allows it, and is charged to all of
+// them or, when it does not go, to none.
+type AllOf []Limit
+
+func (a AllOf) limits() []Limit { return a }
+
+// maxLimits is the most limits one Quota may hold.
+const maxLimits = 8
 
 // maxRefill (a year) is the longest time a bucket may take to refill from empty.
 // It keeps every time the Redis script handles an exact integer in Lua's
@@ -44,7 +89,8 @@ func Per(n float64, period time.Duration) Limit {
 // Every returns a Limit of one event every interval, with a burst of 1.
 func Every(interval time.Duration) Limit { return Per(1, interval) }
 
-// WithBurst returns a copy of l whose bucket holds burst events.
+// WithBurst returns a copy of l whose bucket holds burst events. It does
+// not apply to windows, whose burst is their count.
 func (l Limit) WithBurst(burst int) Limit {
 	l.burst = burst
 	return l
@@ -75,10 +121,40 @@ func (l Limit) problem() string {
 		return fmt.Sprintf("burst %d is below 1", l.burst)
 	case float64(l.period)/l.count < float64(time.Microsecond):
 		return fmt.Sprintf("rate %v/s is above the maximum of 1000000/s", l.Rate())
-	case int64(l.burst) > maxRefill.Microseconds()/l.intervalMicros():
+	case l.kind != bucket && (l.count != math.Trunc(l.count) || l.burst != int(l.count)):
+		return fmt.Sprintf("a window's count %v must be a whole number and its burst", l.count)
+	case l.kind != bucket && l.period > maxRefill:
+		return fmt.Sprintf("window %v is longer than a year", l.period)
+	case l.kind == bucket && int64(l.burst) > maxRefill.Microseconds()/l.intervalMicros():
 		return fmt.Sprintf("burst %d takes more than a year to refill", l.burst)
 	}
 	return ""
+}
+
+// checkQuota returns the limits of q, or why they cannot be used.
+func checkQuota(q Quota) ([]Limit, error) {
+	if q == nil {
+		return nil, fmt.Errorf("pace: no quota")
+	}
+	limits := q.limits()
+	if len(limits) == 0 || len(limits) > maxLimits {
+		return nil, fmt.Errorf("pace: a quota of %d limits; want 1 to %d", len(limits), maxLimits)
+	}
+	for _, l := range limits {
+		if err := l.Validate(); err != nil {
+			return nil, err
+		}
+	}
+	return limits, nil
+}
+
+// asBucket is a token bucket that never allows more than l in any period:
+// l itself, or, for a window of n per T, n/2 at once and n/2 per T.
+func (l Limit) asBucket() Limit {
+	if l.kind == bucket {
+		return l
+	}
+	return Limit{count: l.count / 2, period: l.period, burst: max(l.burst/2, 1)}
 }
 
 // share is the part of l for one of n processes: 1/n of the rate, and 1/n
@@ -96,11 +172,17 @@ func (l Limit) intervalMicros() int64 {
 	return int64(math.Ceil(us * (1 - 1e-12)))
 }
 
-// String formats l in the syntax ParseLimit reads, such as "100/s" or
-// "10/s burst 20". The burst is shown when it differs from the count's default.
+// String formats l in the syntax ParseLimit reads, such as "100/s",
+// "10/s burst 20" or "900/15m sliding". A bucket's burst is shown when it
+// differs from the count's default.
 func (l Limit) String() string {
 	s := strconv.FormatFloat(l.count, 'g', -1, 64) + "/" + formatPeriod(l.period)
-	if l.burst != defaultBurst(l.count) {
+	switch {
+	case l.kind == slidingWindow:
+		s += " sliding"
+	case l.kind == fixedWindow:
+		s += " fixed"
+	case l.burst != defaultBurst(l.count):
 		s += " burst " + strconv.Itoa(l.burst)
 	}
 	return s
@@ -108,19 +190,22 @@ func (l Limit) String() string {
 
 // ParseLimit reads a Limit written as
 //
-//	COUNT/PERIOD [burst N]
+//	COUNT/PERIOD [burst N | sliding | fixed]
 //
 // COUNT is a positive number; PERIOD is s, m, h or d (second, minute, hour,
-// day), or a Go duration such as 15m or 500ms; the burst defaults to COUNT
-// rounded up. Examples: "100/s", "5000/h", "900/15m", "10/s burst 20".
-// Anything else is an error that quotes the input.
+// day), or a Go duration such as 15m or 500ms. Alone, or with a burst (which
+// defaults to COUNT rounded up), it is a token bucket; "sliding" makes it a
+// Window, "fixed" a FixedWindow (with a whole COUNT). Examples: "100/s",
+// "5000/h", "10/s burst 20", "900/15m sliding", "100/h fixed". Anything else
+// is an error that quotes the input.
 func ParseLimit(s string) (Limit, error) {
 	bad := func(why string) (Limit, error) {
 		return Limit{}, fmt.Errorf("pace: invalid limit %q: %s (want COUNT/PERIOD [burst N], such as \"100/s\" or \"10/s burst 20\")", s, why)
 	}
 	fields := strings.Fields(s)
-	if len(fields) != 1 && (len(fields) != 3 || fields[1] != "burst") {
-		return bad("wrong number of words")
+	windowed := len(fields) == 2 && (fields[1] == "sliding" || fields[1] == "fixed")
+	if len(fields) != 1 && !windowed && (len(fields) != 3 || fields[1] != "burst") {
+		return bad("want COUNT/PERIOD, then nothing, burst N, sliding or fixed")
 	}
 	countText, periodText, ok := strings.Cut(fields[0], "/")
 	if !ok {
@@ -135,6 +220,12 @@ func ParseLimit(s string) (Limit, error) {
 		return bad("period " + strconv.Quote(periodText) + " is not s, m, h, d or a duration")
 	}
 	l := Per(count, period)
+	if windowed {
+		l = Limit{count: count, period: period, burst: int(count), kind: slidingWindow}
+		if fields[1] == "fixed" {
+			l.kind = fixedWindow
+		}
+	}
 	if len(fields) == 3 {
 		if l.burst, err = strconv.Atoi(fields[2]); err != nil {
 			return bad("burst " + strconv.Quote(fields[2]) + " is not a whole number")

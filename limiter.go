@@ -55,15 +55,16 @@ type requestError struct{ msg string }
 func (e *requestError) Error() string { return e.msg }
 
 // checkWait reports a wait that cannot begin: a key or cost that no wait
-// could ever grant under limit, or a context that has already ended.
-func checkWait(ctx context.Context, limit Limit, key string, cost int) error {
+// could ever grant (maxCost is the smallest burst or window count of the
+// limits), or a context that has already ended.
+func checkWait(ctx context.Context, maxCost int, key string, cost int) error {
 	switch {
 	case key == "":
 		return &requestError{fmt.Sprintf("pace: empty key (cost %d)", cost)}
 	case cost < 1:
 		return &requestError{fmt.Sprintf("pace: key %q: cost %d is below 1", key, cost)}
-	case cost > limit.burst:
-		return &requestError{fmt.Sprintf("pace: key %q: cost %d exceeds the burst %d of limit %s", key, cost, limit.burst, limit)}
+	case cost > maxCost:
+		return &requestError{fmt.Sprintf("pace: key %q: cost %d exceeds the burst %d", key, cost, maxCost)}
 	case ctx.Err() != nil:
 		return fmt.Errorf("pace: key %q: context ended before the wait: %w", key, context.Cause(ctx))
 	}

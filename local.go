@@ -2,6 +2,7 @@ package pace
 
 import (
 	"context"
+	"fmt"
 	"hash/maphash"
 	"sync"
 	"time"
@@ -48,6 +49,9 @@ func NewLocal(l Limit, opts ...Option) (*Local, error) {
 	if err := l.Validate(); err != nil {
 		return nil, err
 	}
+	if l.kind != bucket {
+		return nil, fmt.Errorf("pace: NewLocal(%s): windows need a Redis limiter; Local paces token buckets", l)
+	}
 	var config commonConfig
 	for _, o := range opts {
 		o.applyLocal(&config)
@@ -72,7 +76,7 @@ func newLocal(l Limit, config commonConfig) *Local {
 // Wait implements Limiter. It books cost tokens for key and sleeps until they
 // are due; if ctx ends first, the tokens go back to the bucket.
 func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
-	if err := checkWait(ctx, loc.limit, key, cost); err != nil {
+	if err := checkWait(ctx, loc.limit.burst, key, cost); err != nil {
 		return err
 	}
 	now := loc.now()
