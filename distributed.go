@@ -52,6 +52,7 @@ type Redis struct {
 
 	suffixes   []string // each limit's key is prefix{key} and its suffix
 	limitArgs  []any    // each limit's kind, interval or length, and burst or count, boxed once
+	oneBucket  bool     // the quota is one bucket: reserve.lua, not quota.lua
 	sliding    bool     // some limit is a sliding window, whose grants need ids
 	requestIDs atomic.Uint64
 }
@@ -62,6 +63,10 @@ var (
 	//go:embed lua/reserve.lua
 	reserveSource string
 	reserveScript = redis.NewScript(reserveSource)
+
+	//go:embed lua/quota.lua
+	quotaSource string
+	quotaScript = redis.NewScript(quotaSource)
 
 	//go:embed lua/refund.lua
 	refundSource string
@@ -101,6 +106,7 @@ func NewRedis(client redis.Scripter, q Quota, opts ...RedisOption) (*Redis, erro
 		}
 		r.suffixes = append(r.suffixes, suffix)
 	}
+	r.oneBucket = len(limits) == 1 && limits[0].kind == bucket
 	for _, o := range opts {
 		o.applyRedis(&r.config)
 	}
@@ -159,7 +165,7 @@ func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
 		r.config.observer.emit(ctx, Event{Kind: EventCancel, Limiter: "redis", Key: key, Cost: cost, Delay: b.delay, Err: err})
 		return err
 	}
-	if r.held.before(key, b.now+b.delay.Microseconds()) {
+	if r.held.before(key, b.slot()) {
 		// The upstream asked the fleet to hold off while this caller slept:
 		// its slot belongs to a schedule the hold replaced. It books anew.
 		return r.Wait(ctx, key, cost)
@@ -265,11 +271,13 @@ type booking struct {
 	granted  bool
 	delay    time.Duration
 	now      int64            // the Redis TIME of the decision, in microseconds
-	slot     int64            // when the request goes, by Redis's clock
 	finishes [maxLimits]int64 // each bucket's schedule time after the booking (0 for windows)
 	id       string           // the request's id in sliding windows
 	cost     int
 }
+
+// slot is when the request goes, by Redis's clock, in microseconds.
+func (b booking) slot() int64 { return b.now + b.delay.Microseconds() }
 
 // reserve runs the reserve script once: it books cost units for key under
 // every limit unless the wait would exceed budget (noBudget: no limit).
@@ -279,21 +287,27 @@ func (r *Redis) reserve(ctx context.Context, key string, cost int, budget time.D
 	if budget != noBudget {
 		budgetArg = budget.Microseconds()
 	}
-	if r.sliding {
-		b.id = r.fleet.member + ":" + strconv.FormatUint(r.requestIDs.Add(1), 10)
-	}
-	args := append(make([]any, 0, 3+len(r.limitArgs)), cost, budgetArg, b.id)
-	var reply [4 + maxLimits]int64
 	n := len(r.limits)
-	err := int64Reply(r.calls.run(ctx, reserveScript, r.keys(key, false), append(args, r.limitArgs...)...), reply[:4+n])
+	var reply [3 + maxLimits]int64
+	var cmd *redis.Cmd
+	if r.oneBucket {
+		cmd = r.calls.run(ctx, reserveScript, r.keys(key, false), r.limitArgs[1], r.limitArgs[2], cost, budgetArg)
+	} else {
+		if r.sliding {
+			b.id = r.fleet.member + ":" + strconv.FormatUint(r.requestIDs.Add(1), 10)
+		}
+		args := append(make([]any, 0, 3+len(r.limitArgs)), cost, budgetArg, b.id)
+		cmd = r.calls.run(ctx, quotaScript, r.keys(key, false), append(args, r.limitArgs...)...)
+	}
+	err := int64Reply(cmd, reply[:3+n])
 	if err == nil && (reply[0] < 0 || reply[0] > 1 || reply[1] < 0) {
-		err = fmt.Errorf("replied %v, want [granted delay now slot finish...]", reply[:4+n])
+		err = fmt.Errorf("replied %v, want [granted delay now finish...]", append([]int64(nil), reply[:3+n]...))
 	}
 	if err != nil {
 		return booking{}, fmt.Errorf("pace: key %q: reserve script: %w", key, err)
 	}
-	b.granted, b.delay, b.now, b.slot = reply[0] == 1, time.Duration(reply[1])*time.Microsecond, reply[2], reply[3]
-	copy(b.finishes[:], reply[4:4+n])
+	b.granted, b.delay, b.now = reply[0] == 1, time.Duration(reply[1])*time.Microsecond, reply[2]
+	copy(b.finishes[:], reply[3:3+n])
 	return b, nil
 }
 
@@ -314,7 +328,7 @@ const (
 func (r *Redis) refund(ctx context.Context, key string, b booking) ([maxLimits]refundResult, int64, error) {
 	var results [maxLimits]refundResult
 	n := len(r.limits)
-	args := append(make([]any, 0, 3+3*n), b.id, b.cost, b.slot)
+	args := append(make([]any, 0, 3+3*n), b.id, b.cost, b.slot())
 	for i := range r.limits {
 		args = append(args, r.limitArgs[3*i], r.limitArgs[3*i+1], b.finishes[i])
 	}
@@ -322,7 +336,7 @@ func (r *Redis) refund(ctx context.Context, key string, b booking) ([maxLimits]r
 	err := int64Reply(r.calls.run(ctx, refundScript, r.keys(key, true), args...), reply[:1+n])
 	for i, res := range reply[1 : 1+n] {
 		if err == nil && (res < int64(refundNothing) || res > int64(refundGap)) {
-			err = fmt.Errorf("replied %v, want [now result...] with results 0, 1 or 2", reply[:1+n])
+			err = fmt.Errorf("replied %v, want [now result...] with results 0, 1 or 2", append([]int64(nil), reply[:1+n]...))
 		}
 		results[i] = refundResult(res)
 	}
