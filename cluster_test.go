@@ -18,6 +18,9 @@ func TestOnCluster(t *testing.T) {
 		"MatchesModel":         checkMatchesModel,
 		"DeadlineBooksNothing": checkDeadlineBooksNothing,
 		"CancelGivesBack":      checkCancelGivesBack,
+		"QuotaMatchesModel":    checkQuotaMatchesModel,
+		"AllOrNothing":         checkAllOrNothing,
+		"KeysExpire":           checkKeysExpire,
 	} {
 		t.Run(name, func(t *testing.T) {
 			err := c.ForEachMaster(context.Background(), func(ctx context.Context, node *redis.Client) error {

@@ -19,7 +19,7 @@ func newTestRedis(t testing.TB) *redis.Client {
 	return redistest.Start(t).Client(t)
 }
 
-func mustRedis(t testing.TB, c redis.Scripter, l Limit, opts ...RedisOption) *Redis {
+func mustRedis(t testing.TB, c redis.Scripter, l Quota, opts ...RedisOption) *Redis {
 	t.Helper()
 	r, err := NewRedis(c, l, opts...)
 	if err != nil {

@@ -157,6 +157,9 @@ func TestLocalKeepsTheBound(t *testing.T) {
 	checkGrants(t, grants, 200, 10)
 }
 
+// errRunOver, from a worker's wait, ends that worker without a grant.
+var errRunOver = errors.New("the run is over")
+
 // runWorkers calls wait from n goroutines until end, and returns the times
 // of the grants, sorted. Waits have no deadline, so each ends in a grant; the
 // first error stops the run.
@@ -169,6 +172,9 @@ func runWorkers(n int, end time.Time, wait func(context.Context) error) ([]time.
 		wg.Go(func() {
 			for {
 				err := wait(context.Background())
+				if errors.Is(err, errRunOver) {
+					return
+				}
 				now := time.Now()
 				mu.Lock()
 				if err != nil {

@@ -2,6 +2,7 @@ package pace
 
 import (
 	"cmp"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -115,4 +116,142 @@ func TestModelKeepsTheBound(t *testing.T) {
 	if len(grants) < 2000 || refunds[refundTail] < 100 || refunds[refundGap] < 100 {
 		t.Fatalf("%d grants, refunds %v: the sequence did not exercise the bucket", len(grants), refunds)
 	}
+}
+
+// quotaModel is a plain Go model of quota.lua and of refund.lua for every
+// kind of limit: buckets (by bucketModel), sliding windows (the times of
+// their grants) and fixed windows (counts by window).
+type quotaModel struct {
+	buckets *bucketModel
+	grants  map[string]map[string]int64 // sliding window key → member → time
+	counts  map[string]map[int64]int64  // fixed window key → window → count
+	holds   map[string]int64            // fixed window key → hold end
+}
+
+func newQuotaModel() *quotaModel {
+	return &quotaModel{buckets: newBucketModel(), grants: map[string]map[string]int64{},
+		counts: map[string]map[int64]int64{}, holds: map[string]int64{}}
+}
+
+func windowGuard(length int64) int64 { return min(length-length%50, 2_500_000) / 50 }
+
+// reserve is quota.lua: limits[i] is kind, interval or length, burst or
+// count, and keys[i] its key.
+func (m *quotaModel) reserve(keys []string, limits [][3]int64, cost, budget int64, id string, now int64) (bool, int64, []int64) {
+	slot := now
+	for i, l := range limits {
+		kind, a, b := l[0], l[1], l[2]
+		switch kind {
+		case 1:
+			tat := max(m.buckets.tat[keys[i]], now)
+			slot = max(slot, tat+cost*a-b*a)
+		case 2:
+			var times []int64
+			for _, at := range m.grants[keys[i]] {
+				times = append(times, at)
+			}
+			slices.Sort(times)
+			slices.Reverse(times)
+			if len(times) > 0 {
+				slot = max(slot, times[0])
+			}
+			if k := int(b - cost); k < len(times) {
+				slot = max(slot, times[k]+a+windowGuard(a))
+			}
+		case 3:
+			slot = max(slot, m.holds[keys[i]])
+		}
+	}
+	windows := make([]int64, len(limits))
+	for moved := true; moved; {
+		moved = false
+		for i, l := range limits {
+			if l[0] != 3 {
+				continue
+			}
+			w := slot / l[1]
+			for m.counts[keys[i]][w]+cost > l[2] {
+				w++
+			}
+			if w*l[1] > slot {
+				slot, moved = w*l[1], true
+			}
+			windows[i] = w
+		}
+	}
+	finishes := make([]int64, len(limits))
+	for i, l := range limits {
+		if l[0] == 1 {
+			finishes[i] = max(m.buckets.tat[keys[i]], slot) + cost*l[1]
+		}
+	}
+	if budget >= 0 && slot-now > budget {
+		return false, slot - now, finishes
+	}
+	for i, l := range limits {
+		switch l[0] {
+		case 1:
+			m.buckets.tat[keys[i]] = finishes[i]
+		case 2:
+			if m.grants[keys[i]] == nil {
+				m.grants[keys[i]] = map[string]int64{}
+			}
+			for j := int64(1); j <= cost; j++ {
+				m.grants[keys[i]][fmt.Sprintf("%s:%d", id, j)] = slot
+			}
+			m.trim(keys[i], l[2], now-l[1]-windowGuard(l[1]))
+		case 3:
+			if m.counts[keys[i]] == nil {
+				m.counts[keys[i]] = map[int64]int64{}
+			}
+			m.counts[keys[i]][windows[i]] += cost
+		}
+	}
+	return true, slot - now, finishes
+}
+
+// trim keeps a sliding window's latest count grants, in Redis's order (by
+// time, then member), and none at or before old.
+func (m *quotaModel) trim(key string, count, old int64) {
+	type entry struct {
+		member string
+		at     int64
+	}
+	var entries []entry
+	for member, at := range m.grants[key] {
+		entries = append(entries, entry{member, at})
+	}
+	slices.SortFunc(entries, func(a, b entry) int {
+		return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.member, b.member))
+	})
+	for i, e := range entries {
+		if int64(len(entries)-i) > count || e.at <= old {
+			delete(m.grants[key], e.member)
+		}
+	}
+}
+
+// refund is refund.lua.
+func (m *quotaModel) refund(keys []string, limits [][3]int64, cost int64, id string, slot int64, finishes []int64, now int64) []refundResult {
+	results := make([]refundResult, len(limits))
+	for i, l := range limits {
+		switch l[0] {
+		case 1:
+			results[i] = m.buckets.refund(keys[i], finishes[i], cost*l[1], now)
+		case 2:
+			for j := int64(1); j <= cost; j++ {
+				member := fmt.Sprintf("%s:%d", id, j)
+				if _, ok := m.grants[keys[i]][member]; ok {
+					delete(m.grants[keys[i]], member)
+					results[i] = refundTail
+				}
+			}
+		case 3:
+			if _, ok := m.counts[keys[i]][slot/l[1]]; ok && slot > now {
+				m.counts[keys[i]][slot/l[1]] -= cost
+				results[i] = refundTail
+			}
+		}
+	}
+	return results
 }

@@ -1,0 +1,210 @@
+package pace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// modelLimits are a limiter's limits as quota.lua receives them.
+func modelLimits(r *Redis) [][3]int64 {
+	var limits [][3]int64
+	for i := 0; i < len(r.limitArgs); i += 3 {
+		limits = append(limits, [3]int64{r.limitArgs[i].(int64), r.limitArgs[i+1].(int64), r.limitArgs[i+2].(int64)})
+	}
+	return limits
+}
+
+func TestQuotaMatchesModel(t *testing.T) { checkQuotaMatchesModel(t, newTestRedis(t)) }
+
+// checkQuotaMatchesModel drives quota.lua and refund.lua on a real Redis,
+// over quotas of buckets, sliding and fixed windows at once, and the Go
+// model with the same random sequence of keys, costs, budgets, refunds and
+// pauses: the model, fed the TIME each script used, must give the same
+// answer to the microsecond every time.
+func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
+	ctx := context.Background()
+	quotas := []Quota{
+		AllOf{PerSecond(2000).WithBurst(3), Window(4, 20*time.Millisecond)},
+		AllOf{FixedWindow(5, 30*time.Millisecond), PerSecond(500).WithBurst(2)},
+		Window(3, 10*time.Millisecond),
+		AllOf{PerSecond(1000).WithBurst(5), Window(6, 15*time.Millisecond), FixedWindow(4, 25*time.Millisecond)},
+	}
+	var limiters []*Redis
+	for _, q := range quotas {
+		limiters = append(limiters, mustRedis(t, c, q, WithFleetSize(1)))
+	}
+	keys := []string{"q0", "q1", "q2", "q3"}
+	type booked struct {
+		limiter int
+		key     string
+		b       booking
+	}
+	var bookings []booked
+	model := newQuotaModel()
+	rng := rand.New(rand.NewPCG(3, 5))
+	counts := map[string]int{}
+	var lastNow int64 // the latest Redis TIME seen
+	for step := range 2500 {
+		switch op := rng.IntN(20); {
+		case op < 13:
+			i := rng.IntN(len(keys))
+			r, key := limiters[i], keys[i]
+			cost := rng.IntN(r.largestCost) + 1
+			budget := []time.Duration{noBudget, 0, time.Duration(rng.IntN(20_000)) * time.Microsecond}[rng.IntN(3)]
+			b, err := r.reserve(ctx, key, cost, budget)
+			if err != nil {
+				t.Fatalf("step %d: %v", step, err)
+			}
+			budgetMicros := int64(-1)
+			if budget != noBudget {
+				budgetMicros = budget.Microseconds()
+			}
+			granted, delay, finishes := model.reserve(r.keys(key, false), modelLimits(r), int64(cost), budgetMicros, b.id, b.now)
+			if b.granted != granted || b.delay.Microseconds() != delay || !slices.Equal(b.finishes[:len(finishes)], finishes) {
+				t.Fatalf("step %d: reserve(%s, cost %d, budget %v) at %d: script granted=%v delay=%v finishes=%v, model granted=%v delay=%dµs finishes=%v",
+					step, key, cost, budget, b.now, b.granted, b.delay, b.finishes[:len(finishes)], granted, delay, finishes)
+			}
+			lastNow = b.now
+			if granted {
+				counts["granted"]++
+				bookings = append(bookings, booked{i, key, b})
+			} else {
+				counts["refused"]++
+			}
+		case op < 16 && len(bookings) > 0:
+			j := len(bookings) - 1 - rng.IntN(min(len(bookings), 6))
+			bk := bookings[j]
+			bookings = slices.Delete(bookings, j, j+1)
+			if bk.b.slot() < lastNow+2000 {
+				continue // only a caller still asleep gives back; this one has gone
+			}
+			r := limiters[bk.limiter]
+			results, now, err := r.refund(ctx, bk.key, bk.b)
+			if err != nil {
+				t.Fatalf("step %d: %v", step, err)
+			}
+			n := len(r.limits)
+			want := model.refund(r.keys(bk.key, false), modelLimits(r), int64(bk.b.cost), bk.b.id, bk.b.slot(), bk.b.finishes[:n], now)
+			if !slices.Equal(results[:n], want) {
+				t.Fatalf("step %d: refund(%s) at %d: script %v, model %v", step, bk.key, now, results[:n], want)
+			}
+			for _, res := range results[:n] {
+				counts[[]string{"refund-nothing", "refund-tail", "refund-gap"}[res]]++
+			}
+		default:
+			time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
+		}
+	}
+	t.Logf("2500 steps: %v", counts)
+	for kind, least := range map[string]int{"granted": 100, "refused": 100, "refund-tail": 100, "refund-gap": 20, "refund-nothing": 5} {
+		if counts[kind] < least {
+			t.Errorf("only %d %s decisions: the sequence did not exercise the scripts", counts[kind], kind)
+		}
+	}
+}
+
+func TestQuotaAllOrNothing(t *testing.T) { checkAllOrNothing(t, newTestRedis(t)) }
+
+// checkAllOrNothing: under 20/s and 40 per 10 s (a sliding window) on one
+// key, a saturated run gets, over each span t, the tighter of the two:
+// 20 + 20t until the window's 40 are spent (after 1 s), then none; and a
+// request refused for its deadline leaves both limits as they were.
+func checkAllOrNothing(t *testing.T, c redis.UniversalClient) {
+	ctx := context.Background()
+	r := mustRedis(t, c, AllOf{PerSecond(20), Window(40, 10*time.Second)}, WithFleetSize(1))
+	end := time.Now().Add(2 * time.Second)
+	grants, err := runWorkers(4, end, func(ctx context.Context) error {
+		ctx, cancel := context.WithDeadline(ctx, end)
+		defer cancel()
+		var de *DeadlineError
+		err := r.Wait(ctx, "k", 1)
+		if errors.As(err, &de) {
+			return errRunOver // the window is spent until after the run
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, g := range grants {
+		span := g.Sub(grants[0]).Seconds()
+		if bound := min(20+20*span, 40) + 1; float64(i+1) > bound {
+			t.Fatalf("grant %d came %.3fs into the run, more than min(20 + 20t, 40) + 1 = %.1f", i+1, span, bound)
+		}
+	}
+	last := grants[len(grants)-1].Sub(grants[0])
+	t.Logf("%d grants, the last %v into the run", len(grants), last)
+	if len(grants) != 40 || last < 950*time.Millisecond || last > 1100*time.Millisecond {
+		t.Errorf("%d grants, the last %v in: want the window's 40, the last about 1s in", len(grants), last)
+	}
+
+	keys := r.keys("j", false)
+	read := func() [2]string {
+		t.Helper()
+		tat, err := c.Get(ctx, keys[0]).Result()
+		if err != nil && err != redis.Nil {
+			t.Fatal(err)
+		}
+		window, err := c.ZRangeWithScores(ctx, keys[1], 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return [2]string{tat, fmt.Sprint(window)}
+	}
+	for range 20 { // the 21st would wait 50 ms
+		if err := r.Wait(ctx, "j", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := read()
+	dctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	var de *DeadlineError
+	if err := r.Wait(dctx, "j", 1); !errors.As(err, &de) {
+		t.Fatalf("Wait under a 20ms deadline: %v, want a refusal", err)
+	}
+	if after := read(); before != after {
+		t.Errorf("a refused request changed the limits:\n before %q\n after  %q", before, after)
+	}
+}
+
+func TestQuotaKeysExpire(t *testing.T) { checkKeysExpire(t, newTestRedis(t)) }
+
+// checkKeysExpire: an idle key costs no Redis memory: the keys of every kind
+// of limit, and of the gaps of a cancelled booking, are gone once their
+// limits could not tell the key from a new one.
+func checkKeysExpire(t *testing.T, c redis.UniversalClient) {
+	ctx := context.Background()
+	r := mustRedis(t, c, AllOf{PerSecond(20).WithBurst(2), Window(3, 200*time.Millisecond), FixedWindow(3, 200*time.Millisecond)}, WithFleetSize(1))
+	for range 3 {
+		if err := r.Wait(ctx, "k", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys := r.keys("k", true)
+	count := func() int64 {
+		n, err := c.Exists(ctx, keys...).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := count(); n != 3 {
+		t.Fatalf("%d of the limits' keys exist after three grants, want 3", n)
+	}
+	start := time.Now()
+	for count() > 0 { // a bucket key lives to the end of the second in which it is full
+		if time.Since(start) > 3*time.Second {
+			t.Fatalf("keys %q still there %v after the last grant", keys, time.Since(start))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("every key gone %v after the last grant", time.Since(start))
+}
