@@ -3,6 +3,7 @@ package pace
 import (
 	"context"
 	"runtime"
+	"time"
 	"testing"
 
 	"github.com/fleetpace/pace/internal/redistest"
@@ -56,6 +57,30 @@ func BenchmarkRedisWait(b *testing.B) {
 				b.ReportMetric(stats["evalsha"].MicrosPerOp, "redis-µs/call")
 			})
 		}
+	}
+}
+
+// BenchmarkQuotaWait: a decision over three limits at once (AllOf: 1e6/s,
+// 1e9/h and 1e10/day, never exhausted), beside a one-limit decision in the
+// same run.
+func BenchmarkQuotaWait(b *testing.B) {
+	ctx := context.Background()
+	srv := redistest.Start(b)
+	pinRedis(b, srv)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 32, ContextTimeoutEnabled: true})
+	defer c.Close()
+	one := mustRedis(b, c, unlimited)
+	three := mustRedis(b, c, AllOf{unlimited, PerHour(1e9).WithBurst(1e12), Per(1e10, 24*time.Hour).WithBurst(1e12)})
+	for _, mode := range benchModes {
+		var base float64
+		b.Run(mode.name+"/one-limit", func(b *testing.B) {
+			loop(b, mode.parallel, func() error { return one.Wait(ctx, "api.example.com:443", 1) })
+			base = perOp(b)
+		})
+		b.Run(mode.name+"/three-limits", func(b *testing.B) {
+			loop(b, mode.parallel, func() error { return three.Wait(ctx, "api.example.com:443", 1) })
+			b.ReportMetric(perOp(b)/base, "x-one-limit")
+		})
 	}
 }
 

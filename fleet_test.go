@@ -28,8 +28,9 @@ const fleetWorkerEnv = "PACE_FLEET_WORKER"
 // goroutines that wait on one Redis limiter for Key, one request after
 // another, from Start until End.
 type fleetWorker struct {
-	Addr       string // Redis
-	Limit      string // in ParseLimit syntax
+	Addr       string   // Redis
+	Limit      string   // in ParseLimit syntax
+	AlsoLimits []string // more limits of the same quota (AllOf)
 	Key        string
 	Goroutines int
 	Start, End time.Time // the same for every process of the fleet
@@ -43,6 +44,9 @@ type fleetWorker struct {
 	// Work is how long each request takes after its grant (the upstream's
 	// time), so that a limiter that does not pace cannot spin the worker.
 	Work time.Duration
+	// StopAtEnd gives each wait the deadline End, and ends a goroutine
+	// whose wait would pass it, so that no grant falls after End.
+	StopAtEnd bool
 	// URL, when set, is an upstream to GET through a Transport on the
 	// limiter, instead of calling Wait; each request carries the time of its
 	// grant in grantedAtHeader.
@@ -122,6 +126,18 @@ func (w fleetWorker) run() (fleetReport, error) {
 	if err != nil {
 		return fleetReport{}, err
 	}
+	var quota Quota = limit
+	if len(w.AlsoLimits) > 0 {
+		all := AllOf{limit}
+		for _, text := range w.AlsoLimits {
+			l, err := ParseLimit(text)
+			if err != nil {
+				return fleetReport{}, err
+			}
+			all = append(all, l)
+		}
+		quota = all
+	}
 	options := &redis.Options{Addr: w.Addr}
 	if !w.DefaultClient {
 		options.ContextTimeoutEnabled = true
@@ -156,7 +172,7 @@ func (w fleetWorker) run() (fleetReport, error) {
 	if w.MaxCooldown > 0 {
 		opts = append(opts, WithCooldown(w.MinCooldown, w.MaxCooldown))
 	}
-	r, err := NewRedis(client, limit, opts...)
+	r, err := NewRedis(client, quota, opts...)
 	if err != nil {
 		return fleetReport{}, err
 	}
@@ -192,7 +208,15 @@ func (w fleetWorker) run() (fleetReport, error) {
 		wg.Go(func() {
 			for time.Now().Before(w.End) {
 				q := &fleetRequest{Start: time.Now()}
-				err := wait(context.WithValue(context.Background(), requestKey{}, q))
+				ctx, cancel := context.WithValue(context.Background(), requestKey{}, q), context.CancelFunc(func() {})
+				if w.StopAtEnd {
+					ctx, cancel = context.WithDeadline(ctx, w.End)
+				}
+				err := wait(ctx)
+				cancel()
+				if w.StopAtEnd && errors.Is(err, context.DeadlineExceeded) {
+					return
+				}
 				mu.Lock()
 				q.End = time.Now()
 				if err != nil {

@@ -33,7 +33,8 @@ const (
 // wherever it starts, are more than n events granted. It is safe against an
 // upstream that counts in fixed windows whose alignment the client does not
 // know. It needs Redis (a Redis limiter), which keeps the times of the last n
-// grants of each key: about 60 bytes each.
+// grants of each key, for one window: 40 to 120 bytes each (measured with
+// MEMORY USAGE: 4.2 KB for 100, 118 KB for 1,000).
 func Window(n int, per time.Duration) Limit {
 	return Limit{count: float64(n), period: per, burst: n, kind: slidingWindow}
 }

@@ -59,6 +59,37 @@ func TestBadInputs(t *testing.T) {
 			}
 		})
 	}
+	badQuotas := map[string]struct {
+		quota Quota
+		want  string
+	}{
+		"window of zero length":     {Window(5, 0), "period 0s "},
+		"window of negative length": {FixedWindow(5, -time.Second), "period -1s "},
+		"window count 0":            {Window(0, time.Second), "count 0 "},
+		"window count negative":     {FixedWindow(-2, time.Second), "count -2 "},
+		"window over a year":        {Window(5, 400*24*time.Hour), "longer than a year"},
+		"no limits":                 {AllOf{}, "a quota of 0 limits"},
+		"too many limits":           {AllOf{PerSecond(1), PerSecond(2), PerSecond(3), PerSecond(4), PerSecond(5), PerSecond(6), PerSecond(7), PerSecond(8), PerSecond(9)}, "a quota of 9 limits"},
+		"a bad limit among good":    {AllOf{PerSecond(10), Window(0, time.Minute)}, "count 0 "},
+		"nil quota":                 {nil, "no quota"},
+	}
+	for name, tc := range badQuotas {
+		t.Run(name, func(t *testing.T) {
+			if _, err := NewRedis(c, tc.quota); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("NewRedis(%v): %v, want an error containing %q", tc.quota, err, tc.want)
+			}
+		})
+	}
+	if _, err := NewLocal(Window(5, time.Second)); err == nil || !strings.Contains(err.Error(), "5/s sliding") {
+		t.Errorf("NewLocal of a window: %v, want an error naming it", err)
+	}
+	quota := mustRedis(t, c, AllOf{PerSecond(100), Window(3, time.Second)})
+	if err := quota.Wait(ctx, "k", 4); err == nil || !strings.Contains(err.Error(), "cost 4 exceeds the burst 3") {
+		t.Errorf("a cost above the smallest window: %v", err)
+	}
+	if _, err := NewRules(Rule{Name: "d", Unlimited: true}, Rule{Name: "big", Limiter: quota, Cost: 4}); err == nil || !strings.Contains(err.Error(), `rule "big": cost 4 exceeds the burst 3`) {
+		t.Errorf("a rule whose cost exceeds its smallest limit: %v", err)
+	}
 
 	limit := PerSecond(100).WithBurst(10)
 	limiters := map[string]Limiter{"redis": mustRedis(t, c, limit), "local": mustLocal(t, limit)}

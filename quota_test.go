@@ -115,7 +115,8 @@ func TestQuotaAllOrNothing(t *testing.T) { checkAllOrNothing(t, newTestRedis(t))
 // checkAllOrNothing: under 20/s and 40 per 10 s (a sliding window) on one
 // key, a saturated run gets, over each span t, the tighter of the two:
 // 20 + 20t until the window's 40 are spent (after 1 s), then none; and a
-// request refused for its deadline leaves both limits as they were.
+// request refused for its deadline leaves both limits as they were (TestFleetAllOf
+// runs the same with a fleet).
 func checkAllOrNothing(t *testing.T, c redis.UniversalClient) {
 	ctx := context.Background()
 	r := mustRedis(t, c, AllOf{PerSecond(20), Window(40, 10*time.Second)}, WithFleetSize(1))
@@ -207,4 +208,87 @@ func checkKeysExpire(t *testing.T, c redis.UniversalClient) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Logf("every key gone %v after the last grant", time.Since(start))
+}
+
+// TestFleetWindow: 4 processes of 8 goroutines share one key under a
+// sliding window of 100 per 2 s, for 6 s, through one real Redis. Counted
+// on the times the grants returned, no window of 2 s, wherever it starts,
+// holds more than 100, and the fleet uses at least 95% of 100 per 2 s.
+func TestFleetWindow(t *testing.T) {
+	c := newTestRedis(t)
+	const n, per, run = 100, 2 * time.Second, 6 * time.Second
+	start := time.Now().Add(time.Second)
+	reports, _ := runFleet(t, 4, fleetWorker{
+		Addr: c.Options().Addr, Limit: "100/2s sliding", Key: "api.x.com:443", Goroutines: 8,
+		Start: start, End: start.Add(run), StopAtEnd: true,
+	})
+	var grants []time.Time
+	for _, r := range reports {
+		grants = append(grants, r.grants("redis")...)
+	}
+	slices.SortFunc(grants, time.Time.Compare)
+	most := 0
+	for i := range grants {
+		j, _ := slices.BinarySearchFunc(grants, grants[i].Add(per), time.Time.Compare)
+		most = max(most, j-i)
+	}
+	utilisation := float64(len(grants)) / (n * run.Seconds() / per.Seconds())
+	t.Logf("%d grants in %v; the busiest 2 s window held %d; utilisation %.1f%% of %d per %v", len(grants), run, most, 100*utilisation, n, per)
+	if most > n {
+		t.Errorf("a window of %v held %d grants, more than %d", per, most, n)
+	}
+	if utilisation < 0.95 {
+		t.Errorf("utilisation %.1f%%, want at least 95%%", 100*utilisation)
+	}
+}
+
+// TestFleetAllOf: 4 processes of 8 goroutines share one key under 10/s and
+// 50 per 10 s (a sliding window) for 6 s: over each span t from the first
+// grant they get the tighter of the two, 10 + 10t until the window's 50 are
+// spent, 4 s in, then nothing more.
+func TestFleetAllOf(t *testing.T) {
+	c := newTestRedis(t)
+	start := time.Now().Add(time.Second)
+	reports, _ := runFleet(t, 4, fleetWorker{
+		Addr: c.Options().Addr, Limit: "10/s", AlsoLimits: []string{"50/10s sliding"}, Key: "api.stripe.com:443",
+		Goroutines: 8, Start: start, End: start.Add(6 * time.Second), StopAtEnd: true,
+	})
+	var grants []time.Time
+	for _, r := range reports {
+		grants = append(grants, r.grants("redis")...)
+	}
+	slices.SortFunc(grants, time.Time.Compare)
+	for i, g := range grants {
+		span := g.Sub(grants[0]).Seconds()
+		if bound := min(10+10*span, 50) + 1; float64(i+1) > bound {
+			t.Errorf("grant %d came %.3fs in, more than min(10 + 10t, 50) + 1 = %.1f", i+1, span, bound)
+		}
+	}
+	last := grants[len(grants)-1].Sub(grants[0])
+	t.Logf("%d grants, the last %v after the first", len(grants), last)
+	if len(grants) != 50 || last < 3900*time.Millisecond || last > 4200*time.Millisecond {
+		t.Errorf("%d grants, the last %v in: want exactly the window's 50, the last 4 s in (10/s binding until then)", len(grants), last)
+	}
+}
+
+// TestFixedWindowWaitsForTheNext: a fixed window that is full books into
+// the next one: the wait ends on the window's boundary, by Redis's clock.
+func TestFixedWindowWaitsForTheNext(t *testing.T) {
+	ctx := context.Background()
+	// Hour-long windows, aligned to the hour: the four calls fall in one.
+	r := mustRedis(t, newTestRedis(t), FixedWindow(3, time.Hour), WithFleetSize(1))
+	var b booking
+	for i := range 4 {
+		var err error
+		if b, err = r.reserve(ctx, "k", 1, noBudget); err != nil {
+			t.Fatal(err)
+		}
+		if i < 3 && b.delay != 0 {
+			t.Fatalf("grant %d of a fresh window waited %v", i, b.delay)
+		}
+	}
+	hour := time.Hour.Microseconds()
+	if b.slot()%hour != 0 || b.delay <= 0 || b.delay > time.Hour || b.slot()/hour != b.now/hour+1 {
+		t.Errorf("the 4th request goes at %d µs after waiting %v: want the start of the next hour", b.slot(), b.delay)
+	}
 }
