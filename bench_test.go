@@ -3,8 +3,8 @@ package pace
 import (
 	"context"
 	"runtime"
-	"time"
 	"testing"
+	"time"
 
 	"github.com/fleetpace/pace/internal/redistest"
 	"github.com/redis/go-redis/v9"
