@@ -1,6 +1,7 @@
 package pace
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
@@ -100,8 +101,8 @@ func NewRedis(client redis.Scripter, q Quota, opts ...RedisOption) (*Redis, erro
 		}
 		r.limitArgs = append(r.limitArgs, int64(l.kind)+1, a, b)
 		r.sliding = r.sliding || l.kind == slidingWindow
-		suffix := ":" + l.String()
-		if len(limits) == 1 && l.kind == bucket {
+		suffix := ":" + cmp.Or(l.name, l.String())
+		if len(limits) == 1 && l.kind == bucket && l.name == "" {
 			suffix = "" // the layout of a single bucket: prefix{key}
 		}
 		r.suffixes = append(r.suffixes, suffix)

@@ -18,6 +18,7 @@ type Limit struct {
 	period time.Duration
 	burst  int // for windows, count: the most one request may take
 	kind   limitKind
+	name   string // names the limit's Redis key; its String when empty
 }
 
 // limitKind says how a Limit counts.
@@ -97,6 +98,16 @@ func (l Limit) WithBurst(burst int) Limit {
 	return l
 }
 
+// Named returns a copy of l whose Redis key ends in name rather than in the
+// limit's text. Limiters whose limits share a name and whose keys are the
+// same share that limit: Stripe's 100/s for a whole account, beside 25/s for
+// each endpoint, is PerSecond(100).Named("account") in every endpoint's
+// quota, under one key for the account.
+func (l Limit) Named(name string) Limit {
+	l.name = name
+	return l
+}
+
 // Rate returns the sustained rate of l in events per second.
 func (l Limit) Rate() float64 { return l.count / l.period.Seconds() }
 
@@ -124,6 +135,8 @@ func (l Limit) problem() string {
 		return fmt.Sprintf("rate %v/s is above the maximum of 1000000/s", l.Rate())
 	case l.kind != bucket && (l.count != math.Trunc(l.count) || l.burst != int(l.count)):
 		return fmt.Sprintf("a window's count %v must be a whole number and its burst", l.count)
+	case strings.ContainsAny(l.name, "{}"):
+		return fmt.Sprintf("name %q may not contain '{' or '}'", l.name)
 	case l.kind != bucket && l.period > maxRefill:
 		return fmt.Sprintf("window %v is longer than a year", l.period)
 	case l.kind == bucket && int64(l.burst) > maxRefill.Microseconds()/l.intervalMicros():

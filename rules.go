@@ -1,6 +1,7 @@
 package pace
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -21,6 +22,11 @@ type Rule struct {
 	Host       string // the URL's host, without port, compared case-insensitively
 	PathPrefix string // the start of the URL's path
 	Method     string // such as "POST"
+
+	// Key names the rule's buckets; rules with the same Key share the
+	// buckets of the limits they share (see Limit.Named). The default is
+	// Name.
+	Key string
 
 	// KeyHeader, when set, gives each value of that request header (an API
 	// token, a tenant id) a bucket of its own. The value is hashed
@@ -87,7 +93,7 @@ func NewRules(def Rule, rules ...Rule) (*Rules, error) {
 // under it.
 func (rs *Rules) decide(req *http.Request) (*Rule, string, int, error) {
 	r := rs.match(req)
-	key := r.Name + "|" + HostKey(req)
+	key := cmp.Or(r.Key, r.Name) + "|" + HostKey(req)
 	if r.KeyHeader != "" {
 		if v := req.Header.Get(r.KeyHeader); v != "" {
 			sum := sha256.Sum256([]byte(v))

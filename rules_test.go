@@ -4,10 +4,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/fleetpace/pace/internal/redistest"
 	"github.com/redis/go-redis/v9"
@@ -180,5 +183,53 @@ func TestRulesOnRedis(t *testing.T) {
 				t.Errorf("%d buckets over %d slots for 8 tokens, want 8 buckets (keys %q)", buckets, len(slots), keys)
 			}
 		})
+	}
+}
+
+// TestRulesShareNamedLimits: Stripe-style, 4/s for the account and 10/s for
+// each endpoint: rules with one Key share the account's limit, and each
+// endpoint keeps its own.
+func TestRulesShareNamedLimits(t *testing.T) {
+	c := newTestRedis(t)
+	account := PerSecond(4).Named("account")
+	rules, err := NewRules(Rule{Name: "default", Unlimited: true},
+		Rule{Name: "charges", Key: "stripe", PathPrefix: "/v1/charges", KeyHeader: "Authorization",
+			Limiter: mustRedis(t, c, AllOf{account, PerSecond(10).Named("charges")})},
+		Rule{Name: "refunds", Key: "stripe", PathPrefix: "/v1/refunds", KeyHeader: "Authorization",
+			Limiter: mustRedis(t, c, AllOf{account, PerSecond(10).Named("refunds")})},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &Transport{Base: &countingBase{resp: &http.Response{StatusCode: 200, Body: http.NoBody}}, Rules: rules}
+	send := func(path string, deadline time.Duration) error {
+		ctx, cancel := context.WithTimeout(context.Background(), deadline)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "POST", "https://api.stripe.com"+path, nil)
+		req.Header.Set("Authorization", "Bearer sk_test_123")
+		_, err := tr.RoundTrip(req)
+		return err
+	}
+	for _, path := range []string{"/v1/charges", "/v1/charges", "/v1/refunds", "/v1/refunds"} {
+		if err := send(path, time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The account's 4 are spent: a refund waits although refunds have room.
+	var de *DeadlineError
+	if err := send("/v1/refunds", 20*time.Millisecond); !errors.As(err, &de) {
+		t.Fatalf("a 5th request on the account: %v, want a refusal (the shared 4/s is spent)", err)
+	}
+	keys, err := c.Keys(context.Background(), "pace:{stripe|*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(keys)
+	var suffixes []string
+	for _, k := range keys {
+		suffixes = append(suffixes, k[strings.LastIndex(k, "}")+1:])
+	}
+	if want := []string{":account", ":charges", ":refunds"}; !slices.Equal(suffixes, want) {
+		t.Errorf("keys %q, want one shared account bucket and one per endpoint %q", keys, want)
 	}
 }
