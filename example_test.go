@@ -90,3 +90,42 @@ func ExampleParseLimit() {
 	// 10/s burst 20    10.000/s, burst 20
 	// pace: invalid limit "fast": no '/' (want COUNT/PERIOD [burst N], such as "100/s" or "10/s burst 20")
 }
+
+// Rules for four APIs' quotas: GitHub's 5,000 an hour per token, X's 900
+// per 15 minutes per endpoint, Shopify's bucket of 40 leaking 2 a second,
+// and Stripe's 100 a second per account with 25 a second per endpoint.
+// (This example needs a Redis on localhost:6379, so it is compiled but not
+// run by go test.)
+func ExampleNewRules() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	limiter := func(q pace.Quota) pace.Limiter {
+		l, err := pace.NewRedis(rdb, q)
+		if err != nil {
+			log.Fatal(err)
+		}
+		return l
+	}
+	account := pace.PerSecond(100).Named("account") // one bucket per Stripe account, shared by its endpoints
+	rules, err := pace.NewRules(pace.Rule{Name: "default", Unlimited: true},
+		pace.Rule{Name: "github", Host: "api.github.com", KeyHeader: "Authorization",
+			Limiter: limiter(pace.Window(5000, time.Hour))},
+		pace.Rule{Name: "x-search", Host: "api.x.com", PathPrefix: "/2/tweets/search/recent",
+			KeyHeader: "Authorization", Limiter: limiter(pace.Window(900, 15*time.Minute))},
+		pace.Rule{Name: "shopify", PathPrefix: "/admin/api/", KeyHeader: "X-Shopify-Access-Token",
+			Limiter: limiter(pace.PerSecond(2).WithBurst(40))},
+		pace.Rule{Name: "stripe-charges", Key: "stripe", Host: "api.stripe.com", PathPrefix: "/v1/charges",
+			KeyHeader: "Authorization", Limiter: limiter(pace.AllOf{account, pace.PerSecond(25).Named("charges")})},
+		pace.Rule{Name: "stripe-other", Key: "stripe", Host: "api.stripe.com",
+			KeyHeader: "Authorization", Limiter: limiter(pace.AllOf{account, pace.PerSecond(25).Named("other")})},
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	client := &http.Client{Transport: &pace.Transport{Rules: rules}}
+	resp, err := client.Get("https://api.github.com/rate_limit")
+	if err != nil {
+		log.Fatal(err)
+	}
+	resp.Body.Close()
+}
