@@ -27,10 +27,7 @@ var unlimited = PerSecond(1e6).WithBurst(1e12)
 // on a goroutine of their own to hold the call timeout.
 func BenchmarkRedisWait(b *testing.B) {
 	ctx := context.Background()
-	srv := redistest.Start(b)
-	pinRedis(b, srv)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 32, ContextTimeoutEnabled: true})
-	defer c.Close()
+	srv, c := benchRedis(b)
 	defaultClient := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 32})
 	defer defaultClient.Close()
 	for _, mode := range benchModes {
@@ -65,10 +62,7 @@ func BenchmarkRedisWait(b *testing.B) {
 // same run.
 func BenchmarkQuotaWait(b *testing.B) {
 	ctx := context.Background()
-	srv := redistest.Start(b)
-	pinRedis(b, srv)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 32, ContextTimeoutEnabled: true})
-	defer c.Close()
+	_, c := benchRedis(b)
 	one := mustRedis(b, c, unlimited)
 	three := mustRedis(b, c, AllOf{unlimited, PerHour(1e9).WithBurst(1e12), Per(1e10, 24*time.Hour).WithBurst(1e12)})
 	for _, mode := range benchModes {
@@ -132,6 +126,16 @@ func loop(b *testing.B, parallel bool, op func() error) {
 }
 
 func perOp(b *testing.B) float64 { return float64(b.Elapsed().Nanoseconds()) / float64(b.N) }
+
+// benchRedis starts a redis-server pinned to the last CPU, and a client of
+// it for 32 goroutines, closed when the benchmark ends.
+func benchRedis(b *testing.B) (*redistest.Server, *redis.Client) {
+	srv := redistest.Start(b)
+	pinRedis(b, srv)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 32, ContextTimeoutEnabled: true})
+	b.Cleanup(func() { c.Close() })
+	return srv, c
+}
 
 // pinRedis moves redis-server to the last CPU, so that on a small machine its
 // time per call measures Redis, not the benchmark's goroutines preempting it.

@@ -134,17 +134,7 @@ func checkAllOrNothing(t *testing.T, c redis.UniversalClient) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i, g := range grants {
-		span := g.Sub(grants[0]).Seconds()
-		if bound := min(20+20*span, 40) + 1; float64(i+1) > bound {
-			t.Fatalf("grant %d came %.3fs into the run, more than min(20 + 20t, 40) + 1 = %.1f", i+1, span, bound)
-		}
-	}
-	last := grants[len(grants)-1].Sub(grants[0])
-	t.Logf("%d grants, the last %v into the run", len(grants), last)
-	if len(grants) != 40 || last < 950*time.Millisecond || last > 1100*time.Millisecond {
-		t.Errorf("%d grants, the last %v in: want the window's 40, the last about 1s in", len(grants), last)
-	}
+	checkTighterOf(t, grants, 20, 20, 40)
 
 	keys := r.keys("j", false)
 	read := func() [2]string {
@@ -258,16 +248,26 @@ func TestFleetAllOf(t *testing.T) {
 		grants = append(grants, r.grants("redis")...)
 	}
 	slices.SortFunc(grants, time.Time.Compare)
+	checkTighterOf(t, grants, 10, 10, 50)
+}
+
+// checkTighterOf holds sorted grants, made under a bucket of rate and burst
+// and a longer window of n, to the tighter of the two over each span t from
+// the first grant: at most min(burst + rate*t, n) + 1 (for the jitter of
+// waking), n in all, the last when the bucket reaches n.
+func checkTighterOf(t *testing.T, grants []time.Time, rate float64, burst, n int) {
+	t.Helper()
 	for i, g := range grants {
 		span := g.Sub(grants[0]).Seconds()
-		if bound := min(10+10*span, 50) + 1; float64(i+1) > bound {
-			t.Errorf("grant %d came %.3fs in, more than min(10 + 10t, 50) + 1 = %.1f", i+1, span, bound)
+		if bound := min(float64(burst)+rate*span, float64(n)) + 1; float64(i+1) > bound {
+			t.Fatalf("grant %d came %.3fs in, more than min(%d + %v*t, %d) + 1 = %.1f", i+1, span, burst, rate, n, bound)
 		}
 	}
 	last := grants[len(grants)-1].Sub(grants[0])
+	want := time.Duration(float64(n-burst) / rate * float64(time.Second))
 	t.Logf("%d grants, the last %v after the first", len(grants), last)
-	if len(grants) != 50 || last < 3900*time.Millisecond || last > 4200*time.Millisecond {
-		t.Errorf("%d grants, the last %v in: want exactly the window's 50, the last 4 s in (10/s binding until then)", len(grants), last)
+	if len(grants) != n || last < want-50*time.Millisecond || last > want+200*time.Millisecond {
+		t.Errorf("%d grants, the last %v after the first: want exactly the window's %d, the last %v in, where the bucket reaches it", len(grants), last, n, want)
 	}
 }
 
