@@ -292,3 +292,26 @@ func TestFixedWindowWaitsForTheNext(t *testing.T) {
 		t.Errorf("the 4th request goes at %d µs after waiting %v: want the start of the next hour", b.slot(), b.delay)
 	}
 }
+
+// TestQuotaHoldAndFallback: a hold stops a key under every kind of limit of
+// its quota; and while Redis is away, the quota falls back to one bucket no
+// looser than any of its limits.
+func TestQuotaHoldAndFallback(t *testing.T) {
+	ctx := context.Background()
+	r := mustRedis(t, newTestRedis(t), AllOf{PerSecond(1000), Window(100, time.Second), FixedWindow(100, time.Second)}, WithFleetSize(1))
+	if err := r.Hold(ctx, "k", Hold{For: 200 * time.Millisecond, Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := r.reserve(ctx, "k", 1, noBudget)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.delay < 150*time.Millisecond || b.delay > 200*time.Millisecond {
+		t.Errorf("a request during a 200ms hold waits %v, want the rest of the hold", b.delay)
+	}
+
+	fallback := mustRedis(t, newTestRedis(t), AllOf{PerSecond(10), Window(100, time.Minute), PerHour(10000).WithBurst(5)}).fallbackLimit()
+	if fallback.Rate() != 50.0/60 || fallback.Burst() != 5 {
+		t.Errorf("fallback %v: want the lowest rate (the window's, halved: 50 a minute) and the smallest burst (5)", fallback)
+	}
+}
