@@ -312,7 +312,7 @@ func TestRedisFleet(t *testing.T) {
 		cancels += r.Cancels
 	}
 	slices.SortFunc(grants, time.Time.Compare)
-	checkGrants(t, grants, 200, 10)
+	checkGrants(t, start, grants, 200, 10)
 
 	calls, err := redistest.CommandStats(ctx, c)
 	if err != nil {
