@@ -52,10 +52,16 @@ func (f *fleet) Size() int {
 }
 
 // beatDue reports whether this process should send its heartbeat now; only
-// one caller a period gets true.
+// one caller a period gets true. The second heartbeat comes a tenth of a
+// period after the first, so that processes started together soon count
+// one another.
 func (f *fleet) beatDue(now time.Time) bool {
 	next := f.nextBeat.Load()
-	return now.UnixNano() >= next && f.nextBeat.CompareAndSwap(next, now.Add(heartbeatEvery).UnixNano())
+	period := heartbeatEvery
+	if next == 0 {
+		period /= 10
+	}
+	return now.UnixNano() >= next && f.nextBeat.CompareAndSwap(next, now.Add(period).UnixNano())
 }
 
 // beat sends the heartbeat through p in one round trip, at redisNow (Redis's

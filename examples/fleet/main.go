@@ -1,0 +1,92 @@
+// Command fleet shows a fleet of processes sharing one API quota through
+// pace. With no flags it starts everything it needs on loopback: an embedded
+// Redis-protocol store, an upstream API that enforces the quota strictly
+// (429 beyond it), and several copies of itself as worker processes, each
+// with its own pace Transport. After a few seconds it prints what the fleet
+// achieved.
+//
+//	go run ./examples/fleet                    # 4 processes x 2 workers at 200/s burst 10
+//	go run ./examples/fleet -idle 6            # only 2 of the 8 workers busy: the quota is still used
+//	go run ./examples/fleet -local -idle 6     # each process alone at 1/4 of the quota: what a static split costs
+//	go run ./examples/fleet -redis redis://127.0.0.1:6379/0 -json -plot fleet.svg
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/fleetpace/pace"
+)
+
+// config is what the demo runs, from its flags; workers get it too.
+type config struct {
+	Redis      string        // a Redis URL, or "" for the embedded store
+	Target     string        // an upstream URL, or "" for the built-in one
+	Procs      int           // worker processes
+	Workers    int           // workers in each
+	Limit      string        // in pace.ParseLimit's syntax
+	Duration   time.Duration // how long the fleet sends
+	Idle       int           // workers (counted from the last) that send nothing
+	Local      bool          // each process alone, with pace.Local at its share
+	JSON       bool          // one JSON object on stdout instead of the table
+	Plot       string        // an SVG file for requests per second over time
+	KillRedis  time.Duration // stop the embedded store this far in, for a second
+	RetryAfter bool          // the built-in upstream answers one 429 with Retry-After: 1
+}
+
+func main() {
+	if os.Getenv(workerEnv) != "" {
+		os.Exit(runWorker())
+	}
+	var c config
+	flag.StringVar(&c.Redis, "redis", "", "Redis URL (default: an embedded store on loopback)")
+	flag.StringVar(&c.Target, "target", "", "upstream URL to send GETs to (default: a built-in API that enforces the limit)")
+	flag.IntVar(&c.Procs, "procs", 4, "worker processes")
+	flag.IntVar(&c.Workers, "workers", 2, "workers in each process")
+	flag.StringVar(&c.Limit, "limit", "200/s burst 10", "the quota, as pace.ParseLimit reads it")
+	flag.DurationVar(&c.Duration, "duration", 5*time.Second, "how long the fleet sends")
+	flag.IntVar(&c.Idle, "idle", 0, "workers that send nothing (the last ones)")
+	flag.BoolVar(&c.Local, "local", false, "no Redis: each process paces alone at its share of the limit")
+	flag.BoolVar(&c.JSON, "json", false, "print one JSON object instead of the table")
+	flag.StringVar(&c.Plot, "plot", "", "write requests per second over time to this SVG file")
+	flag.DurationVar(&c.KillRedis, "kill-redis-at", 0, "stop the embedded store this far into the run, for a second")
+	flag.BoolVar(&c.RetryAfter, "retry-after", false, "the built-in upstream answers one 429 with Retry-After: 1, a third into the run")
+	flag.Parse()
+	if err := c.check(); err != nil {
+		fmt.Fprintln(os.Stderr, "fleet:", err)
+		os.Exit(2)
+	}
+	s, err := run(c)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fleet:", err)
+		os.Exit(1)
+	}
+	if c.JSON {
+		json.NewEncoder(os.Stdout).Encode(s)
+		return
+	}
+	s.print(os.Stdout)
+}
+
+// check reports a flag that cannot work, naming it.
+func (c config) check() error {
+	switch {
+	case c.Procs < 1:
+		return fmt.Errorf("-procs %d: want 1 or more", c.Procs)
+	case c.Workers < 1:
+		return fmt.Errorf("-workers %d: want 1 or more", c.Workers)
+	case c.Idle < 0 || c.Idle >= c.Procs*c.Workers:
+		return fmt.Errorf("-idle %d: want 0 to %d, fewer than the %d workers", c.Idle, c.Procs*c.Workers-1, c.Procs*c.Workers)
+	case c.Duration <= 0:
+		return fmt.Errorf("-duration %v: want a positive duration", c.Duration)
+	case c.KillRedis != 0 && (c.Redis != "" || c.Local):
+		return fmt.Errorf("-kill-redis-at works on the embedded store only")
+	case c.RetryAfter && c.Target != "":
+		return fmt.Errorf("-retry-after works with the built-in upstream only")
+	}
+	_, err := pace.ParseLimit(c.Limit)
+	return err
+}

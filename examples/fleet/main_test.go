@@ -1,0 +1,117 @@
+package main
+
+import (
+	"encoding/json"
+	"encoding/xml"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/fleetpace/pace/internal/redistest"
+)
+
+// The tests run the demo as its users do: built without the race detector
+// (whose slowness would be measured too), as a program, with flags, reading
+// its -json output.
+var (
+	buildOnce sync.Once
+	binary    string
+	buildErr  error
+)
+
+func demo(t *testing.T, args ...string) summary {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "pace-fleet-demo")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binary = filepath.Join(dir, "fleet")
+		if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+			buildErr = err
+			t.Logf("%s", out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatalf("building the demo: %v", buildErr)
+	}
+	out, err := exec.Command(binary, append([]string{"-json", "-duration", "2s"}, args...)...).Output()
+	if err != nil {
+		t.Fatalf("fleet %s: %v", strings.Join(args, " "), err)
+	}
+	var s summary
+	if err := json.Unmarshal(out, &s); err != nil {
+		t.Fatalf("fleet %s: -json output does not parse: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	t.Logf("fleet %s: %s, %d of %d workers busy: %.1f/s, utilisation %.1f%%, %d 429s",
+		strings.Join(args, " "), s.Mode, s.Busy, s.Workers, s.Rate, 100*s.Utilisation, s.TooMany)
+	return s
+}
+
+// TestDemo: the demo's promises on the embedded store, briefly: the fleet
+// uses the quota (also with 6 of 8 workers idle), gets at most one 429, and
+// calls Redis about once a request; a static split wastes three quarters of
+// the quota when only one process is busy; the plot is an SVG document.
+func TestDemo(t *testing.T) {
+	plotFile := filepath.Join(t.TempDir(), "fleet.svg")
+	s := demo(t, "-plot", plotFile)
+	if s.Utilisation < 0.95 || s.TooMany > 1 || s.ScriptCalls == nil || *s.ScriptCalls > 1.05 {
+		t.Errorf("shared: utilisation %.3f, %d 429s, %v calls a request; want at least 0.95, at most one, about 1", s.Utilisation, s.TooMany, s.ScriptCalls)
+	}
+	svg, err := os.ReadFile(plotFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		XMLName xml.Name `xml:"svg"`
+		Lines   []struct {
+			Points string `xml:"points,attr"`
+		} `xml:"polyline"`
+	}
+	if err := xml.Unmarshal(svg, &doc); err != nil || len(doc.Lines) != 5 {
+		t.Errorf("the plot is not an SVG document with a line for each of 4 processes and the fleet: %v, %d lines", err, len(doc.Lines))
+	}
+	if s := demo(t, "-idle", "6"); s.Utilisation < 0.95 {
+		t.Errorf("-idle 6: utilisation %.3f, want at least 0.95", s.Utilisation)
+	}
+	if s := demo(t, "-local", "-idle", "6"); s.Utilisation < 0.2 || s.Utilisation > 0.3 {
+		t.Errorf("-local -idle 6: utilisation %.3f, want about 0.25", s.Utilisation)
+	}
+}
+
+// TestDemoOnRedis: the same against a real redis-server, by URL.
+func TestDemoOnRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	if s := demo(t, "-redis", "redis://"+srv.Addr+"/0"); s.Utilisation < 0.95 || s.TooMany > 1 {
+		t.Errorf("-redis: utilisation %.3f, %d 429s", s.Utilisation, s.TooMany)
+	}
+}
+
+// TestDemoFaults: the store stopped for a second mid-run, and one 429 with
+// Retry-After from the upstream: the fleet goes on, without errors.
+func TestDemoFaults(t *testing.T) {
+	if s := demo(t, "-kill-redis-at", "500ms"); s.Requests == 0 || s.Utilisation < 0.8 || s.ScriptCalls == nil {
+		t.Errorf("-kill-redis-at: %d requests, utilisation %.3f", s.Requests, s.Utilisation)
+	}
+	if s := demo(t, "-retry-after"); s.TooMany < 1 || s.TooMany > 3 || s.Utilisation > 0.55 {
+		t.Errorf("-retry-after: %d 429s, utilisation %.3f; want the one sent (and at most two in flight) and the fleet paused for one of the two seconds", s.TooMany, s.Utilisation)
+	}
+}
+
+// TestFlags: a flag that cannot work is an error that names it.
+func TestFlags(t *testing.T) {
+	for flag, c := range map[string]config{
+		"-procs":         {Procs: 0, Workers: 1, Duration: 1, Limit: "1/s"},
+		"-idle":          {Procs: 1, Workers: 1, Idle: 1, Duration: 1, Limit: "1/s"},
+		`"fast"`:         {Procs: 1, Workers: 1, Duration: 1, Limit: "fast"},
+		"-kill-redis-at": {Procs: 1, Workers: 1, Duration: 1, Limit: "1/s", Local: true, KillRedis: 1},
+	} {
+		if err := c.check(); err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("%+v: %v, want an error naming %s", c, err, flag)
+		}
+	}
+}

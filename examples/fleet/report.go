@@ -1,0 +1,146 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/fleetpace/pace"
+)
+
+// summary is what the demo reports, as a table or as JSON.
+type summary struct {
+	Limit       string    `json:"limit"`
+	Mode        string    `json:"mode"`
+	Processes   int       `json:"processes"`
+	Workers     int       `json:"workers"`
+	Busy        int       `json:"busy_workers"`
+	Seconds     float64   `json:"seconds"`
+	Requests    int       `json:"requests"`
+	OK          int       `json:"ok"`
+	TooMany     int       `json:"too_many_requests"`
+	Rate        float64   `json:"rate"`                    // 200s per second
+	LimitRate   float64   `json:"limit_rate"`              // the limit's rate
+	Utilisation float64   `json:"utilisation"`             // OK / (burst + rate*seconds)
+	ScriptCalls *float64  `json:"redis_calls_per_request"` // EVALSHA and EVAL round trips per request; null without Redis
+	PerProcess  []process `json:"per_process"`
+}
+
+type process struct {
+	Requests int     `json:"requests"`
+	WaitP50  float64 `json:"wait_p50_ms"`
+	WaitP99  float64 `json:"wait_p99_ms"`
+}
+
+func summarize(c config, limit pace.Limit, reports []report) summary {
+	s := summary{Limit: limit.String(), Mode: "shared through Redis", Processes: c.Procs, Workers: c.Procs * c.Workers,
+		Busy: c.Procs*c.Workers - c.Idle, Seconds: c.Duration.Seconds(), LimitRate: limit.Rate()}
+	switch {
+	case c.Local:
+		s.Mode = "each process alone at 1/" + fmt.Sprint(c.Procs) + " of the limit (pace.Local)"
+	case c.Redis == "":
+		s.Mode += " (embedded store)"
+	}
+	var scriptCalls int64
+	for _, r := range reports {
+		scriptCalls += r.ScriptCalls
+		var waits []time.Duration
+		for _, q := range r.Requests {
+			s.Requests++
+			switch q.Status {
+			case 200:
+				s.OK++
+			case 429:
+				s.TooMany++
+			}
+			waits = append(waits, q.Wait)
+		}
+		s.PerProcess = append(s.PerProcess, process{Requests: len(r.Requests), WaitP50: percentile(waits, 0.50), WaitP99: percentile(waits, 0.99)})
+	}
+	s.Rate = float64(s.OK) / s.Seconds
+	s.Utilisation = float64(s.OK) / (float64(limit.Burst()) + limit.Rate()*s.Seconds)
+	if !c.Local && s.Requests > 0 {
+		perRequest := float64(scriptCalls) / float64(s.Requests)
+		s.ScriptCalls = &perRequest
+	}
+	return s
+}
+
+func percentile(d []time.Duration, p float64) float64 {
+	if len(d) == 0 {
+		return 0
+	}
+	slices.Sort(d)
+	return float64(d[int(p*float64(len(d)-1))]) / float64(time.Millisecond)
+}
+
+func (s summary) print(w io.Writer) {
+	fmt.Fprintf(w, "limit           %s (%.4g/s), %v\n", s.Limit, s.LimitRate, s.Mode)
+	fmt.Fprintf(w, "fleet           %d processes, %d workers, %d busy, %.1fs\n", s.Processes, s.Workers, s.Busy, s.Seconds)
+	fmt.Fprintf(w, "achieved        %.1f/s: %d answered 200 of %d requests\n", s.Rate, s.OK, s.Requests)
+	fmt.Fprintf(w, "utilisation     %.1f%% of what the limit allows (burst + rate x time)\n", 100*s.Utilisation)
+	fmt.Fprintf(w, "429s            %d\n", s.TooMany)
+	if s.ScriptCalls != nil {
+		fmt.Fprintf(w, "Redis calls     %.2f per request (EVALSHA and EVAL round trips)\n", *s.ScriptCalls)
+	}
+	fmt.Fprintf(w, "\nprocess  requests  wait p50  wait p99\n")
+	for i, p := range s.PerProcess {
+		fmt.Fprintf(w, "%7d  %8d  %6.1fms  %6.1fms\n", i, p.Requests, p.WaitP50, p.WaitP99)
+	}
+}
+
+// plot draws requests per second over time, a line for each process, a
+// black one for the whole fleet and a dashed one for the limit, as an SVG
+// document.
+func plot(c config, limit pace.Limit, start time.Time, reports []report) []byte {
+	const width, height, left, bottom, bin = 800.0, 400.0, 60.0, 40.0, 250 * time.Millisecond
+	bins := int(c.Duration / bin)
+	counts := make([][]float64, len(reports)+1) // the processes', then the fleet's
+	for i := range counts {
+		counts[i] = make([]float64, bins)
+	}
+	fleet := counts[len(reports)]
+	for i, r := range reports {
+		for _, q := range r.Requests {
+			if b := int(q.Granted.Sub(start) / bin); b >= 0 && b < bins && q.Status == 200 {
+				counts[i][b] += 1 / bin.Seconds()
+				fleet[b] += 1 / bin.Seconds()
+			}
+		}
+	}
+	top := max(limit.Rate()*1.25, slices.Max(append(fleet, 0)))
+	x := func(b int) float64 { return left + (width-left-10)*float64(b)/float64(max(bins-1, 1)) }
+	y := func(v float64) float64 { return height - bottom - (height-bottom-10)*v/top }
+	var svg strings.Builder
+	fmt.Fprintf(&svg, `<svg xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" font-family="sans-serif" font-size="12">`+"\n", width, height)
+	fmt.Fprintf(&svg, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(&svg, `<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="black"/>`+"\n", left, y(0), width-10, y(0))
+	fmt.Fprintf(&svg, `<line x1="%g" y1="10" x2="%g" y2="%g" stroke="black"/>`+"\n", left, left, y(0))
+	for _, v := range []float64{0, top / 2, top} {
+		fmt.Fprintf(&svg, `<text x="%g" y="%g" text-anchor="end">%.0f/s</text>`+"\n", left-5, y(v)+4, v)
+	}
+	fmt.Fprintf(&svg, `<text x="%g" y="%g" text-anchor="middle">seconds (%v bins); requests per second of each process and of the fleet; dashed: the limit, %s</text>`+"\n",
+		(width+left)/2, height-10, bin, limit)
+	for s := 0; s <= int(c.Duration.Seconds()); s++ {
+		b := int(time.Duration(s) * time.Second / bin)
+		fmt.Fprintf(&svg, `<text x="%g" y="%g" text-anchor="middle">%d</text>`+"\n", x(b), y(0)+15, s)
+	}
+	fmt.Fprintf(&svg, `<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="red" stroke-dasharray="6 4"/>`+"\n", left, y(limit.Rate()), width-10, y(limit.Rate()))
+	colors := []string{"#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#17becf"}
+	for i, row := range counts {
+		color, name := colors[i%len(colors)], fmt.Sprintf("process %d", i)
+		if i == len(reports) {
+			color, name = "black", "the fleet"
+		}
+		var points []string
+		for b, v := range row {
+			points = append(points, fmt.Sprintf("%.1f,%.1f", x(b), y(v)))
+		}
+		fmt.Fprintf(&svg, `<polyline fill="none" stroke="%s" stroke-width="1.5" points="%s"/>`+"\n", color, strings.Join(points, " "))
+		fmt.Fprintf(&svg, `<text x="%g" y="%g" fill="%s">%s</text>`+"\n", width-90, 25+15*float64(i), color, name)
+	}
+	svg.WriteString("</svg>\n")
+	return []byte(svg.String())
+}

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetpace/pace"
+)
+
+// workerEnv, when set, makes the program a worker process, configured by
+// the JSON job in the variable.
+const workerEnv = "PACE_FLEET_DEMO_WORKER"
+
+// job is what the demo tells one worker process.
+type job struct {
+	Config config
+	Index  int    // this process, from 0
+	Redis  string // the Redis URL to use
+	Target string // the upstream URL
+	Start  time.Time
+}
+
+// request is what became of one request of a worker.
+type request struct {
+	Granted time.Time     // when pace let it go
+	Wait    time.Duration // how long pace made it wait
+	Status  int           // the upstream's answer, 0 if none
+}
+
+// report is what a worker process prints on stdout.
+type report struct {
+	Requests    []request
+	ScriptCalls int64 // EVALSHA and EVAL round trips to Redis
+	Err         string
+}
+
+// scriptCounter is a go-redis hook that counts script calls: each is one
+// round trip.
+type scriptCounter struct{ calls atomic.Int64 }
+
+func (s *scriptCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (s *scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			s.calls.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (s *scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func runWorker() int {
+	var j job
+	var r report
+	err := json.Unmarshal([]byte(os.Getenv(workerEnv)), &j)
+	if err == nil {
+		r, err = j.run()
+	}
+	if err != nil {
+		r.Err = err.Error()
+	}
+	json.NewEncoder(os.Stdout).Encode(r)
+	if err != nil {
+		return 1
+	}
+	return 0
+}
+
+// stampGrant is the Base of a worker's Transport: it notes when pace let a
+// request go.
+type stampGrant struct {
+	base    http.RoundTripper
+	granted func(time.Time)
+}
+
+func (s stampGrant) RoundTrip(req *http.Request) (*http.Response, error) {
+	s.granted(time.Now())
+	return s.base.RoundTrip(req)
+}
+
+func (j job) run() (report, error) {
+	c := j.Config
+	limit, err := pace.ParseLimit(c.Limit)
+	if err != nil {
+		return report{}, err
+	}
+	var scripts scriptCounter
+	var limiter pace.Limiter
+	if c.Local {
+		share := pace.PerSecond(limit.Rate() / float64(c.Procs)).WithBurst(max(limit.Burst()/c.Procs, 1))
+		if limiter, err = pace.NewLocal(share); err != nil {
+			return report{}, err
+		}
+	} else {
+		options, err := redis.ParseURL(j.Redis)
+		if err != nil {
+			return report{}, err
+		}
+		options.ContextTimeoutEnabled = true
+		client := redis.NewClient(options)
+		defer client.Close()
+		client.AddHook(&scripts)
+		r, err := pace.NewRedis(client, limit)
+		if err != nil {
+			return report{}, err
+		}
+		defer r.Close()
+		limiter = r
+	}
+	base := &http.Transport{MaxIdleConnsPerHost: c.Workers}
+	defer base.CloseIdleConnections()
+
+	end := j.Start.Add(c.Duration)
+	var mu sync.Mutex
+	var requests []request
+	var wg sync.WaitGroup
+	time.Sleep(time.Until(j.Start))
+	for w := range c.Workers {
+		if j.Index*c.Workers+w >= c.Procs*c.Workers-c.Idle {
+			continue // an idle worker
+		}
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				var q request
+				start := time.Now()
+				client := &http.Client{Transport: &pace.Transport{Limiter: limiter, Base: stampGrant{base, func(at time.Time) {
+					q.Granted, q.Wait = at, at.Sub(start)
+				}}}}
+				ctx, cancel := context.WithDeadline(context.Background(), end)
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, j.Target, nil)
+				resp, err := client.Do(req)
+				cancel()
+				if err != nil {
+					if errors.Is(err, context.DeadlineExceeded) {
+						return // the next grant would come after the end
+					}
+					time.Sleep(100 * time.Millisecond) // the upstream failed: not a busy loop
+					continue
+				}
+				resp.Body.Close()
+				q.Status = resp.StatusCode
+				mu.Lock()
+				requests = append(requests, q)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return report{Requests: requests, ScriptCalls: scripts.calls.Load()}, nil
+}
