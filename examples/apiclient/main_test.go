@@ -1,0 +1,28 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestCall: 12 items at 10 a second with a burst of 5, against an API that
+// answers the 8th request 429 with Retry-After: 1: every item is created,
+// and the whole takes the pacing and the one-second hold, not more.
+func TestCall(t *testing.T) {
+	var out bytes.Buffer
+	start := time.Now()
+	if err := call(&out, "", "", "36000/h burst 5", 12); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	t.Logf("%v\n%s", took, out.String())
+	if created := strings.Count(out.String(), ": 201 "); created != 12 {
+		t.Errorf("%d of 12 items created", created)
+	}
+	// 5 at once, 8 more at 10/s (one of them the 429'd attempt), and a hold of 1 s.
+	if took < 1500*time.Millisecond || took > 2500*time.Millisecond {
+		t.Errorf("took %v, want about 1.8 s: the pacing and one hold", took)
+	}
+}
