@@ -8,10 +8,12 @@ test: redis-server
 	go test -race -count=1 ./...
 
 # make bench: the benchmarks, each beside its baseline from the same run. The
-# benchmark runs on CPU 0 and pins its redis-server to the last CPU, so that
-# Redis's time per call is not the benchmark preempting it.
+# core's run on CPU 0 and pin their redis-server to the last CPU, so that
+# Redis's time per call is not the benchmark preempting it. Then bench/, a
+# module of its own, compares pace with its peers and rewrites BENCHMARKS.md.
 bench: redis-server
 	$$(command -v taskset >/dev/null && echo taskset -c 0) go test -run '^$$' -bench . -benchtime 2s -count 1 .
+	cd bench && go run . -o ../BENCHMARKS.md
 
 redis-server:
 	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { \
