@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -107,11 +108,11 @@ func crawl(out io.Writer, redisURL, urls string, perHost float64, pages, workers
 	fmt.Fprintf(out, "%d pages from %d hosts in %v, at most %g a second each:\n", pages*len(starts), len(starts), time.Since(start).Round(10*time.Millisecond), perHost)
 	for _, s := range starts {
 		times := fetched[s]
-		rate := 0.0
-		if len(times) > 1 {
-			rate = float64(len(times)-1) / times[len(times)-1].Sub(times[0]).Seconds()
+		var last time.Duration
+		if len(times) > 0 {
+			last = slices.MaxFunc(times, time.Time.Compare).Sub(start)
 		}
-		fmt.Fprintf(out, "  %-40s %3d pages, %.1f/s\n", s, len(times), rate)
+		fmt.Fprintf(out, "  %-40s %3d pages, the last %4dms after the start\n", s, len(times), last.Milliseconds())
 	}
 	return nil
 }
