@@ -19,11 +19,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/hashicorp/go-retryablehttp"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetpace/pace"
+	"github.com/fleetpace/pace/internal/examplestore"
 )
 
 func main() {
@@ -43,14 +42,6 @@ func call(out io.Writer, redisURL, url, quota string, n int) error {
 	if err != nil {
 		return err
 	}
-	if redisURL == "" {
-		store, err := miniredis.Run()
-		if err != nil {
-			return err
-		}
-		defer store.Close()
-		redisURL = "redis://" + store.Addr()
-	}
 	if url == "" {
 		var calls atomic.Int64
 		api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -64,18 +55,11 @@ func call(out io.Writer, redisURL, url, quota string, n int) error {
 		defer api.Close()
 		url = api.URL + "/v1/items"
 	}
-	options, err := redis.ParseURL(redisURL)
+	limiter, closeLimiter, err := examplestore.Limiter(redisURL, limit)
 	if err != nil {
 		return err
 	}
-	options.ContextTimeoutEnabled = true
-	rdb := redis.NewClient(options)
-	defer rdb.Close()
-	limiter, err := pace.NewRedis(rdb, limit)
-	if err != nil {
-		return err
-	}
-	defer limiter.Close()
+	defer closeLimiter()
 	transport := &pace.Transport{Limiter: limiter}
 	defer transport.CloseIdleConnections()
 	client := pace.NewRetryClient(transport)

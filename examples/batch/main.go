@@ -19,10 +19,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
-
 	"github.com/fleetpace/pace"
+	"github.com/fleetpace/pace/internal/examplestore"
 )
 
 func main() {
@@ -42,26 +40,11 @@ func batch(out io.Writer, redisURL, limitText string, items, workers int) error 
 	if err != nil {
 		return err
 	}
-	if redisURL == "" {
-		store, err := miniredis.Run()
-		if err != nil {
-			return err
-		}
-		defer store.Close()
-		redisURL = "redis://" + store.Addr()
-	}
-	options, err := redis.ParseURL(redisURL)
+	limiter, closeLimiter, err := examplestore.Limiter(redisURL, limit)
 	if err != nil {
 		return err
 	}
-	options.ContextTimeoutEnabled = true
-	rdb := redis.NewClient(options)
-	defer rdb.Close()
-	limiter, err := pace.NewRedis(rdb, limit)
-	if err != nil {
-		return err
-	}
-	defer limiter.Close()
+	defer closeLimiter()
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) }))
 	defer api.Close()
 	transport := &pace.Transport{Limiter: limiter}

@@ -19,10 +19,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
-
 	"github.com/fleetpace/pace"
+	"github.com/fleetpace/pace/internal/examplestore"
 )
 
 func main() {
@@ -39,26 +37,11 @@ func main() {
 }
 
 func crawl(out io.Writer, redisURL, urls string, perHost float64, pages, workers int) error {
-	if redisURL == "" {
-		store, err := miniredis.Run()
-		if err != nil {
-			return err
-		}
-		defer store.Close()
-		redisURL = "redis://" + store.Addr()
-	}
-	options, err := redis.ParseURL(redisURL)
+	limiter, closeLimiter, err := examplestore.Limiter(redisURL, pace.PerSecond(perHost).WithBurst(1), pace.WithPrefix("crawler:"))
 	if err != nil {
 		return err
 	}
-	options.ContextTimeoutEnabled = true
-	rdb := redis.NewClient(options)
-	defer rdb.Close()
-	limiter, err := pace.NewRedis(rdb, pace.PerSecond(perHost).WithBurst(1), pace.WithPrefix("crawler:"))
-	if err != nil {
-		return err
-	}
-	defer limiter.Close()
+	defer closeLimiter()
 	transport := &pace.Transport{Limiter: limiter} // the key is the host: one bucket per site
 	defer transport.CloseIdleConnections()
 	client := &http.Client{Transport: transport, Timeout: 30 * time.Second}
