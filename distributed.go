@@ -56,6 +56,10 @@ type Redis struct {
 	oneBucket  bool     // the quota is one bucket: reserve.lua, not quota.lua
 	sliding    bool     // some limit is a sliding window, whose grants need ids
 	requestIDs atomic.Uint64
+	// lastSlot is the latest slot this process has been given, by its own
+	// clock (UnixNano): the shared schedule reaches at least that far, so an
+	// outage's local pacing must not begin before it.
+	lastSlot atomic.Int64
 }
 
 var _ Holder = (*Redis)(nil)
@@ -153,6 +157,12 @@ func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
 	if !b.granted {
 		return refuse(ctx, r.config.observer, "redis", key, cost, b.delay, budget)
 	}
+	for slot := now.Add(b.delay).UnixNano(); ; {
+		last := r.lastSlot.Load()
+		if slot <= last || r.lastSlot.CompareAndSwap(last, slot) {
+			break
+		}
+	}
 	r.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: "redis", Key: key, Cost: cost, Delay: b.delay})
 	if err := sleep(ctx, key, b.delay); err != nil {
 		if r.breaker.open.Load() {
@@ -199,14 +209,18 @@ func (r *Redis) failed(ctx context.Context, key string, cost int, probe bool, er
 }
 
 // newFallback returns the local limiter for an outage that begins now: this
-// process's share of the limit, with every bucket empty at the start, since
-// Redis may have just granted the whole burst.
+// process's share of the limit, with every bucket empty at the start, or at
+// the last slot Redis gave this process if that is later, since Redis may
+// have granted the whole burst and booked callers who still wait.
 func (r *Redis) newFallback() *Local {
 	if r.config.policy != FallbackLocal {
 		return nil
 	}
 	loc := newLocal(r.fallbackLimit().share(r.fleet.Size()), r.config.commonConfig)
 	loc.emptyAt = loc.now()
+	if last := time.Unix(0, r.lastSlot.Load()); last.After(loc.emptyAt) {
+		loc.emptyAt = last
+	}
 	return loc
 }
 

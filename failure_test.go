@@ -3,8 +3,11 @@ package pace
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/fleetpace/pace/internal/redistest"
 )
 
 // TestBreakerCooldowns: the cool-down doubles with each failed probe, with
@@ -121,5 +124,34 @@ func TestFallbackStartsEmpty(t *testing.T) {
 	}
 	if err := loc.Wait(ctx, "k", 1); !errors.As(err, &de) {
 		t.Fatalf("the 6th wait: %v, want a refusal: the burst is 5", err)
+	}
+}
+
+// TestFallbackAfterBookedSlots: callers booked in Redis before an outage
+// keep their slots, and the outage's local pacing begins only after the
+// last of them, so the two together do not go over the limit.
+func TestFallbackAfterBookedSlots(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	booked := make(chan struct{}, 8)
+	r := mustRedis(t, srv.Client(t), PerSecond(10).WithBurst(1), WithFleetSize(1), WithObserver(func(_ context.Context, e Event) {
+		if e.Kind == EventWait && e.Limiter == "redis" {
+			booked <- struct{}{}
+		}
+	}))
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range 4 { // slots at 0, 100, 200 and 300 ms
+		wg.Go(func() { r.Wait(ctx, "k", 1) })
+		<-booked
+	}
+	srv.Kill()
+	if err := r.Wait(ctx, "k", 1); err != nil { // Redis is gone: the fallback decides
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	wg.Wait()
+	if took < 390*time.Millisecond {
+		t.Errorf("the first local grant came %v after the first booking, before the last booked slot (300 ms) and its interval", took)
 	}
 }

@@ -83,10 +83,17 @@ func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
 	shard := loc.shard(key)
 	shard.mu.Lock()
 	lim := shard.limiter(loc, key, now)
-	at := now // when the booking may begin: now, or the end of a hold
-	if until, held := shard.holds[key]; held && until.After(now) {
+	// The booking may begin now, or at the end of a hold, or (for a Redis
+	// limiter's fallback) when the buckets were empty. x/time/rate forgets a
+	// time ahead of now unless the reservation is made at it.
+	at := now
+	if until, held := shard.holds[key]; held && until.After(at) {
 		at = until
-	} else if lim.AllowN(now, cost) {
+	}
+	if loc.emptyAt.After(at) {
+		at = loc.emptyAt
+	}
+	if at.Equal(now) && lim.AllowN(now, cost) {
 		shard.mu.Unlock()
 		loc.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: "local", Key: key, Cost: cost})
 		return nil
