@@ -56,6 +56,7 @@ type Redis struct {
 	oneBucket  bool     // the quota is one bucket: reserve.lua, not quota.lua
 	sliding    bool     // some limit is a sliding window, whose grants need ids
 	requestIDs atomic.Uint64
+	retiring   atomic.Pointer[retiring]
 	// lastSlot is the latest slot this process has been given, by its own
 	// clock (UnixNano): the shared schedule reaches at least that far, so an
 	// outage's local pacing must not begin before it.
@@ -145,11 +146,22 @@ func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
 		return r.waitWithoutRedis(ctx, key, cost, err, fallback)
 	}
 	if route == viaProbe {
-		outage := r.breaker.recover(time.Now())
+		outage, fallback := r.breaker.recover(time.Now())
+		if fallback != nil {
+			r.retiring.Store(&retiring{fallback, time.Now().Add(fallback.refill)})
+		}
 		r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: key, Cost: cost, Delay: outage})
 	}
 	if err != nil {
 		return err
+	}
+	if route == viaRedis && r.breaker.open.Load() {
+		// An outage began while this call was under way: the local pacing
+		// now decides, and must count this request too, or it would grant
+		// the same moment twice. The Redis booking is left unused.
+		if fallback := r.breaker.local(); fallback != nil {
+			return fallback.Wait(ctx, key, cost)
+		}
 	}
 	if p, ok := r.client.(pipeliner); ok && r.fleet.pinned == 0 && r.fleet.beatDue(now) {
 		go r.heartbeat(ctx, key, cost, p, b.now) // beside the request, which need not wait for it
@@ -157,7 +169,9 @@ func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
 	if !b.granted {
 		return refuse(ctx, r.config.observer, "redis", key, cost, b.delay, budget)
 	}
-	for slot := now.Add(b.delay).UnixNano(); ; {
+	// The slot by this clock: the reply came after the decision, so its
+	// arrival plus the delay is no earlier than the slot itself.
+	for slot := time.Now().Add(b.delay).UnixNano(); ; {
 		last := r.lastSlot.Load()
 		if slot <= last || r.lastSlot.CompareAndSwap(last, slot) {
 			break
@@ -181,7 +195,22 @@ func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
 		// its slot belongs to a schedule the hold replaced. It books anew.
 		return r.Wait(ctx, key, cost)
 	}
+	if rt := r.retiring.Load(); rt != nil {
+		// Redis does not know what this process granted while it was away:
+		// until those local buckets are full again, a grant needs theirs too.
+		if time.Now().Before(rt.until) {
+			return rt.local.Wait(ctx, key, cost)
+		}
+		r.retiring.CompareAndSwap(rt, nil)
+	}
 	return nil
+}
+
+// retiring is the local limiter of an outage that has just ended, kept until
+// its buckets are full again.
+type retiring struct {
+	local *Local
+	until time.Time
 }
 
 // pipeliner is a client that can send several commands in one round trip.

@@ -132,11 +132,13 @@ func (b *breaker) local() *Local {
 	return b.fallback
 }
 
-// recover records a successful probe and returns how long Redis was away.
-func (b *breaker) recover(now time.Time) time.Duration {
+// recover records a successful probe and returns how long Redis was away
+// and the outage's local limiter (nil unless the policy is FallbackLocal).
+func (b *breaker) recover(now time.Time) (time.Duration, *Local) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	fallback := b.fallback
 	b.open.Store(false)
 	b.failures, b.probing, b.cause, b.fallback = 0, false, nil, nil
-	return now.Sub(b.since)
+	return now.Sub(b.since), fallback
 }

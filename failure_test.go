@@ -46,7 +46,7 @@ func TestBreakerCooldowns(t *testing.T) {
 	}
 	now = now.Add(b.retryAt.Sub(now))
 	b.route(now) // the probe
-	if outage := b.recover(now); outage <= 0 {
+	if outage, _ := b.recover(now); outage <= 0 {
 		t.Errorf("recover reported an outage of %v", outage)
 	}
 	if r, _, _ := b.route(now); r != viaRedis {

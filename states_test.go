@@ -45,12 +45,20 @@ func (l *eventLog) last(kind EventKind) (Event, bool) {
 func waitForRedis(t *testing.T, r *Redis, log *eventLog, within time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
+	log.mu.Lock()
+	seen := len(log.events)
+	log.mu.Unlock()
 	for time.Since(start) < within {
 		if err := r.Wait(context.Background(), "k", 1); err != nil {
 			t.Fatalf("Wait: %v", err)
 		}
-		if e, ok := log.last(EventWait); ok && e.Limiter == "redis" {
-			return time.Since(start)
+		log.mu.Lock()
+		events := log.events[seen:]
+		log.mu.Unlock()
+		for _, e := range events {
+			if e.Kind == EventWait && e.Limiter == "redis" {
+				return time.Since(start)
+			}
 		}
 	}
 	t.Fatalf("Redis did not decide a request again within %v", within)

@@ -8,6 +8,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fleetpace/pace"
@@ -37,7 +39,13 @@ func main() {
 }
 
 func crawl(out io.Writer, redisURL, urls string, perHost float64, pages, workers int) error {
-	limiter, closeLimiter, err := examplestore.Limiter(redisURL, pace.PerSecond(perHost).WithBurst(1), pace.WithPrefix("crawler:"))
+	var outages atomic.Int64
+	limiter, closeLimiter, err := examplestore.Limiter(redisURL, pace.PerSecond(perHost).WithBurst(1), pace.WithPrefix("crawler:"),
+		pace.WithObserver(func(_ context.Context, e pace.Event) {
+			if e.Kind == pace.EventFallback {
+				outages.Add(1)
+			}
+		}))
 	if err != nil {
 		return err
 	}
@@ -89,6 +97,9 @@ func crawl(out io.Writer, redisURL, urls string, perHost float64, pages, workers
 	close(queue)
 	wg.Wait()
 	fmt.Fprintf(out, "%d pages from %d hosts in %v, at most %g a second each:\n", pages*len(starts), len(starts), time.Since(start).Round(10*time.Millisecond), perHost)
+	if n := outages.Load(); n > 0 {
+		fmt.Fprintf(out, "  (Redis failed %d times; the crawler paced locally meanwhile)\n", n)
+	}
 	for _, s := range starts {
 		times := fetched[s]
 		var last time.Duration
