@@ -5,7 +5,9 @@
 test: redis-server
 	test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt: the files above need formatting"; exit 1; }
 	go vet ./...
-	go test -race -count=1 ./...
+	# -p 1: one package at a time, so that the timing tests of one (the demo,
+	# the fleets) do not measure the load of another.
+	go test -race -count=1 -p 1 ./...
 
 # make bench: the benchmarks, each beside its baseline from the same run. The
 # core's run on CPU 0 and pin their redis-server to the last CPU, so that
