@@ -118,6 +118,11 @@ func (j job) run() (report, error) {
 		}
 		defer r.Close()
 		limiter = r
+		// Before the start: open a connection, load the script and send the
+		// first heartbeats, so that the run measures pacing, not a cold start.
+		if err := r.Wait(context.Background(), "warm-up", 1); err != nil {
+			return report{}, err
+		}
 	}
 	base := &http.Transport{MaxIdleConnsPerHost: c.Workers}
 	defer base.CloseIdleConnections()
