@@ -1,17 +1,15 @@
 package pace
 
 import (
-	"cmp"
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/time/rate"
 )
 
 // Redis paces events for a whole fleet: every process whose Redis limiter
@@ -22,8 +20,8 @@ import (
 // reach Redis.
 //
 // For a key, the script keeps the bucket at prefix{key} (a schedule time in
-// integer microseconds) and, only after cancellations, prefix{key}:gaps. Both
-// expire once the bucket is full again; the braces make them one Redis
+// integer microseconds) and, only after cancellations, prefix{key}#gaps.
+// Both expire once the bucket is full again; the braces make them one Redis
 // Cluster hash slot.
 //
 // When Redis fails (no answer within the call timeout, a dead connection,
@@ -36,52 +34,33 @@ import (
 //
 // A Redis is safe for concurrent use. Create it with NewRedis.
 type Redis struct {
-	client      redis.Scripter
-	limits      []Limit
-	limit       Limit // limits[0]
-	interval    int64 // limits[0]'s: microseconds one unit adds to a bucket's schedule
-	largestCost int   // the smallest burst or count of the limits: the most a request may cost
-	config      redisConfig
-	calls       *caller
-	breaker     breaker
-	fleet       *fleet
+	client   redis.Scripter
+	limits   []Limit
+	costCap  int // the smallest burst or window count of the limits: the most a request may cost
+	config   redisConfig
+	now      func() time.Time // time.Now, or a test's clock
+	calls    *caller
+	store    sharedStore
+	failover *failover
+	fleet    *fleet
 
-	held          heldKeys // the fleet's holds this process heard of
+	held          heldKeys     // the fleet's holds this process heard of
+	resubscribed  atomic.Int64 // UnixNano of the hold channel's last subscription after a break; MaxInt64 while broken; 0 before any break
 	listenOnce    sync.Once
-	stopListening context.CancelFunc
+	stopListening func()
 	listening     sync.WaitGroup
-
-	suffixes   []string // each limit's key is prefix{key} and its suffix
-	limitArgs  []any    // each limit's kind, interval or length, and burst or count, boxed once
-	oneBucket  bool     // the quota is one bucket: reserve.lua, not quota.lua
-	sliding    bool     // some limit is a sliding window, whose grants need ids
-	requestIDs atomic.Uint64
-	retiring   atomic.Pointer[retiring]
-	// lastSlot is the latest slot this process has been given, by its own
-	// clock (UnixNano): the shared schedule reaches at least that far, so an
-	// outage's local pacing must not begin before it.
-	lastSlot atomic.Int64
 }
 
 var _ Holder = (*Redis)(nil)
 
-var (
-	//go:embed lua/reserve.lua
-	reserveSource string
-	reserveScript = redis.NewScript(reserveSource)
-
-	//go:embed lua/quota.lua
-	quotaSource string
-	quotaScript = redis.NewScript(quotaSource)
-
-	//go:embed lua/refund.lua
-	refundSource string
-	refundScript = redis.NewScript(refundSource)
-
-	//go:embed lua/hold.lua
-	holdSource string
-	holdScript = redis.NewScript(holdSource)
-)
+// sharedStore is what a Redis limiter asks of Redis: a *store, or a test's
+// fake.
+type sharedStore interface {
+	reserve(ctx context.Context, key string, cost int, budget, notBefore time.Duration) (booking, error)
+	refund(ctx context.Context, key string, b booking) ([maxLimits]refundResult, int64, error)
+	hold(ctx context.Context, key string, d time.Duration, channel string) (changed bool, end int64, err error)
+	heldUntil(ctx context.Context, key string) (int64, error)
+}
 
 // NewRedis returns a Redis limiter that gives each key the quota q (a Limit,
 // or several at once with AllOf), shared through client. Any go-redis client
@@ -92,164 +71,260 @@ func NewRedis(client redis.Scripter, q Quota, opts ...RedisOption) (*Redis, erro
 	if client == nil {
 		return nil, errors.New("pace: NewRedis: nil client")
 	}
+	r, err := newRedis(q, time.Now, opts...)
+	if err != nil {
+		return nil, err
+	}
+	r.client = client
+	r.calls = newCaller(client, r.config.callTimeout)
+	r.store = newStore(r.calls, r.config.prefix, r.fleet.member, r.limits)
+	return r, nil
+}
+
+// newRedis returns a Redis limiter on the clock now, without its client and
+// store: NewRedis adds them, a test its fakes.
+func newRedis(q Quota, now func() time.Time, opts ...RedisOption) (*Redis, error) {
 	limits, err := checkQuota(q)
 	if err != nil {
 		return nil, err
 	}
-	r := &Redis{client: client, limits: limits, limit: limits[0], interval: limits[0].intervalMicros(), config: defaultRedisConfig()}
-	r.largestCost = limits[0].burst
-	for _, l := range limits {
-		r.largestCost = min(r.largestCost, l.burst)
-		a, b := l.intervalMicros(), int64(l.burst)
-		if l.kind != bucket {
-			a = l.period.Microseconds()
-		}
-		r.limitArgs = append(r.limitArgs, int64(l.kind)+1, a, b)
-		r.sliding = r.sliding || l.kind == slidingWindow
-		suffix := ":" + cmp.Or(l.name, l.String())
-		if len(limits) == 1 && l.kind == bucket && l.name == "" {
-			suffix = "" // the layout of a single bucket: prefix{key}
-		}
-		r.suffixes = append(r.suffixes, suffix)
+	r := &Redis{limits: limits, config: defaultRedisConfig(), now: now, costCap: limits[0].burst}
+	for _, l := range limits[1:] {
+		r.costCap = min(r.costCap, l.burst)
 	}
-	r.oneBucket = len(limits) == 1 && limits[0].kind == bucket
 	for _, o := range opts {
 		o.applyRedis(&r.config)
 	}
 	if err := r.config.validate(); err != nil {
 		return nil, err
 	}
-	r.calls = newCaller(client, r.config.callTimeout)
-	r.breaker = breaker{minCooldown: r.config.minCooldown, maxCooldown: r.config.maxCooldown}
 	r.fleet = newFleet(r.config.prefix, r.config.fleetName, r.config.fleetSize)
+	r.failover = &failover{
+		policy:      r.config.policy,
+		minCooldown: r.config.minCooldown,
+		maxCooldown: r.config.maxCooldown,
+		settle:      settleTime(r.config),
+		newLocal:    r.outageLimiter,
+	}
 	return r, nil
 }
+
+// settleTime is how long a process that is back on Redis keeps its outage's
+// share: until every other busy process of the fleet, whose cool-down is at
+// most maxCooldown, can have probed too, its probe a call timeout (at most
+// 1.25 times the set one) long, with as much again to spare.
+func settleTime(c redisConfig) time.Duration { return c.maxCooldown + 2*c.callTimeout }
 
 // Wait implements Limiter. It books cost tokens for key in Redis and sleeps
 // until they are due; if ctx ends first, the tokens go back to the bucket,
 // so that the next callers get them sooner. While Redis fails, the
 // FailurePolicy decides instead.
 func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
-	if err := checkWait(ctx, r.largestCost, key, cost); err != nil {
+	if err := checkWait(ctx, r.costCap, key, cost); err != nil {
 		return err
 	}
 	r.listen()
-	now := time.Now()
-	route, cause, fallback := r.breaker.route(now)
-	if route == withoutRedis {
-		return r.waitWithoutRedis(ctx, key, cost, cause, fallback)
+	for {
+		t, err := r.decide(ctx, key, cost, r.now())
+		if err != nil {
+			return err
+		}
+		r.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: t.limiter, Key: key, Cost: cost, Delay: t.delay, Err: t.cause})
+		if err := sleep(ctx, key, t.delay); err != nil {
+			return r.giveBack(ctx, key, cost, t, err)
+		}
+		if !r.replacedByHold(ctx, key, t) {
+			return nil
+		}
+		// The upstream asked the fleet to hold off while this caller
+		// slept: its slot belongs to a schedule the hold replaced.
 	}
+}
+
+// A ticket is a wait that a limiter granted: how long it is, who decided
+// it, and what to give back should its caller stop waiting.
+type ticket struct {
+	limiter string // "redis", "local" or "open"
+	delay   time.Duration
+	start   time.Time // when the decision began, by the limiter's clock
+	cause   error     // why Redis did not decide, if it did not
+	booking booking   // Redis's booking, when booking.granted
+	local   *Local    // the local limiter that booked the wait too, or nil
+	res     *rate.Reservation
+}
+
+// decide books the wait of a request that begins at now, by Redis or,
+// while the failover says so, without it. It does not sleep.
+func (r *Redis) decide(ctx context.Context, key string, cost int, now time.Time) (ticket, error) {
 	budget := waitBudget(ctx, r.config.maxWait, now)
-	b, err := r.reserve(ctx, key, cost, budget)
-	if err != nil && isRedisFailure(err) {
-		fallback := r.failed(ctx, key, cost, route == viaProbe, err)
-		return r.waitWithoutRedis(ctx, key, cost, err, fallback)
+	route, local, cause := r.failover.route(now)
+	if route == withoutRedis {
+		return r.decideWithout(ctx, key, cost, local, cause)
+	}
+	// While returning, the outage's share decides first, and Redis books the
+	// request for the time it will go: booked sooner, its tokens would seem
+	// spent before they are, and be granted again once the share lifts.
+	var first ticket
+	if local != nil {
+		var err error
+		if first, err = r.decideLocally(ctx, key, cost, local, now, budget); err != nil {
+			return ticket{}, err
+		}
+	}
+	t, err := r.decideShared(ctx, key, cost, now, budget, route, first)
+	if first.local != nil && (err != nil || t.local != first.local) {
+		first.local.cancel(key, first.res, r.now()) // refused, or decided by the next outage
+	}
+	return t, err
+}
+
+// decideShared books the request in Redis, not before the local slot of
+// first (the outage's share, while returning; else none).
+func (r *Redis) decideShared(ctx context.Context, key string, cost int, now time.Time, budget time.Duration, route route, first ticket) (ticket, error) {
+	b, err := r.store.reserve(ctx, key, cost, budget, first.delay)
+	if isOutage(err) {
+		return r.decideWithout(ctx, key, cost, r.failed(ctx, key, cost, route == viaProbe, err), err)
 	}
 	if route == viaProbe {
-		outage, fallback := r.breaker.recover(time.Now())
-		if fallback != nil {
-			r.retiring.Store(&retiring{fallback, time.Now().Add(fallback.refill)})
-		}
-		r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: key, Cost: cost, Delay: outage})
+		r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: key, Cost: cost, Delay: r.failover.recover(r.now())})
 	}
 	if err != nil {
-		return err
+		return ticket{}, err
 	}
-	if route == viaRedis && r.breaker.open.Load() {
-		// An outage began while this call was under way: the local pacing
-		// now decides, and must count this request too, or it would grant
-		// the same moment twice. The Redis booking is left unused.
-		if fallback := r.breaker.local(); fallback != nil {
-			return fallback.Wait(ctx, key, cost)
-		}
-	}
-	if p, ok := r.client.(pipeliner); ok && r.fleet.pinned == 0 && r.fleet.beatDue(now) {
-		go r.heartbeat(ctx, key, cost, p, b.now) // beside the request, which need not wait for it
-	}
+	r.beat(ctx, b.now, now)
 	if !b.granted {
-		return refuse(ctx, r.config.observer, "redis", key, cost, b.delay, budget)
+		return ticket{}, refuse(ctx, r.config.observer, "redis", key, cost, b.delay, budget)
 	}
-	// The slot by this clock: the reply came after the decision, so its
-	// arrival plus the delay is no earlier than the slot itself.
-	for slot := time.Now().Add(b.delay).UnixNano(); ; {
-		last := r.lastSlot.Load()
-		if slot <= last || r.lastSlot.CompareAndSwap(last, slot) {
-			break
-		}
-	}
-	r.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: "redis", Key: key, Cost: cost, Delay: b.delay})
-	if err := sleep(ctx, key, b.delay); err != nil {
-		if r.breaker.open.Load() {
-			// Redis failed meanwhile: the tokens stay booked rather than
-			// hold this caller for a call timeout.
-			err = fmt.Errorf("%w (tokens not given back: Redis is unavailable)", err)
-		} else if _, _, refundErr := r.refund(ctx, key, b); refundErr != nil {
-			err = errors.Join(err, refundErr)
-			r.failed(ctx, key, cost, false, refundErr)
-		}
-		r.config.observer.emit(ctx, Event{Kind: EventCancel, Limiter: "redis", Key: key, Cost: cost, Delay: b.delay, Err: err})
-		return err
-	}
-	if r.held.before(key, b.slot()) {
-		// The upstream asked the fleet to hold off while this caller slept:
-		// its slot belongs to a schedule the hold replaced. It books anew.
-		return r.Wait(ctx, key, cost)
-	}
-	if rt := r.retiring.Load(); rt != nil {
-		// Redis does not know what this process granted while it was away:
-		// until those local buckets are full again, a grant needs theirs too.
-		if time.Now().Before(rt.until) {
-			return rt.local.Wait(ctx, key, cost)
-		}
-		r.retiring.CompareAndSwap(rt, nil)
-	}
-	return nil
+	return r.pass(ctx, key, cost, now, b, first)
 }
 
-// retiring is the local limiter of an outage that has just ended, kept until
-// its buckets are full again.
-type retiring struct {
-	local *Local
-	until time.Time
+// pass returns the ticket of Redis's booking b for a request that began at
+// start, which first, the outage's share, may have decided already. When
+// the failover gates a grant no share decided (an answer that arrived once
+// an outage had begun, or the probe), the outage's local limiter books the
+// wait too, at or after its slot; if that would pass the caller's budget,
+// b is given back and the wait refused.
+func (r *Redis) pass(ctx context.Context, key string, cost int, start time.Time, b booking, first ticket) (ticket, error) {
+	now := r.now()
+	// The reply came after the decision, so its arrival plus the delay is no
+	// earlier than the slot itself.
+	slot := now.Add(b.delay)
+	gate := r.failover.granted(key, slot, now, first.local != nil)
+	if first.local != nil {
+		first.limiter, first.delay, first.booking = "redis", b.delay, b
+		return first, nil
+	}
+	t := ticket{limiter: "redis", delay: b.delay, start: start, booking: b, local: gate}
+	if gate == nil {
+		return t, nil
+	}
+	budget := waitBudget(ctx, r.config.maxWait, now)
+	res, delay, ok := t.local.reserve(key, cost, now, slot, budget)
+	if !ok {
+		err := refuse(ctx, r.config.observer, "redis", key, cost, delay, budget)
+		return ticket{}, errors.Join(err, r.refund(ctx, key, b))
+	}
+	t.res, t.delay = res, delay
+	return t, nil
 }
 
-// pipeliner is a client that can send several commands in one round trip.
-type pipeliner interface{ Pipeline() redis.Pipeliner }
-
-// heartbeat counts this process into the fleet at redisNow, Redis's clock
-// of the reservation just made for the request of ctx.
-func (r *Redis) heartbeat(ctx context.Context, key string, cost int, p pipeliner, redisNow int64) {
-	if err := r.fleet.beat(ctx, r.calls, p.Pipeline(), redisNow); err != nil {
-		r.failed(ctx, key, cost, false, err)
+// decideWithout decides a request by the failure policy while Redis is
+// away; local is the outage's local limiter, cause the failure.
+func (r *Redis) decideWithout(ctx context.Context, key string, cost int, local *Local, cause error) (ticket, error) {
+	now := r.now()
+	switch r.config.policy {
+	case FailOpen:
+		return ticket{limiter: "open", start: now, cause: cause}, nil
+	case FailClosed:
+		return ticket{}, fmt.Errorf("pace: key %s: %w: %w", quoteKey(key), ErrUnavailable, cause)
 	}
+	return r.decideLocally(ctx, key, cost, local, now, waitBudget(ctx, r.config.maxWait, now))
+}
+
+// decideLocally books the wait on local, the outage's local limiter.
+func (r *Redis) decideLocally(ctx context.Context, key string, cost int, local *Local, now time.Time, budget time.Duration) (ticket, error) {
+	res, delay, ok := local.reserve(key, cost, now, now, budget)
+	if !ok {
+		return ticket{}, refuse(ctx, r.config.observer, "local", key, cost, delay, budget)
+	}
+	return ticket{limiter: "local", delay: delay, start: now, local: local, res: res}, nil
+}
+
+// giveBack returns what ticket t booked, for a caller whose wait ended
+// early with err, and returns err with anything that went wrong.
+func (r *Redis) giveBack(ctx context.Context, key string, cost int, t ticket, err error) error {
+	if t.local != nil {
+		t.local.cancel(key, t.res, r.now())
+	}
+	if t.booking.granted {
+		err = errors.Join(err, r.refund(ctx, key, t.booking))
+	}
+	r.config.observer.emit(ctx, Event{Kind: EventCancel, Limiter: t.limiter, Key: key, Cost: cost, Delay: t.delay, Err: err})
+	return err
+}
+
+// errNotGivenBack says why a booking stayed in Redis.
+var errNotGivenBack = errors.New("pace: tokens not given back: Redis is unavailable")
+
+// refund gives booking b back to Redis, unless Redis is away: then the
+// tokens stay booked rather than hold the caller for a call timeout.
+func (r *Redis) refund(ctx context.Context, key string, b booking) error {
+	if down, _ := r.failover.down(); down {
+		return errNotGivenBack
+	}
+	_, _, err := r.store.refund(ctx, key, b)
+	if isOutage(err) {
+		r.failed(ctx, key, b.cost, false, err)
+	}
+	return err
+}
+
+// replacedByHold reports whether a hold replaced the slot of ticket t while
+// its caller slept. A caller booked before the hold channel's subscription
+// last stood may have missed the hold's message, and reads the key's hold
+// from Redis.
+func (r *Redis) replacedByHold(ctx context.Context, key string, t ticket) bool {
+	if t.delay <= 0 {
+		return false // it did not sleep
+	}
+	if t.local != nil && t.local.heldPast(key, t.start.Add(t.delay)) {
+		return true
+	}
+	if !t.booking.granted {
+		return false
+	}
+	slot := t.booking.slot()
+	if r.held.before(key, slot) {
+		return true
+	}
+	if !r.missedHolds(t.start) {
+		return false
+	}
+	end, err := r.store.heldUntil(ctx, key)
+	return err == nil && slot < end
 }
 
 // failed records a failed Redis call, tells the observer, and returns the
 // local limiter of the outage (nil unless the policy is FallbackLocal).
 func (r *Redis) failed(ctx context.Context, key string, cost int, probe bool, err error) *Local {
-	began, fallback := r.breaker.fail(time.Now(), probe, err, r.newFallback)
+	began, local := r.failover.fail(r.now(), probe, err)
 	switch {
 	case began:
 		r.config.observer.emit(ctx, Event{Kind: EventFallback, Limiter: "redis", Key: key, Cost: cost, Err: err})
 	case probe:
 		r.config.observer.emit(ctx, Event{Kind: EventProbe, Limiter: "redis", Key: key, Cost: cost, Err: err})
 	}
-	return fallback
+	return local
 }
 
-// newFallback returns the local limiter for an outage that begins now: this
-// process's share of the limit, with every bucket empty at the start, or at
-// the last slot Redis gave this process if that is later, since Redis may
-// have granted the whole burst and booked callers who still wait.
-func (r *Redis) newFallback() *Local {
-	if r.config.policy != FallbackLocal {
-		return nil
-	}
-	loc := newLocal(r.fallbackLimit().share(r.fleet.Size()), r.config.commonConfig)
-	loc.emptyAt = loc.now()
-	if last := time.Unix(0, r.lastSlot.Load()); last.After(loc.emptyAt) {
-		loc.emptyAt = last
-	}
+// outageLimiter returns the local limiter for an outage that begins at
+// since: this process's share of the limit, each key's bucket empty at
+// since, or at its time in floors (the last slot Redis gave the key, or the
+// end of its hold) if that is later, since Redis may have granted the whole
+// burst and booked callers who still wait.
+func (r *Redis) outageLimiter(since time.Time, floors map[string]time.Time) *Local {
+	loc := newLocal(r.fallbackLimit().share(r.fleet.Size()), r.config.commonConfig, r.now)
+	loc.emptyAt, loc.floors = since, floors
 	return loc
 }
 
@@ -267,167 +342,47 @@ func (r *Redis) fallbackLimit() Limit {
 	return fallback
 }
 
-// waitWithoutRedis decides a request by the failure policy while Redis is
-// away; cause is the failure that sent it there.
-func (r *Redis) waitWithoutRedis(ctx context.Context, key string, cost int, cause error, fallback *Local) error {
-	switch r.config.policy {
-	case FailOpen:
-		r.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: "open", Key: key, Cost: cost, Err: cause})
-		return nil
-	case FailClosed:
-		return fmt.Errorf("pace: key %q: %w: %w", key, ErrUnavailable, cause)
+// pipeliner is a client that can send several commands in one round trip.
+type pipeliner interface{ Pipeline() redis.Pipeliner }
+
+// beat sends this process's heartbeat when one is due, at redisNow (Redis's
+// clock of the reservation just made for the request of ctx), beside the
+// request, which need not wait for it. A heartbeat that fails changes
+// nothing: the next reservation finds out whether Redis is away.
+func (r *Redis) beat(ctx context.Context, redisNow int64, now time.Time) {
+	if p, ok := r.client.(pipeliner); ok && r.fleet.pinned == 0 && r.fleet.beatDue(now) {
+		go r.fleet.beat(ctx, r.calls, p.Pipeline(), redisNow)
 	}
-	return fallback.Wait(ctx, key, cost)
 }
 
 // Hold implements Holder: in Redis, for every process of the fleet, the
 // next wait for key ends no sooner than h.For from now (by Redis's clock),
 // and the ones after it follow at the rate. While Redis is away, the hold
-// goes to this process's fallback alone.
+// goes to this process's outage limiter alone.
 func (r *Redis) Hold(ctx context.Context, key string, h Hold) error {
 	if err := checkHold(key, h); err != nil {
 		return err
 	}
-	if !r.breaker.open.Load() {
-		var reply [2]int64
-		r.listen()
-		args := append(make([]any, 0, 3+len(r.limitArgs)), h.For.Microseconds(), r.holdChannel(), key)
-		err := int64Reply(r.calls.run(ctx, holdScript, r.keys(key, false), append(args, r.limitArgs...)...), reply[:])
-		if err == nil {
-			r.held.add(key, reply[1]+h.For.Microseconds(), h.For)
-			reportHold(ctx, r.config.observer, "redis", key, h, reply[0] == 1)
-			return nil
-		}
-		err = fmt.Errorf("pace: key %q: hold script: %w", key, err)
-		if !isRedisFailure(err) {
-			return err
-		}
-		r.failed(ctx, key, 0, false, err)
+	if down, local := r.failover.down(); down {
+		return holdLocally(ctx, local, key, h)
 	}
-	if fallback := r.breaker.local(); fallback != nil {
-		return fallback.Hold(ctx, key, h)
+	r.listen()
+	changed, end, err := r.store.hold(ctx, key, h.For, r.holdChannel())
+	if isOutage(err) {
+		return holdLocally(ctx, r.failed(ctx, key, 0, false, err), key, h)
 	}
-	return nil
-}
-
-// booking is what the reserve script decided.
-type booking struct {
-	granted  bool
-	delay    time.Duration
-	now      int64            // the Redis TIME of the decision, in microseconds
-	finishes [maxLimits]int64 // each bucket's schedule time after the booking (0 for windows)
-	id       string           // the request's id in sliding windows
-	cost     int
-}
-
-// slot is when the request goes, by Redis's clock, in microseconds.
-func (b booking) slot() int64 { return b.now + b.delay.Microseconds() }
-
-// reserve runs the reserve script once: it books cost units for key under
-// every limit unless the wait would exceed budget (noBudget: no limit).
-func (r *Redis) reserve(ctx context.Context, key string, cost int, budget time.Duration) (booking, error) {
-	b := booking{cost: cost}
-	budgetArg := noBudgetArg
-	if budget != noBudget {
-		budgetArg = budget.Microseconds()
-	}
-	n := len(r.limits)
-	var reply [3 + maxLimits]int64
-	var cmd *redis.Cmd
-	if r.oneBucket {
-		cmd = r.calls.run(ctx, reserveScript, r.keys(key, false), r.limitArgs[1], r.limitArgs[2], cost, budgetArg)
-	} else {
-		if r.sliding {
-			b.id = r.fleet.member + ":" + strconv.FormatUint(r.requestIDs.Add(1), 10)
-		}
-		args := append(make([]any, 0, 3+len(r.limitArgs)), cost, budgetArg, b.id)
-		cmd = r.calls.run(ctx, quotaScript, r.keys(key, false), append(args, r.limitArgs...)...)
-	}
-	err := int64Reply(cmd, reply[:3+n])
-	if err == nil && (reply[0] < 0 || reply[0] > 1 || reply[1] < 0) {
-		err = fmt.Errorf("replied %v, want [granted delay now finish...]", append([]int64(nil), reply[:3+n]...))
-	}
-	if err != nil {
-		return booking{}, fmt.Errorf("pace: key %q: reserve script: %w", key, err)
-	}
-	b.granted, b.delay, b.now = reply[0] == 1, time.Duration(reply[1])*time.Microsecond, reply[2]
-	copy(b.finishes[:], reply[3:3+n])
-	return b, nil
-}
-
-// refundResult says what the refund script did with a booking under one
-// limit.
-type refundResult int64
-
-const (
-	refundNothing refundResult = iota // its time had passed, or the bucket was gone
-	refundTail                        // the tokens went back into the bucket, or the window
-	refundGap                         // kept as a gap until the bookings behind it go too
-)
-
-// refund gives back booking b for key under every limit, and returns what
-// became of it under each and the Redis TIME it used, in microseconds. Like
-// every call, it has a deadline of its own, so it runs although ctx has
-// usually ended.
-func (r *Redis) refund(ctx context.Context, key string, b booking) ([maxLimits]refundResult, int64, error) {
-	var results [maxLimits]refundResult
-	n := len(r.limits)
-	args := append(make([]any, 0, 3+3*n), b.id, b.cost, b.slot())
-	for i := range r.limits {
-		args = append(args, r.limitArgs[3*i], r.limitArgs[3*i+1], b.finishes[i])
-	}
-	var reply [1 + maxLimits]int64
-	err := int64Reply(r.calls.run(ctx, refundScript, r.keys(key, true), args...), reply[:1+n])
-	for i, res := range reply[1 : 1+n] {
-		if err == nil && (res < int64(refundNothing) || res > int64(refundGap)) {
-			err = fmt.Errorf("replied %v, want [now result...] with results 0, 1 or 2", append([]int64(nil), reply[:1+n]...))
-		}
-		results[i] = refundResult(res)
-	}
-	if err != nil {
-		return results, 0, fmt.Errorf("pace: key %q: refund script: %w", key, err)
-	}
-	return results, reply[0], nil
-}
-
-// noBudgetArg is the script argument for a caller without a budget.
-var noBudgetArg any = int64(-1)
-
-// int64Reply reads a script's reply of len(dst) integers into dst, without
-// allocating. A reply of another shape is an error, never a panic.
-func int64Reply(cmd *redis.Cmd, dst []int64) error {
-	val, err := cmd.Result()
 	if err != nil {
 		return err
 	}
-	items, ok := val.([]any)
-	if !ok || len(items) != len(dst) {
-		return fmt.Errorf("replied %v, want %d integers", val, len(dst))
-	}
-	for i, item := range items {
-		if dst[i], ok = item.(int64); !ok {
-			return fmt.Errorf("replied %v, want %d integers", val, len(dst))
-		}
-	}
+	r.heard(key, end, h.For)
+	reportHold(ctx, r.config.observer, "redis", key, h, changed)
 	return nil
 }
 
-// keys are the Redis keys of key's limits, each followed by its gaps key when
-// withGaps. They share one hash tag: one Redis Cluster slot.
-func (r *Redis) keys(key string, withGaps bool) []string {
-	base := r.config.prefix + "{" + key + "}"
-	if len(r.suffixes) == 1 && !withGaps {
-		return []string{base + r.suffixes[0]}
+// holdLocally holds key on an outage's local limiter, if there is one.
+func holdLocally(ctx context.Context, local *Local, key string, h Hold) error {
+	if local == nil {
+		return nil
 	}
-	keys := make([]string, 0, 2*len(r.suffixes))
-	for _, suffix := range r.suffixes {
-		keys = append(keys, base+suffix)
-		if withGaps {
-			keys = append(keys, base+suffix+":gaps")
-		}
-	}
-	return keys
+	return local.Hold(ctx, key, h)
 }
-
-// bucketKey is the Redis key of key's first limit.
-func (r *Redis) bucketKey(key string) string { return r.keys(key, false)[0] }

@@ -60,20 +60,17 @@ func checkMatchesModel(t *testing.T, c redis.UniversalClient) {
 		case op < 13:
 			key := keys[rng.IntN(len(keys))]
 			r := limiterOf(key)
-			cost := rng.IntN(r.limit.burst) + 1
-			budget := []time.Duration{noBudget, 0, time.Duration(rng.Int64N(5*r.interval)) * time.Microsecond}[rng.IntN(3)]
-			b, err := r.reserve(ctx, key, cost, budget)
+			cost := rng.IntN(r.limits[0].burst) + 1
+			budget := []time.Duration{MaxDelay, 0, time.Duration(rng.Int64N(5*r.limits[0].intervalMicros())) * time.Microsecond}[rng.IntN(3)]
+			notBefore := []time.Duration{0, 0, time.Duration(rng.Int64N(3*r.limits[0].intervalMicros())) * time.Microsecond}[rng.IntN(3)]
+			b, err := storeOf(r).reserve(ctx, key, cost, budget, notBefore)
 			if err != nil {
 				t.Fatalf("step %d: %v", step, err)
 			}
-			budgetMicros := int64(-1)
-			if budget != noBudget {
-				budgetMicros = budget.Microseconds()
-			}
-			granted, delay, finish := model.reserve(key, r.interval, int64(r.limit.burst), int64(cost), budgetMicros, b.now)
+			granted, delay, finish := model.reserve(key, r.limits[0].intervalMicros(), int64(r.limits[0].burst), int64(cost), budget.Microseconds(), notBefore.Microseconds(), b.now)
 			if b.granted != granted || b.delay != time.Duration(delay)*time.Microsecond || b.finishes[0] != finish {
-				t.Fatalf("step %d: reserve(%s, cost %d, budget %v) at %d: script granted=%v delay=%v finish=%d, model granted=%v delay=%dµs finish=%d",
-					step, key, cost, budget, b.now, b.granted, b.delay, b.finishes[0], granted, delay, finish)
+				t.Fatalf("step %d: reserve(%s, cost %d, budget %v, not before %v) at %d: script granted=%v delay=%v finish=%d, model granted=%v delay=%dµs finish=%d",
+					step, key, cost, budget, notBefore, b.now, b.granted, b.delay, b.finishes[0], granted, delay, finish)
 			}
 			if b.now < lastNow {
 				t.Fatalf("step %d: Redis TIME went back from %d to %d", step, lastNow, b.now)
@@ -89,12 +86,12 @@ func checkMatchesModel(t *testing.T, c redis.UniversalClient) {
 			i := len(bookings) - 1 - rng.IntN(min(len(bookings), 6))
 			bk := bookings[i]
 			bookings = slices.Delete(bookings, i, i+1)
-			results, now, err := limiterOf(bk.key).refund(ctx, bk.key, bk.b)
+			results, now, err := storeOf(limiterOf(bk.key)).refund(ctx, bk.key, bk.b)
 			if err != nil {
 				t.Fatalf("step %d: %v", step, err)
 			}
 			got, finish := results[0], bk.b.finishes[0]
-			if want := model.refund(bk.key, finish, int64(bk.b.cost)*limiterOf(bk.key).interval, now); got != want {
+			if want := model.refund(bk.key, finish, int64(bk.b.cost)*limiterOf(bk.key).limits[0].intervalMicros(), now); got != want {
 				t.Fatalf("step %d: refund(%s, finish %d) at %d: script %d, model %d", step, bk.key, finish, now, got, want)
 			}
 			counts[[]string{"refund-nothing", "refund-tail", "refund-gap"}[got]]++
@@ -119,7 +116,7 @@ func checkDeadlineBooksNothing(t *testing.T, c redis.UniversalClient) {
 	// 50 ms a token: after 10 bookings, the 11th caller would wait 500 ms.
 	r := mustRedis(t, c, PerSecond(20).WithBurst(1))
 	for range 10 {
-		if _, err := r.reserve(ctx, "k", 1, noBudget); err != nil {
+		if _, err := storeOf(r).reserve(ctx, "k", 1, MaxDelay, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -128,7 +125,7 @@ func checkDeadlineBooksNothing(t *testing.T, c redis.UniversalClient) {
 	if err := r.Wait(ctx, "warm-up", 1); err != nil {
 		t.Fatal(err)
 	}
-	before, err := r.reserve(ctx, "k", 1, 0) // a probe: refused, books nothing
+	before, err := storeOf(r).reserve(ctx, "k", 1, 0, 0) // a probe: refused, books nothing
 	if err != nil || before.granted {
 		t.Fatalf("probe: %+v, %v", before, err)
 	}
@@ -149,7 +146,7 @@ func checkDeadlineBooksNothing(t *testing.T, c redis.UniversalClient) {
 	if elapsed >= 5*time.Millisecond {
 		t.Errorf("Wait took %v to refuse, want under 5ms", elapsed)
 	}
-	after, err := r.reserve(ctx, "k", 1, 0)
+	after, err := storeOf(r).reserve(ctx, "k", 1, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +174,7 @@ func TestRedisMaxWait(t *testing.T) {
 			t.Fatalf("wait %d: %v", i, err)
 		}
 	}
-	r.reserve(ctx, "k", 1, noBudget) // the next caller would wait about 200 ms
+	storeOf(r).reserve(ctx, "k", 1, MaxDelay, 0) // the next caller would wait about 200 ms
 	err := r.Wait(ctx, "k", 1)
 	var de *DeadlineError
 	if !errors.As(err, &de) || !errors.Is(err, context.DeadlineExceeded) || de.Budget != 150*time.Millisecond || de.Delay < 150*time.Millisecond {
@@ -198,7 +195,7 @@ func checkCancelGivesBack(t *testing.T, c redis.UniversalClient) {
 			booked <- e
 		}
 	}))
-	if _, err := r.reserve(ctx, "k", 1, noBudget); err != nil { // empty the bucket
+	if _, err := storeOf(r).reserve(ctx, "k", 1, MaxDelay, 0); err != nil { // empty the bucket
 		t.Fatal(err)
 	}
 	var cancels []context.CancelFunc
@@ -228,7 +225,7 @@ func checkCancelGivesBack(t *testing.T, c redis.UniversalClient) {
 		firstFive.Wait()
 		lastFive.Wait()
 	}()
-	before, err := r.reserve(ctx, "k", 1, 0)
+	before, err := storeOf(r).reserve(ctx, "k", 1, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,11 +235,11 @@ func checkCancelGivesBack(t *testing.T, c redis.UniversalClient) {
 	}
 	lastFive.Wait() // each Wait returns once its refund is done
 
-	after, err := r.reserve(ctx, "k", 1, 0)
+	after, err := storeOf(r).reserve(ctx, "k", 1, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if moved, want := before.finishes[0]-after.finishes[0], 5*r.interval; moved != want {
+	if moved, want := before.finishes[0]-after.finishes[0], 5*r.limits[0].intervalMicros(); moved != want {
 		t.Errorf("cancelling 5 callers moved the next caller up by %d µs, want %d (5 tokens)", moved, want)
 	}
 	for i, err := range errs[5:] {
@@ -250,7 +247,7 @@ func checkCancelGivesBack(t *testing.T, c redis.UniversalClient) {
 			t.Errorf("cancelled caller %d: %v, want an error wrapping context.Canceled", i+5, err)
 		}
 	}
-	if n, err := c.Exists(ctx, r.bucketKey("k")+":gaps").Result(); err != nil || n != 0 {
+	if n, err := c.Exists(ctx, storeOf(r).bucketKey("k")+":gaps").Result(); err != nil || n != 0 {
 		t.Errorf("gaps key left behind after every gap joined the tail: exists=%d, %v", n, err)
 	}
 	t.Logf("next caller's delay: %v before the cancels, %v after", before.delay, after.delay)
@@ -263,7 +260,7 @@ func TestRedisSurvivesScriptFlush(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
 	r := mustRedis(t, c, PerSecond(10).WithBurst(1)) // 100 ms a token
-	first, err := r.reserve(ctx, "k", 1, noBudget)
+	first, err := storeOf(r).reserve(ctx, "k", 1, MaxDelay, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,11 +270,11 @@ func TestRedisSurvivesScriptFlush(t *testing.T) {
 	if err := c.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	second, err := r.reserve(ctx, "k", 1, noBudget)
+	second, err := storeOf(r).reserve(ctx, "k", 1, MaxDelay, 0)
 	if err != nil {
 		t.Fatalf("reserve after SCRIPT FLUSH: %v", err)
 	}
-	if want := first.finishes[0] + r.interval; second.finishes[0] != want {
+	if want := first.finishes[0] + r.limits[0].intervalMicros(); second.finishes[0] != want {
 		t.Errorf("after SCRIPT FLUSH the booking finished at %d, want %d: the bucket lost its state", second.finishes[0], want)
 	}
 	calls, err := redistest.CommandStats(ctx, c)
@@ -298,7 +295,7 @@ func TestRedisKeyLayout(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
 	r := mustRedis(t, c, PerMinute(60).WithBurst(3), WithPrefix("quota:")) // 1 s a token
-	b, err := r.reserve(ctx, "api.example.com:443", 2, noBudget)
+	b, err := storeOf(r).reserve(ctx, "api.example.com:443", 2, MaxDelay, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,3 +313,6 @@ func TestRedisKeyLayout(t *testing.T) {
 		t.Errorf("PTTL %s = %v, want from %v, when the bucket is full again, to a second later", key, ttl, full)
 	}
 }
+
+// storeOf is r's store, for tests that call the scripts directly.
+func storeOf(r *Redis) *store { return r.store.(*store) }

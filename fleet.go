@@ -19,7 +19,7 @@ import (
 // within the last heartbeatTTL. An idle process drops out, leaving its share
 // to the busy ones.
 type fleet struct {
-	key      string // prefix{fleet}:name
+	key      string // prefix{fleet}#name
 	member   string // this process
 	pinned   int    // a size the user set, or 0
 	size     atomic.Int64
@@ -36,7 +36,7 @@ func newFleet(prefix, name string, pinned int) *fleet {
 	rand.Read(id[:])
 	host, _ := os.Hostname()
 	return &fleet{
-		key:    prefix + "{fleet}:" + name,
+		key:    prefix + "{fleet}#" + name,
 		member: host + ":" + strconv.Itoa(os.Getpid()) + ":" + hex.EncodeToString(id[:]),
 		pinned: pinned,
 	}
@@ -74,6 +74,7 @@ func (f *fleet) beat(ctx context.Context, c *caller, p redis.Pipeliner, redisNow
 	count := p.ZCard(ctx, f.key)
 	p.PExpire(ctx, f.key, heartbeatTTL)
 	if _, err := c.pipeline(ctx, p); err != nil {
+		f.nextBeat.Store(time.Now().Add(heartbeatEvery / 10).UnixNano()) // soon again: the count may be stale
 		return err
 	}
 	f.size.Store(count.Val())

@@ -18,6 +18,7 @@ import (
 	"github.com/fleetpace/pace/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
+	"golang.org/x/time/rate"
 )
 
 // fleetWorkerEnv, when set, makes the test binary a fleet worker: a process
@@ -57,6 +58,42 @@ type fleetWorker struct {
 // UnixNano time the limiter granted them.
 const grantedAtHeader = "X-Granted-At"
 
+// upstream is an API on loopback for the fleets. It notes every arrival.
+// With a bucket, it enforces a limit strictly and answers 429 beyond it. At
+// its first arrival after speakAt (when set), it answers once with status
+// and a header that asks the fleet to hold off. Every other request gets a
+// 200.
+type upstream struct {
+	bucket        *rate.Limiter
+	speakAt       time.Time
+	status        int
+	header, value string
+	mu            sync.Mutex
+	arrivals      []arrival
+	spoke         time.Time // when it answered with the hold
+}
+
+type arrival struct {
+	at, granted time.Time
+	status      int
+}
+
+func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	now := time.Now()
+	granted, _ := strconv.ParseInt(r.Header.Get(grantedAtHeader), 10, 64)
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	status := http.StatusOK
+	if !u.speakAt.IsZero() && u.spoke.IsZero() && now.After(u.speakAt) {
+		u.spoke, status = now, u.status
+		w.Header().Set(u.header, u.value)
+	} else if u.bucket != nil && !u.bucket.AllowN(now, 1) {
+		status = http.StatusTooManyRequests
+	}
+	u.arrivals = append(u.arrivals, arrival{now, time.Unix(0, granted), status})
+	w.WriteHeader(status)
+}
+
 // stampGrant is the Base of a fleet worker's Transport: it sends a copy of
 // the request that says when it was granted.
 type stampGrant struct{ base http.RoundTripper }
@@ -72,6 +109,7 @@ type fleetRequest struct {
 	Start, End  time.Time
 	Limiter     string        // who granted it, from its EventWait; "" if it failed
 	Delay       time.Duration // the pacing delay it was given
+	Status      int           // the upstream's answer, when the fleet has one
 	Err         string
 	Unavailable bool // Err wraps ErrUnavailable
 }
@@ -80,6 +118,7 @@ type fleetRequest struct {
 type fleetReport struct {
 	Requests  []fleetRequest
 	Fallbacks []time.Time // EventFallback
+	Sizes     []int       // the fleet's size as the process counted it, at each fallback
 	Recovers  []time.Time // EventRecover
 	Holds     []time.Time // EventHold
 	Cancels   int
@@ -148,6 +187,7 @@ func (w fleetWorker) run() (fleetReport, error) {
 
 	var mu sync.Mutex
 	var report fleetReport
+	var r *Redis // set before any event
 	opts := []RedisOption{WithFailurePolicy(w.Policy), WithObserver(func(ctx context.Context, e Event) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -160,6 +200,7 @@ func (w fleetWorker) run() (fleetReport, error) {
 			report.Cancels++
 		case EventFallback:
 			report.Fallbacks = append(report.Fallbacks, time.Now())
+			report.Sizes = append(report.Sizes, r.fleet.Size())
 		case EventRecover:
 			report.Recovers = append(report.Recovers, time.Now())
 		case EventHold:
@@ -172,7 +213,7 @@ func (w fleetWorker) run() (fleetReport, error) {
 	if w.MaxCooldown > 0 {
 		opts = append(opts, WithCooldown(w.MinCooldown, w.MaxCooldown))
 	}
-	r, err := NewRedis(client, quota, opts...)
+	r, err = NewRedis(client, quota, opts...)
 	if err != nil {
 		return fleetReport{}, err
 	}
@@ -198,6 +239,7 @@ func (w fleetWorker) run() (fleetReport, error) {
 			resp, err := client.Do(req)
 			if err == nil {
 				resp.Body.Close()
+				ctx.Value(requestKey{}).(*fleetRequest).Status = resp.StatusCode
 			}
 			return err
 		}

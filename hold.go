@@ -169,10 +169,14 @@ func reportHold(ctx context.Context, o Observer, limiter, key string, h Hold, ch
 	})
 }
 
-// checkHold reports a hold that cannot be set.
+// checkHold reports a hold that cannot be set: on an empty key, or not
+// positive, or longer than MaxDelay.
 func checkHold(key string, h Hold) error {
-	if key == "" {
+	switch {
+	case key == "":
 		return fmt.Errorf("pace: Hold: empty key (%s)", h.Reason)
+	case h.For <= 0 || h.For > MaxDelay:
+		return fmt.Errorf("pace: key %s: Hold for %v (%s): want a positive time of at most MaxDelay", quoteKey(key), h.For, h.Reason)
 	}
 	return nil
 }

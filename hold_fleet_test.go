@@ -4,45 +4,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
-	"strconv"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/fleetpace/pace/internal/redistest"
 )
-
-// upstream is an API on loopback that notes every arrival and, at its first
-// arrival after speakAt, answers once with status and a header that asks
-// the fleet to hold off; every other request gets a 200.
-type upstream struct {
-	speakAt       time.Time
-	status        int
-	header, value string
-	mu            sync.Mutex
-	arrivals      []arrival
-	spoke         time.Time // when it answered with the hold
-}
-
-type arrival struct{ at, granted time.Time }
-
-func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	now := time.Now()
-	granted, _ := strconv.ParseInt(r.Header.Get(grantedAtHeader), 10, 64)
-	u.mu.Lock()
-	u.arrivals = append(u.arrivals, arrival{now, time.Unix(0, granted)})
-	speak := u.spoke.IsZero() && now.After(u.speakAt)
-	if speak {
-		u.spoke = now
-	}
-	u.mu.Unlock()
-	if speak {
-		w.Header().Set(u.header, u.value)
-		w.WriteHeader(u.status)
-		return
-	}
-	w.WriteHeader(http.StatusOK)
-}
 
 // runFleetHold: 4 processes of 4 goroutines share an upstream at 50/s
 // burst 5 through one real Redis; once, the upstream answers with the given

@@ -3,6 +3,7 @@ package pace
 import (
 	"fmt"
 	"math"
+	"math/big"
 	"strconv"
 	"strings"
 	"time"
@@ -127,6 +128,8 @@ func (l Limit) problem() string {
 	switch {
 	case math.IsNaN(l.count) || math.IsInf(l.count, 0) || l.count <= 0:
 		return fmt.Sprintf("count %v is not a positive finite number", l.count)
+	case l.count > 1<<53:
+		return fmt.Sprintf("count %v is above 2^53", l.count)
 	case l.period <= 0:
 		return fmt.Sprintf("period %v is not positive", l.period)
 	case l.burst < 1:
@@ -135,8 +138,8 @@ func (l Limit) problem() string {
 		return fmt.Sprintf("rate %v/s is above the maximum of 1000000/s", l.Rate())
 	case l.kind != bucket && (l.count != math.Trunc(l.count) || l.burst != int(l.count)):
 		return fmt.Sprintf("a window's count %v must be a whole number and its burst", l.count)
-	case strings.ContainsAny(l.name, "{}"):
-		return fmt.Sprintf("name %q may not contain '{' or '}'", l.name)
+	case strings.ContainsAny(l.name, reservedInNames):
+		return fmt.Sprintf("name %q may not contain '{', '}' or '#'", l.name)
 	case l.kind != bucket && l.period > maxRefill:
 		return fmt.Sprintf("window %v is longer than a year", l.period)
 	case l.kind == bucket && int64(l.burst) > maxRefill.Microseconds()/l.intervalMicros():
@@ -177,13 +180,25 @@ func (l Limit) share(n int) Limit {
 	return Limit{count: l.count / float64(n), period: l.period, burst: max(l.burst/n, 1)}
 }
 
-// intervalMicros is interval in whole microseconds, rounded up so that a
-// rounded rate is never above l. The tiny relative slack absorbs the
-// floating-point error of count*1000 in quotients that are whole numbers
-// (PerMinute(100) is exactly 600000 µs, not 600001).
+// intervalMicros is the time one unit takes to refill, in whole
+// microseconds, rounded up so that a rounded rate is never above l. It is
+// computed exactly (the count is a binary fraction), so that PerMinute(100)
+// is 600000 µs and Every(365*24*time.Hour) 31536000000000 µs, not a
+// floating-point neighbour of either.
 func (l Limit) intervalMicros() int64 {
-	us := float64(l.period) / (l.count * 1000)
-	return int64(math.Ceil(us * (1 - 1e-12)))
+	count := new(big.Rat).SetFloat64(l.count)
+	if count == nil || count.Sign() <= 0 {
+		return 0 // Validate refuses such a count
+	}
+	us := new(big.Rat).Quo(new(big.Rat).SetInt64(int64(l.period)), count.Mul(count, big.NewRat(1000, 1)))
+	q, r := new(big.Int).QuoRem(us.Num(), us.Denom(), new(big.Int))
+	if r.Sign() > 0 {
+		q.Add(q, big.NewInt(1))
+	}
+	if !q.IsInt64() {
+		return math.MaxInt64
+	}
+	return q.Int64()
 }
 
 // String formats l in the syntax ParseLimit reads, such as "100/s",
@@ -265,10 +280,10 @@ func (l *Limit) UnmarshalText(text []byte) error {
 	return nil
 }
 
-// defaultBurst is count rounded up, at least 1; counts that are not finite
-// get 1 and are refused by Validate.
+// defaultBurst is count rounded up, at least 1. A count that is not finite
+// or above 2^53 gets 1, and Validate refuses it.
 func defaultBurst(count float64) int {
-	if !(count >= 1) || count > math.MaxInt32 {
+	if !(count >= 1) || count > 1<<53 {
 		return 1
 	}
 	return int(math.Ceil(count))

@@ -29,6 +29,10 @@ func TestParseLimit(t *testing.T) {
 		"0.5/s":           {0.5, 1, 2_000_000, "0.5/s"},
 		"86400/d":         {1, 86400, 1_000_000, "86400/d"},
 		"1e6/s burst 5":   {1e6, 5, 1, "1e+06/s burst 5"},
+		// the slowest rate, a token a year, to the microsecond
+		"1/8760h": {1.0 / (365 * 24 * 3600), 1, 31_536_000_000_000, "1/8760h"},
+		// a count above 2^31 keeps its burst
+		"3000000000/d": {3e9 / 86400, 3_000_000_000, 29, "3e+09/d"},
 	} {
 		l, err := ParseLimit(text)
 		if err != nil {

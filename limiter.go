@@ -3,6 +3,7 @@ package pace
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -30,7 +31,10 @@ type DeadlineError struct {
 // Error says which wait was refused, how long it would have been and how
 // long the caller could wait.
 func (e *DeadlineError) Error() string {
-	return fmt.Sprintf("pace: key %q: a wait of %v for cost %d exceeds the %v the caller may wait", e.Key, e.Delay, e.Cost, e.Budget)
+	if e.Budget >= MaxDelay {
+		return fmt.Sprintf("pace: key %s: a wait of %v for cost %d exceeds MaxDelay, the longest wait a limiter books (%v)", quoteKey(e.Key), e.Delay, e.Cost, MaxDelay)
+	}
+	return fmt.Sprintf("pace: key %s: a wait of %v for cost %d exceeds the %v the caller may wait", quoteKey(e.Key), e.Delay, e.Cost, e.Budget)
 }
 
 // Unwrap returns context.DeadlineExceeded.
@@ -44,8 +48,12 @@ func refuse(ctx context.Context, o Observer, limiter, key string, cost int, dela
 	return err
 }
 
-// noBudget is the budget of a caller who may wait as long as it takes.
-const noBudget time.Duration = -1
+// MaxDelay is the longest wait a limiter books, about a century: a caller
+// without a deadline whose wait would be longer is refused with a
+// *DeadlineError, as if its deadline were MaxDelay away. It keeps every
+// delay a time.Duration (which ends at 292 years) and every time the Redis
+// scripts handle an exact integer.
+const MaxDelay = 100 * 365 * 24 * time.Hour
 
 // A requestError is a wait that no limiter could ever grant: a bad key or
 // cost. Retrying it is pointless.
@@ -62,30 +70,38 @@ func checkWait(ctx context.Context, maxCost int, key string, cost int) error {
 	case key == "":
 		return &requestError{fmt.Sprintf("pace: empty key (cost %d)", cost)}
 	case cost < 1:
-		return &requestError{fmt.Sprintf("pace: key %q: cost %d is below 1", key, cost)}
+		return &requestError{fmt.Sprintf("pace: key %s: cost %d is below 1", quoteKey(key), cost)}
 	case cost > maxCost:
-		return &requestError{fmt.Sprintf("pace: key %q: cost %d exceeds the burst %d", key, cost, maxCost)}
+		return &requestError{fmt.Sprintf("pace: key %s: cost %d exceeds the burst %d", quoteKey(key), cost, maxCost)}
 	case ctx.Err() != nil:
-		return fmt.Errorf("pace: key %q: context ended before the wait: %w", key, context.Cause(ctx))
+		return fmt.Errorf("pace: key %s: context ended before the wait: %w", quoteKey(key), context.Cause(ctx))
 	}
 	return nil
 }
 
-// waitBudget is how long a caller may wait from now: until ctx's deadline or
-// maxWait (when positive), whichever is sooner, never below zero; noBudget
-// when neither applies.
+// waitBudget is how long a caller may wait from now: until ctx's deadline,
+// maxWait (when positive) or MaxDelay, whichever is soonest, never below
+// zero.
 func waitBudget(ctx context.Context, maxWait time.Duration, now time.Time) time.Duration {
-	budget := noBudget
+	budget := MaxDelay
 	if maxWait > 0 {
-		budget = maxWait
+		budget = min(budget, maxWait)
 	}
 	if deadline, ok := ctx.Deadline(); ok {
-		left := max(deadline.Sub(now), 0)
-		if budget == noBudget || left < budget {
-			budget = left
-		}
+		budget = min(budget, max(deadline.Sub(now), 0))
 	}
 	return budget
+}
+
+// quoteKey quotes a key for a message: whole when short, else its first
+// 64 bytes and its length, so that a megabyte key does not make a megabyte
+// error.
+func quoteKey(key string) string {
+	const shown = 64
+	if len(key) <= shown {
+		return strconv.Quote(key)
+	}
+	return strconv.Quote(key[:shown]) + "... (" + strconv.Itoa(len(key)) + " bytes)"
 }
 
 // sleep waits for delay on one timer, or until ctx ends, and then returns an
@@ -100,6 +116,6 @@ func sleep(ctx context.Context, key string, delay time.Duration) error {
 	case <-timer.C:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("pace: key %q: wait of %v ended early: %w", key, delay, context.Cause(ctx))
+		return fmt.Errorf("pace: key %s: wait of %v ended early: %w", quoteKey(key), delay, context.Cause(ctx))
 	}
 }

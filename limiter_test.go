@@ -72,6 +72,9 @@ func TestBadInputs(t *testing.T) {
 		"too many limits":           {AllOf{PerSecond(1), PerSecond(2), PerSecond(3), PerSecond(4), PerSecond(5), PerSecond(6), PerSecond(7), PerSecond(8), PerSecond(9)}, "a quota of 9 limits"},
 		"a bad limit among good":    {AllOf{PerSecond(10), Window(0, time.Minute)}, "count 0 "},
 		"nil quota":                 {nil, "no quota"},
+		"a name with #":             {PerSecond(1).Named("x#gaps"), `name "x#gaps" may not contain`},
+		"a name with a brace":       {PerSecond(1).Named("a}b"), `name "a}b" may not contain`},
+		"a count above 2^53":        {Per(1e16, 1000*24*time.Hour), "count 1e+16 is above 2^53"},
 	}
 	for name, tc := range badQuotas {
 		t.Run(name, func(t *testing.T) {
@@ -102,18 +105,19 @@ func TestBadInputs(t *testing.T) {
 		"cost negative": {"k", -3, "cost -3 "},
 		"cost > burst":  {"k", 11, "cost 11 exceeds the burst 10"},
 		"empty key":     {"", 1, "empty key"},
+		// a megabyte key is quoted by its first 64 bytes and its length
+		"a 1 MB key": {strings.Repeat("k", 1<<20), 11, `"` + strings.Repeat("k", 64) + `"... (1048576 bytes): cost 11`},
 	}
 	for lname, lim := range limiters {
 		for name, tc := range badWaits {
 			t.Run(lname+"/"+name, func(t *testing.T) {
 				err := promptly(t, func() error { return lim.Wait(ctx, tc.key, tc.cost) })
-				if err == nil || !strings.Contains(err.Error(), tc.want) {
-					t.Errorf("Wait(%q, %d): %v, want an error containing %q", tc.key, tc.cost, err, tc.want)
+				if err == nil || !strings.Contains(err.Error(), tc.want) || len(err.Error()) > 200 {
+					t.Errorf("Wait(%s, %d): %.300v, want an error of at most 200 bytes containing %q", quoteKey(tc.key), tc.cost, err, tc.want)
 				}
 			})
 		}
 	}
-
 	badOptions := map[string]struct {
 		build func() error
 		want  string
@@ -136,6 +140,39 @@ func TestBadInputs(t *testing.T) {
 	}
 	if calls["evalsha"].Calls+calls["eval"].Calls != 0 {
 		t.Errorf("bad inputs reached Redis: commandstats %v", calls)
+	}
+}
+
+// TestBadHolds: a hold that is not positive, or longer than MaxDelay, is an
+// error that names it, and leaves the key's bucket as it was: empty here.
+func TestBadHolds(t *testing.T) {
+	ctx := context.Background()
+	limit := PerSecond(100).WithBurst(10) // 10 ms a token
+	limiters := map[string]Holder{"redis": mustRedis(t, newTestRedis(t), limit), "local": mustLocal(t, limit)}
+	for lname, lim := range limiters {
+		for name, tc := range map[string]struct {
+			hold Hold
+			want string
+		}{
+			"negative":            {Hold{For: -time.Second, Reason: "test"}, "Hold for -1s"},
+			"zero":                {Hold{Reason: "test"}, "Hold for 0s"},
+			"a century and a day": {Hold{For: MaxDelay + 24*time.Hour, Reason: "test"}, "Hold for 876024h0m0s"},
+		} {
+			t.Run(lname+"/"+name, func(t *testing.T) {
+				if err := lim.Wait(ctx, name, 10); err != nil { // empty the bucket
+					t.Fatal(err)
+				}
+				if err := lim.Hold(ctx, name, tc.hold); err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("Hold(%v): %v, want an error containing %q", tc.hold.For, err, tc.want)
+				}
+				dctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+				defer cancel()
+				var de *DeadlineError
+				if err := lim.Wait(dctx, name, 5); !errors.As(err, &de) {
+					t.Errorf("5 tokens of an empty bucket under a 20ms deadline after the hold: %v, want a refusal (the hold must not refill it)", err)
+				}
+			})
+		}
 	}
 }
 

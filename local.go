@@ -21,10 +21,12 @@ type Local struct {
 	limit  Limit
 	config commonConfig
 	now    func() time.Time // time.Now, or a test's clock
-	// emptyAt, if set, is when the buckets of keys met later were empty: a
-	// Redis limiter's fallback starts so, lest each process burst its share
-	// on top of what Redis granted just before.
+	// emptyAt, if set, is when the buckets of keys met later were empty, or,
+	// for the keys in floors, the later time there: a Redis limiter's
+	// outage starts so, lest each process burst its share on top of what
+	// Redis granted just before. floors is not changed after creation.
 	emptyAt time.Time
+	floors  map[string]time.Time
 	refill  time.Duration // how long an empty bucket takes to fill
 	seed    maphash.Seed
 	shards  [localShards]localShard
@@ -37,9 +39,19 @@ const localShards = 32
 
 type localShard struct {
 	mu        sync.Mutex
-	limiters  map[string]*rate.Limiter
+	limiters  map[string]*localKey
 	holds     map[string]time.Time // keys held until then
 	nextSweep time.Time
+}
+
+// localKey is a key's limiter and the latest time a reservation was made
+// at. x/time/rate takes a time before its last one for the last one and
+// counts the time between twice, so no reservation or cancellation is made
+// before it: a booking at a time ahead (the end of a hold, a slot Redis gave)
+// makes the ones after it begin there too.
+type localKey struct {
+	lim  *rate.Limiter
+	last time.Time
 }
 
 var _ Holder = (*Local)(nil)
@@ -59,15 +71,15 @@ func NewLocal(l Limit, opts ...Option) (*Local, error) {
 	if err := config.validate(); err != nil {
 		return nil, err
 	}
-	return newLocal(l, config), nil
+	return newLocal(l, config, time.Now), nil
 }
 
-// newLocal returns a Local of a valid limit and configuration.
-func newLocal(l Limit, config commonConfig) *Local {
-	loc := &Local{limit: l, config: config, now: time.Now, seed: maphash.MakeSeed()}
+// newLocal returns a Local of a valid limit and configuration, on a clock.
+func newLocal(l Limit, config commonConfig, now func() time.Time) *Local {
+	loc := &Local{limit: l, config: config, now: now, seed: maphash.MakeSeed()}
 	loc.refill = time.Duration(l.burst) * time.Duration(float64(l.period)/l.count)
 	for i := range loc.shards {
-		loc.shards[i].limiters = make(map[string]*rate.Limiter)
+		loc.shards[i].limiters = make(map[string]*localKey)
 		loc.shards[i].holds = make(map[string]time.Time)
 	}
 	return loc
@@ -79,47 +91,84 @@ func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
 	if err := checkWait(ctx, loc.limit.burst, key, cost); err != nil {
 		return err
 	}
-	now := loc.now()
+	for {
+		now := loc.now()
+		budget := waitBudget(ctx, loc.config.maxWait, now)
+		res, delay, ok := loc.reserve(key, cost, now, now, budget)
+		if !ok {
+			return refuse(ctx, loc.config.observer, "local", key, cost, delay, budget)
+		}
+		loc.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: "local", Key: key, Cost: cost, Delay: delay})
+		if err := sleep(ctx, key, delay); err != nil {
+			loc.cancel(key, res, loc.now())
+			loc.config.observer.emit(ctx, Event{Kind: EventCancel, Limiter: "local", Key: key, Cost: cost, Delay: delay, Err: err})
+			return err
+		}
+		if delay == 0 || !loc.heldPast(key, now.Add(delay)) {
+			return nil
+		}
+		// A hold came while this caller slept, and its slot lies before
+		// the hold's end: it books anew, after the hold.
+	}
+}
+
+// reserve books cost tokens for key at notBefore or later (and after any
+// hold), and returns the reservation and the delay from now until it is
+// due. When that delay would exceed budget, it books nothing and returns
+// false with the delay. A grant due at once may come without a reservation
+// (nil): there is nothing to give back.
+func (loc *Local) reserve(key string, cost int, now, notBefore time.Time, budget time.Duration) (*rate.Reservation, time.Duration, bool) {
 	shard := loc.shard(key)
 	shard.mu.Lock()
-	lim := shard.limiter(loc, key, now)
-	// The booking may begin now, or at the end of a hold, or (for a Redis
-	// limiter's fallback) when the buckets were empty. x/time/rate forgets a
-	// time ahead of now unless the reservation is made at it.
-	at := now
-	if until, held := shard.holds[key]; held && until.After(at) {
-		at = until
+	k := shard.limiter(loc, key, now)
+	// x/time/rate forgets a time ahead of now unless the reservation is
+	// made at it: the booking begins at the latest of now, notBefore, the
+	// end of a hold and the key's last reservation.
+	at := latest(k.last, notBefore)
+	if len(shard.holds) > 0 {
+		at = latest(at, shard.holds[key])
 	}
-	if loc.emptyAt.After(at) {
-		at = loc.emptyAt
+	if !at.After(now) {
+		at = now
+		if k.last = now; k.lim.AllowN(now, cost) {
+			shard.mu.Unlock()
+			return nil, 0, true
+		}
 	}
-	if at.Equal(now) && lim.AllowN(now, cost) {
-		shard.mu.Unlock()
-		loc.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: "local", Key: key, Cost: cost})
-		return nil
-	}
-	// Under the shard's lock nobody else can book on lim, so a reservation
-	// cancelled at once is given back whole: nothing stays booked.
-	r := lim.ReserveN(at, cost)
+	// Under the shard's lock nobody else can book on the limiter, so a
+	// reservation cancelled at once is given back whole.
+	k.last = at
+	r := k.lim.ReserveN(at, cost)
 	delay := r.DelayFrom(now)
-	if budget := waitBudget(ctx, loc.config.maxWait, now); budget != noBudget && delay > budget {
-		r.CancelAt(now)
-		shard.mu.Unlock()
-		return refuse(ctx, loc.config.observer, "local", key, cost, delay, budget)
+	if delay > budget {
+		r.CancelAt(at)
+		r = nil
 	}
 	shard.mu.Unlock()
-	loc.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: "local", Key: key, Cost: cost, Delay: delay})
-	if err := sleep(ctx, key, delay); err != nil {
-		r.CancelAt(loc.now())
-		loc.config.observer.emit(ctx, Event{Kind: EventCancel, Limiter: "local", Key: key, Cost: cost, Delay: delay, Err: err})
-		return err
+	return r, delay, r != nil
+}
+
+// cancel gives back reservation r of key, at now or, if that is earlier,
+// at the key's last reservation time. It does nothing for a nil r.
+func (loc *Local) cancel(key string, r *rate.Reservation, now time.Time) {
+	if r == nil {
+		return
 	}
-	if shard.heldPast(key, now.Add(delay)) {
-		// A hold came while this caller slept, and its slot lies before the
-		// hold's end: it books anew, after the hold.
-		return loc.Wait(ctx, key, cost)
+	shard := loc.shard(key)
+	shard.mu.Lock()
+	defer shard.mu.Unlock()
+	if k, ok := shard.limiters[key]; ok {
+		k.last = latest(now, k.last)
+		r.CancelAt(k.last)
 	}
-	return nil
+}
+
+// latest returns the later of a and b.
+func latest(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // Hold implements Holder: the next wait for key ends no sooner than h.For
@@ -132,11 +181,12 @@ func (loc *Local) Hold(ctx context.Context, key string, h Hold) error {
 	until := now.Add(h.For)
 	shard := loc.shard(key)
 	shard.mu.Lock()
-	lim := shard.limiter(loc, key, now)
+	k := shard.limiter(loc, key, now)
 	changed := !shard.holds[key].After(until)
 	if changed {
 		shard.holds[key] = until
-		lim.ReserveN(until, loc.limit.burst-1) // all but the token of the first grant after the hold
+		k.last = latest(until, k.last)
+		k.lim.ReserveN(k.last, loc.limit.burst-1) // all but the token of the first grant after the hold
 	}
 	shard.mu.Unlock()
 	reportHold(ctx, loc.config.observer, "local", key, h, changed)
@@ -159,8 +209,10 @@ func (loc *Local) Len() int {
 	return n
 }
 
-// heldPast reports whether key is held beyond slot.
-func (s *localShard) heldPast(key string, slot time.Time) bool {
+// heldPast reports whether key is held beyond slot: a booking at slot was
+// made before the hold.
+func (loc *Local) heldPast(key string, slot time.Time) bool {
+	s := loc.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	until, held := s.holds[key]
@@ -170,11 +222,11 @@ func (s *localShard) heldPast(key string, slot time.Time) bool {
 // limiter returns key's limiter, creating it if needed. Once per refill
 // period (at least a second) it first drops the limiters whose buckets are
 // full again, since a new one would behave the same. The caller holds s.mu.
-func (s *localShard) limiter(loc *Local, key string, now time.Time) *rate.Limiter {
+func (s *localShard) limiter(loc *Local, key string, now time.Time) *localKey {
 	if !now.Before(s.nextSweep) {
-		for k, lim := range s.limiters {
-			if lim.TokensAt(now) >= float64(loc.limit.burst) {
-				delete(s.limiters, k)
+		for name, k := range s.limiters {
+			if !k.last.After(now) && k.lim.TokensAt(now) >= float64(loc.limit.burst) {
+				delete(s.limiters, name)
 			}
 		}
 		for k, until := range s.holds {
@@ -184,13 +236,14 @@ func (s *localShard) limiter(loc *Local, key string, now time.Time) *rate.Limite
 		}
 		s.nextSweep = now.Add(max(loc.refill, time.Second))
 	}
-	lim, ok := s.limiters[key]
+	k, ok := s.limiters[key]
 	if !ok {
-		lim = rate.NewLimiter(rate.Limit(loc.limit.Rate()), loc.limit.burst)
+		k = &localKey{lim: rate.NewLimiter(rate.Limit(loc.limit.Rate()), loc.limit.burst)}
 		if !loc.emptyAt.IsZero() {
-			lim.AllowN(loc.emptyAt, loc.limit.burst)
+			k.last = latest(loc.emptyAt, loc.floors[key])
+			k.lim.AllowN(k.last, loc.limit.burst)
 		}
-		s.limiters[key] = lim
+		s.limiters[key] = k
 	}
-	return lim
+	return k
 }

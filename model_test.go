@@ -3,6 +3,7 @@ package pace
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -20,12 +21,12 @@ func newBucketModel() *bucketModel {
 	return &bucketModel{tat: make(map[string]int64), gaps: make(map[string]map[int64]int64)}
 }
 
-// reserve is reserve.lua: budget -1 means no limit.
-func (m *bucketModel) reserve(key string, interval, burst, cost, budget, now int64) (granted bool, delay, finish int64) {
-	tat := max(m.tat[key], now)
+// reserve is reserve.lua: the caller cannot go before now + notBefore.
+func (m *bucketModel) reserve(key string, interval, burst, cost, budget, notBefore, now int64) (granted bool, delay, finish int64) {
+	tat := max(m.tat[key], now+notBefore)
 	finish = tat + cost*interval
-	delay = max(finish-burst*interval-now, 0)
-	if budget >= 0 && delay > budget {
+	delay = max(finish-burst*interval-now, notBefore)
+	if delay > budget {
 		return false, delay, finish
 	}
 	m.tat[key] = finish
@@ -87,8 +88,9 @@ func TestModelKeepsTheBound(t *testing.T) {
 		switch op := rng.IntN(10); {
 		case op < 6:
 			cost := rng.Int64N(burst) + 1
-			budget := []int64{-1, 0, rng.Int64N(10 * interval), rng.Int64N(10 * interval)}[rng.IntN(4)]
-			if ok, delay, finish := m.reserve("k", interval, burst, cost, budget, now); ok {
+			budget := []int64{math.MaxInt64, 0, rng.Int64N(10 * interval), rng.Int64N(10 * interval)}[rng.IntN(4)]
+			notBefore := []int64{0, 0, rng.Int64N(3 * interval)}[rng.IntN(3)]
+			if ok, delay, finish := m.reserve("k", interval, burst, cost, budget, notBefore, now); ok {
 				grants = append(grants, grant{now + delay, cost, finish})
 			}
 		case op < 8 && len(grants) > 0:
@@ -137,8 +139,8 @@ func windowGuard(length int64) int64 { return min(length-length%50, 2_500_000) /
 
 // reserve is quota.lua: limits[i] is kind, interval or length, burst or
 // count, and keys[i] its key.
-func (m *quotaModel) reserve(keys []string, limits [][3]int64, cost, budget int64, id string, now int64) (bool, int64, []int64) {
-	slot := now
+func (m *quotaModel) reserve(keys []string, limits [][3]int64, cost, budget, notBefore int64, id string, now int64) (bool, int64, []int64) {
+	slot := now + notBefore
 	for i, l := range limits {
 		kind, a, b := l[0], l[1], l[2]
 		switch kind {
@@ -185,7 +187,7 @@ func (m *quotaModel) reserve(keys []string, limits [][3]int64, cost, budget int6
 			finishes[i] = max(m.buckets.tat[keys[i]], slot) + cost*l[1]
 		}
 	}
-	if budget >= 0 && slot-now > budget {
+	if slot-now > budget {
 		return false, slot - now, finishes
 	}
 	for i, l := range limits {

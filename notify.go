@@ -2,6 +2,7 @@ package pace
 
 import (
 	"context"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,8 +33,7 @@ type heldKey struct {
 
 // add notes that key is held until end (Redis's clock, in microseconds), a
 // hold of d from now.
-func (h *heldKeys) add(key string, end int64, d time.Duration) {
-	now := time.Now()
+func (h *heldKeys) add(key string, end int64, d time.Duration, now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.m == nil {
@@ -90,28 +90,68 @@ func (r *Redis) listen() {
 			return
 		}
 		ctx, stop := context.WithCancel(context.Background())
-		r.stopListening = stop
-		r.listening.Add(1)
-		go func() {
-			defer r.listening.Done()
-			ps := s.Subscribe(ctx, r.holdChannel())
-			defer ps.Close()
-			messages := ps.Channel()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case msg, ok := <-messages:
-					if !ok {
-						return
-					}
-					if key, end, d, ok := parseHoldMessage(msg.Payload); ok {
-						r.held.add(key, end, d)
-					}
-				}
-			}
-		}()
+		ps := s.Subscribe(ctx) // no channel yet: no I/O on the caller's goroutine
+		r.stopListening = func() {
+			stop()
+			ps.Close()
+		}
+		r.listening.Go(func() { r.receiveHolds(ctx, ps) })
 	})
+}
+
+// Resubscribing after a broken subscription waits from minResubscribe,
+// doubling up to maxResubscribe, while Redis stays away.
+const (
+	minResubscribe = 10 * time.Millisecond
+	maxResubscribe = 100 * time.Millisecond
+)
+
+// receiveHolds reads the hold channel until ctx ends. After a broken
+// connection, go-redis subscribes again on the next Receive, and messages
+// published in between are lost to this process: so resubscribed says, from
+// the break on, that the subscription is broken, and then since when it
+// stands again. A caller booked before that reads its key's hold from Redis
+// when it wakes (replacedByHold).
+func (r *Redis) receiveHolds(ctx context.Context, ps *redis.PubSub) {
+	err := ps.Subscribe(ctx, r.holdChannel())
+	for retry := minResubscribe; ctx.Err() == nil; {
+		if err != nil {
+			r.resubscribed.Store(math.MaxInt64)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(retry):
+			}
+			retry = min(2*retry, maxResubscribe)
+		}
+		var msg any
+		msg, err = ps.Receive(ctx)
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if m.Kind == "subscribe" && r.resubscribed.Load() == math.MaxInt64 {
+				r.resubscribed.Store(r.now().UnixNano())
+				retry = minResubscribe
+			}
+		case *redis.Message:
+			if key, end, d, ok := parseHoldMessage(m.Payload); ok {
+				r.heard(key, end, d)
+			}
+		}
+	}
+}
+
+// missedHolds reports whether a caller booked at start may have missed a
+// hold's message: the subscription broke after it.
+func (r *Redis) missedHolds(start time.Time) bool {
+	return r.resubscribed.Load() > start.UnixNano()
+}
+
+// heard notes a hold of key that ends at end (Redis's clock, in
+// microseconds), a hold of d from now.
+func (r *Redis) heard(key string, end int64, d time.Duration) {
+	now := r.now()
+	r.held.add(key, end, d, now)
+	r.failover.held(key, now.Add(d), now)
 }
 
 // holdChannel is the Pub/Sub channel of the limiter's holds.

@@ -15,8 +15,8 @@ import (
 // modelLimits are a limiter's limits as quota.lua receives them.
 func modelLimits(r *Redis) [][3]int64 {
 	var limits [][3]int64
-	for i := 0; i < len(r.limitArgs); i += 3 {
-		limits = append(limits, [3]int64{r.limitArgs[i].(int64), r.limitArgs[i+1].(int64), r.limitArgs[i+2].(int64)})
+	for i := 0; i < len(storeOf(r).limitArgs); i += 3 {
+		limits = append(limits, [3]int64{storeOf(r).limitArgs[i].(int64), storeOf(r).limitArgs[i+1].(int64), storeOf(r).limitArgs[i+2].(int64)})
 	}
 	return limits
 }
@@ -56,20 +56,17 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 		case op < 13:
 			i := rng.IntN(len(keys))
 			r, key := limiters[i], keys[i]
-			cost := rng.IntN(r.largestCost) + 1
-			budget := []time.Duration{noBudget, 0, time.Duration(rng.IntN(20_000)) * time.Microsecond}[rng.IntN(3)]
-			b, err := r.reserve(ctx, key, cost, budget)
+			cost := rng.IntN(r.costCap) + 1
+			budget := []time.Duration{MaxDelay, 0, time.Duration(rng.IntN(20_000)) * time.Microsecond}[rng.IntN(3)]
+			notBefore := []time.Duration{0, 0, time.Duration(rng.IntN(5_000)) * time.Microsecond}[rng.IntN(3)]
+			b, err := storeOf(r).reserve(ctx, key, cost, budget, notBefore)
 			if err != nil {
 				t.Fatalf("step %d: %v", step, err)
 			}
-			budgetMicros := int64(-1)
-			if budget != noBudget {
-				budgetMicros = budget.Microseconds()
-			}
-			granted, delay, finishes := model.reserve(r.keys(key, false), modelLimits(r), int64(cost), budgetMicros, b.id, b.now)
+			granted, delay, finishes := model.reserve(storeOf(r).keys(key, false), modelLimits(r), int64(cost), budget.Microseconds(), notBefore.Microseconds(), b.id, b.now)
 			if b.granted != granted || b.delay.Microseconds() != delay || !slices.Equal(b.finishes[:len(finishes)], finishes) {
-				t.Fatalf("step %d: reserve(%s, cost %d, budget %v) at %d: script granted=%v delay=%v finishes=%v, model granted=%v delay=%dµs finishes=%v",
-					step, key, cost, budget, b.now, b.granted, b.delay, b.finishes[:len(finishes)], granted, delay, finishes)
+				t.Fatalf("step %d: reserve(%s, cost %d, budget %v, not before %v) at %d: script granted=%v delay=%v finishes=%v, model granted=%v delay=%dµs finishes=%v",
+					step, key, cost, budget, notBefore, b.now, b.granted, b.delay, b.finishes[:len(finishes)], granted, delay, finishes)
 			}
 			lastNow = b.now
 			if granted {
@@ -86,12 +83,12 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 				continue // only a caller still asleep gives back; this one has gone
 			}
 			r := limiters[bk.limiter]
-			results, now, err := r.refund(ctx, bk.key, bk.b)
+			results, now, err := storeOf(r).refund(ctx, bk.key, bk.b)
 			if err != nil {
 				t.Fatalf("step %d: %v", step, err)
 			}
 			n := len(r.limits)
-			want := model.refund(r.keys(bk.key, false), modelLimits(r), int64(bk.b.cost), bk.b.id, bk.b.slot(), bk.b.finishes[:n], now)
+			want := model.refund(storeOf(r).keys(bk.key, false), modelLimits(r), int64(bk.b.cost), bk.b.id, bk.b.slot(), bk.b.finishes[:n], now)
 			if !slices.Equal(results[:n], want) {
 				t.Fatalf("step %d: refund(%s) at %d: script %v, model %v", step, bk.key, now, results[:n], want)
 			}
@@ -140,7 +137,7 @@ func checkAllOrNothing(t *testing.T, c redis.UniversalClient) {
 	// A slower bucket for the refusal, so that the 20 grants before it do
 	// not leave time to refill a token.
 	r = mustRedis(t, c, AllOf{PerMinute(20), Window(40, 10*time.Second)}, WithFleetSize(1))
-	keys := r.keys("j", false)
+	keys := storeOf(r).keys("j", false)
 	read := func() [2]string {
 		t.Helper()
 		tat, err := c.Get(ctx, keys[0]).Result()
@@ -183,7 +180,7 @@ func checkKeysExpire(t *testing.T, c redis.UniversalClient) {
 			t.Fatal(err)
 		}
 	}
-	keys := r.keys("k", true)
+	keys := storeOf(r).keys("k", true)
 	count := func() int64 {
 		n, err := c.Exists(ctx, keys...).Result()
 		if err != nil {
@@ -284,7 +281,7 @@ func TestFixedWindowWaitsForTheNext(t *testing.T) {
 	var b booking
 	for i := range 4 {
 		var err error
-		if b, err = r.reserve(ctx, "k", 1, noBudget); err != nil {
+		if b, err = storeOf(r).reserve(ctx, "k", 1, MaxDelay, 0); err != nil {
 			t.Fatal(err)
 		}
 		if i < 3 && b.delay != 0 {
@@ -306,7 +303,7 @@ func TestQuotaHoldAndFallback(t *testing.T) {
 	if err := r.Hold(ctx, "k", Hold{For: 200 * time.Millisecond, Reason: "test"}); err != nil {
 		t.Fatal(err)
 	}
-	b, err := r.reserve(ctx, "k", 1, noBudget)
+	b, err := storeOf(r).reserve(ctx, "k", 1, MaxDelay, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

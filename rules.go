@@ -57,7 +57,7 @@ type Rules struct {
 type maxCoster interface{ maxCost() int }
 
 func (loc *Local) maxCost() int { return loc.limit.burst }
-func (r *Redis) maxCost() int   { return r.largestCost }
+func (r *Redis) maxCost() int   { return r.costCap }
 
 // NewRules checks rules and returns them, with def last: the rule for
 // requests that no other rule matches (its match fields must be empty). Every

@@ -3,9 +3,11 @@ package pace
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,11 +75,14 @@ func stateClient(t *testing.T, srv *redistest.Server) *redis.Client {
 
 // TestStateRestartedEmpty: Redis restarted empty (its scripts and buckets
 // gone, as after a failover to a fresh replica). It heals: NOSCRIPT is
-// answered with EVAL, and the bucket starts again, full.
+// answered with EVAL, once for each script the limiter then uses, and the
+// bucket starts again, full.
 func TestStateRestartedEmpty(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	c := stateClient(t, srv)
+	evals := &evalCounter{}
+	c.AddHook(evals)
 	log := &eventLog{}
 	r := mustRedis(t, c, PerSecond(1000).WithBurst(5), WithObserver(log.observe), WithCooldown(10*time.Millisecond, 50*time.Millisecond))
 	for range 5 {
@@ -86,41 +91,262 @@ func TestStateRestartedEmpty(t *testing.T) {
 		}
 	}
 	srv.Restart()
+	evals.mu.Lock()
+	evals.bySource = map[string]int{}
+	evals.mu.Unlock()
 	took := waitForRedis(t, r, log, 2*time.Second)
-	calls, err := redistest.CommandStats(ctx, c)
-	if err != nil {
-		t.Fatal(err)
+	evals.mu.Lock()
+	defer evals.mu.Unlock()
+	if len(evals.bySource) == 0 {
+		t.Error("no EVAL after the restart: NOSCRIPT was not answered")
 	}
-	if calls["eval"].Calls != 1 {
-		t.Errorf("commandstats after the restart: %v, want one EVAL (the answer to NOSCRIPT)", calls)
+	for source, n := range evals.bySource {
+		if n != 1 {
+			t.Errorf("%d EVALs of one script after the restart, want one (the answer to NOSCRIPT):\n%s", n, source[len(source)-300:])
+		}
 	}
-	t.Logf("back on Redis %v after the restart", took)
+	t.Logf("back on Redis %v after the restart, with %d scripts loaded again by EVAL", took, len(evals.bySource))
 }
 
-// TestStateForeignData: a foreign value or type at a bucket's key is an
-// error that names the key, returned to that caller alone: it is not an
-// outage, and other keys go on through Redis.
+// evalCounter is a go-redis hook that counts the EVAL calls that reached
+// Redis, by script. (One sent on a connection the restart broke does not.)
+type evalCounter struct {
+	mu       sync.Mutex
+	bySource map[string]int
+}
+
+func (e *evalCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (e *evalCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		var redisErr redis.Error
+		if cmd.Name() == "eval" && (err == nil || errors.As(err, &redisErr)) && e.bySource != nil {
+			e.mu.Lock()
+			e.bySource[fmt.Sprint(cmd.Args()[1])]++
+			e.mu.Unlock()
+		}
+		return err
+	}
+}
+
+func (e *evalCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestStateForeignData: a foreign value or type at a key pace uses, under
+// every kind of limit, is a *KeyError that names the key, returned to that
+// key's callers alone, with or without a deadline: never a grant, never an
+// outage, and the key is left as it was. Other keys go on through Redis.
 func TestStateForeignData(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
 	log := &eventLog{}
-	r := mustRedis(t, c, PerSecond(10), WithObserver(log.observe))
-	c.Set(ctx, r.bucketKey("text"), "not a number", 0)
-	c.LPush(ctx, r.bucketKey("list"), "x")
-	for key, want := range map[string]string{"text": "not a number", "list": "WRONGTYPE"} {
-		err := r.Wait(ctx, key, 1)
-		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), key) {
-			t.Errorf("Wait on key %q holding a foreign value: %v, want an error naming the key and saying %q", key, err, want)
+	quotas := map[string]Quota{
+		"bucket":         PerSecond(10),
+		"sliding window": AllOf{PerSecond(10), Window(5, time.Second)},
+		"fixed window":   AllOf{PerSecond(10), FixedWindow(5, time.Second)},
+	}
+	year2200 := "7258118400000000" // microseconds: a time beyond any wait pace books
+	type foreign struct {
+		write func(key string) error
+		want  string
+	}
+	text := func(v, want string) foreign {
+		return foreign{func(key string) error { return c.Set(ctx, key, v, time.Hour).Err() }, want}
+	}
+	const notWhole, beyond = "not a whole number", "beyond any pace writes"
+	values := map[string]map[string]foreign{
+		"bucket": {
+			"text":          text("not a number", notWhole),
+			"1e300":         text("1e300", beyond),
+			"inf":           text("inf", notWhole),
+			"nan":           text("nan", notWhole),
+			"a fraction":    text("1796000000000000.5", notWhole),
+			"hexadecimal":   text("0x7fffffffffffffff", beyond),
+			"negative":      text("-5", notWhole),
+			"the year 2200": text(year2200, beyond),
+			"the year 3000": text("32503680000000000", beyond),
+			"a list":        {func(key string) error { return c.RPush(ctx, key, "x").Err() }, "holds a list"},
+		},
+		"sliding window": {
+			"the year 2200": {func(key string) error { return c.ZAdd(ctx, key, redis.Z{Score: 7258118400000000, Member: "x"}).Err() }, beyond},
+			"1e300":         {func(key string) error { return c.ZAdd(ctx, key, redis.Z{Score: 1e300, Member: "x"}).Err() }, beyond},
+			"a fraction":    {func(key string) error { return c.ZAdd(ctx, key, redis.Z{Score: 0.5, Member: "x"}).Err() }, notWhole},
+			"a string":      {func(key string) error { return c.Set(ctx, key, "x", time.Hour).Err() }, "holds a string"},
+		},
+		"fixed window": {
+			"a hold in the year 2200": {func(key string) error { return c.HSet(ctx, key, "hold", year2200).Err() }, beyond},
+			"a hold that is text":     {func(key string) error { return c.HSet(ctx, key, "hold", "soon").Err() }, notWhole},
+			"a count that is text": {func(key string) error { // this second's window, and the next (the test may cross into it)
+				w := time.Now().Unix()
+				return c.HSet(ctx, key, strconv.FormatInt(w, 10), "many", strconv.FormatInt(w+1, 10), "many").Err()
+			}, notWhole},
+			"a set": {func(key string) error { return c.SAdd(ctx, key, "x").Err() }, "holds a set"},
+		},
+	}
+	for kind, q := range quotas {
+		r := mustRedis(t, c, q, WithObserver(log.observe))
+		for name, f := range values[kind] {
+			t.Run(kind+"/"+name, func(t *testing.T) {
+				key := kind + "/" + name
+				keys := storeOf(r).keys(key, false)
+				redisKey := keys[len(keys)-1]
+				if err := f.write(redisKey); err != nil {
+					t.Fatal(err)
+				}
+				dump := c.Dump(ctx, redisKey).Val()
+				ttl := c.PTTL(ctx, redisKey).Val()
+				for _, budget := range []time.Duration{0, time.Second} {
+					wctx, cancel := context.WithCancel(ctx)
+					if budget > 0 {
+						wctx, cancel = context.WithTimeout(ctx, budget)
+					}
+					err := promptly(t, func() error { return r.Wait(wctx, key, 1) })
+					cancel()
+					var keyErr *KeyError
+					if !errors.As(err, &keyErr) || keyErr.RedisKey != redisKey || !strings.Contains(err.Error(), f.want) {
+						t.Errorf("Wait (deadline %v): %v, want a *KeyError naming %q that says %q", budget, err, redisKey, f.want)
+					}
+				}
+				if c.Dump(ctx, redisKey).Val() != dump || c.PTTL(ctx, redisKey).Val() > ttl {
+					t.Errorf("the foreign key was changed")
+				}
+			})
 		}
 	}
 	if e, ok := log.last(EventFallback); ok {
-		t.Errorf("a foreign value was taken for an outage: %+v", e)
+		t.Errorf("foreign data was taken for an outage: %+v", e)
 	}
+	r := mustRedis(t, c, PerSecond(10), WithObserver(log.observe))
 	if err := r.Wait(ctx, "good", 1); err != nil {
 		t.Fatal(err)
 	}
 	if e, _ := log.last(EventWait); e.Limiter != "redis" || e.Key != "good" {
 		t.Errorf("the next key was decided by %q, want redis", e.Limiter)
+	}
+}
+
+// TestStateFarFuture: a token a year, the slowest rate, and 320 callers
+// without a deadline, each decided before the next comes: one is granted at
+// once, the next 100 are booked a year apart (MaxDelay is a century), and
+// the rest are refused with a wait that says how long, never a negative
+// one, on Redis as on Local.
+func TestStateFarFuture(t *testing.T) {
+	yearly := Every(365 * 24 * time.Hour)
+	decided := make(chan Event, 1)
+	observe := func(_ context.Context, e Event) {
+		if e.Kind == EventWait || e.Kind == EventRefuse {
+			decided <- e
+		}
+	}
+	for name, lim := range map[string]Limiter{
+		"redis": mustRedis(t, newTestRedis(t), yearly, WithFleetSize(1), WithObserver(observe)),
+		"local": mustLocal(t, yearly, WithObserver(observe)),
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			errs := make(chan error, 320)
+			booked := 0
+			for range 320 {
+				wg.Go(func() { errs <- lim.Wait(ctx, "k", 1) })
+				if e := <-decided; e.Kind == EventWait {
+					booked++
+					if e.Delay < 0 || e.Delay > MaxDelay {
+						t.Errorf("a wait of %v was booked", e.Delay)
+					}
+				}
+			}
+			cancel() // the booked waits end now: only the first had gone
+			wg.Wait()
+			close(errs)
+			var granted, refused int
+			for err := range errs {
+				var de *DeadlineError
+				switch {
+				case err == nil:
+					granted++
+				case errors.As(err, &de):
+					refused++
+					if de.Delay <= MaxDelay || de.Budget != MaxDelay || !strings.Contains(err.Error(), "MaxDelay") {
+						t.Errorf("refusal %v: want a wait beyond MaxDelay", err)
+					}
+				case !errors.Is(err, context.Canceled):
+					t.Errorf("Wait: %v", err)
+				}
+			}
+			t.Logf("%d booked (%d granted at once), %d refused", booked, granted, refused)
+			if granted != 1 || booked != 101 || refused != 219 {
+				t.Errorf("%d booked, %d of them granted at once, %d refused, of 320; want 101 booked (a century of waits), 1 granted at once, 219 refused", booked, granted, refused)
+			}
+		})
+	}
+}
+
+// TestStateFixedWindowBacklog: a fixed window of 1 a second with 100
+// callers books 64 windows ahead; the callers beyond get a *KeyError, which
+// concerns their key alone: it is not an outage.
+func TestStateFixedWindowBacklog(t *testing.T) {
+	log := &eventLog{}
+	r := mustRedis(t, newTestRedis(t), FixedWindow(1, time.Second), WithObserver(log.observe))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var keyErrs atomic.Int32
+	for range 100 {
+		wg.Go(func() {
+			var keyErr *KeyError
+			if err := r.Wait(ctx, "k", 1); errors.As(err, &keyErr) && strings.Contains(err.Error(), "64 windows ahead") {
+				keyErrs.Add(1)
+			}
+		})
+	}
+	for deadline := time.Now().Add(5 * time.Second); keyErrs.Load() < 100-65 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	wg.Wait()
+	if n := keyErrs.Load(); n < 100-65 {
+		t.Errorf("%d callers told the window is booked 64 windows ahead, want the 35 or more beyond 64 (and the first)", n)
+	}
+	if e, ok := log.last(EventFallback); ok {
+		t.Errorf("a key's backlog was taken for an outage: %+v", e)
+	}
+}
+
+// TestStateNoKeyCollides: a key and limit name chosen to meet pace's own
+// keys (the heartbeats of fleet "default", a one-bucket limiter's gaps)
+// cannot: the fleet's heartbeat and the gaps stay what they are, and no
+// outage follows.
+func TestStateNoKeyCollides(t *testing.T) {
+	ctx := context.Background()
+	c := newTestRedis(t)
+	log := &eventLog{}
+	named := mustRedis(t, c, PerSecond(100).Named("default"), WithObserver(log.observe))
+	gaps := mustRedis(t, c, AllOf{PerSecond(100).Named("gaps"), PerHour(1000)}, WithObserver(log.observe))
+	for range 3 {
+		for _, r := range []*Redis{named, gaps} {
+			b, err := storeOf(r).reserve(ctx, "fleet", 1, MaxDelay, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := r.fleet.beat(ctx, r.calls, c.Pipeline(), b.now); err != nil {
+				t.Fatalf("heartbeat beside the key %q: %v", storeOf(r).keys("fleet", false), err)
+			}
+			if err := r.Wait(ctx, "fleet", 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if e, ok := log.last(EventFallback); ok {
+		t.Errorf("a colliding key made an outage: %+v", e)
+	}
+	for _, key := range []string{named.fleet.key, storeOf(named).keys("fleet", true)[1]} {
+		for _, user := range append(storeOf(named).keys("fleet", false), storeOf(gaps).keys("fleet", false)...) {
+			if key == user {
+				t.Errorf("pace's own key %q is also a limit's key", key)
+			}
+		}
 	}
 }
 

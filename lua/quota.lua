@@ -5,10 +5,11 @@
 --           arrival time, TAT), a sliding window's grants (a sorted set of
 --           their times), or a fixed window's counts (a hash, by window)
 -- ARGV[1]   cost: how many units the caller wants
--- ARGV[2]   budget: the longest wait the caller accepts, in microseconds,
---           or -1 for no limit
--- ARGV[3]   the request's id, which names its grants in sliding windows
--- ARGV[3i+1], ARGV[3i+2], ARGV[3i+3]   limit i: its kind (1 bucket,
+-- ARGV[2]   budget: the longest wait the caller accepts, in microseconds
+-- ARGV[3]   not before: the caller cannot go sooner than this many
+--           microseconds from now
+-- ARGV[4]   the request's id, which names its grants in sliding windows
+-- ARGV[3i+2], ARGV[3i+3], ARGV[3i+4]   limit i: its kind (1 bucket,
 --           2 sliding window, 3 fixed window), then a bucket's interval
 --           (microseconds one unit adds to the schedule) and burst, or a
 --           window's length in microseconds and count
@@ -17,12 +18,10 @@
 -- or 0), delay, now, finish_1, ..., finish_n}: the wait, the TIME the
 -- decision used (the request goes at now + delay), and each bucket's TAT
 -- after the booking (0 for windows). reserve.lua is the same for one bucket.
-local clock = redis.call('TIME')
-local now = clock[1] * 1000000 + clock[2]
 local cost = tonumber(ARGV[1])
 local n = #KEYS
 local kinds, as, bs, stored = {}, {}, {}, {}
-local slot = now
+local slot = now + tonumber(ARGV[3])
 
 -- A sliding window leaves a guard between a grant and the one that takes its
 -- place, so that the jitter between a grant and its arrival upstream does
@@ -33,27 +32,21 @@ end
 
 -- Every bucket and sliding window allows any time from a threshold on.
 for i = 1, n do
-  local kind, a, b = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]), tonumber(ARGV[3 * i + 3])
+  local kind, a, b = tonumber(ARGV[3 * i + 2]), tonumber(ARGV[3 * i + 3]), tonumber(ARGV[3 * i + 4])
   kinds[i], as[i], bs[i] = kind, a, b
   if kind == 1 then
-    local v = redis.call('GET', KEYS[i])
-    if v then
-      stored[i] = tonumber(v)
-      if not stored[i] then
-        return redis.error_reply('pace: bucket ' .. KEYS[i] .. ' holds a value that is not a number')
-      end
-    end
+    stored[i] = time(i, read(i, 'GET'))
     local tat = now
     if stored[i] and stored[i] > now then tat = stored[i] end
     local allow = tat + cost * a - b * a
     if allow > slot then slot = allow end
   elseif kind == 2 then
-    local latest = redis.call('ZREVRANGE', KEYS[i], 0, 0, 'WITHSCORES')[2]
-    if latest and tonumber(latest) > slot then slot = tonumber(latest) end
-    local nth = redis.call('ZREVRANGE', KEYS[i], b - cost, b - cost, 'WITHSCORES')[2]
-    if nth and tonumber(nth) + a + guard(a) > slot then slot = tonumber(nth) + a + guard(a) end
+    local latest = time(i, read(i, 'ZREVRANGE', 0, 0, 'WITHSCORES')[2])
+    if latest and latest > slot then slot = latest end
+    local nth = time(i, redis.call('ZREVRANGE', KEYS[i], b - cost, b - cost, 'WITHSCORES')[2])
+    if nth and nth + a + guard(a) > slot then slot = nth + a + guard(a) end
   else
-    local hold = tonumber(redis.call('HGET', KEYS[i], 'hold'))
+    local hold = time(i, read(i, 'HGET', 'hold'))
     if hold and hold > slot then slot = hold end
   end
 end
@@ -69,7 +62,7 @@ while moved do
       local w = (slot - slot % as[i]) / as[i]
       local room = false
       for _ = 1, 64 do
-        local used = tonumber(redis.call('HGET', KEYS[i], string.format('%d', w))) or 0
+        local used = number(i, redis.call('HGET', KEYS[i], string.format('%d', w)), 2^53) or 0
         if used + cost <= bs[i] then
           room = true
           break
@@ -77,7 +70,7 @@ while moved do
         w = w + 1
       end
       if not room then
-        return redis.error_reply('pace: fixed window ' .. KEYS[i] .. ' is booked more than 64 windows ahead')
+        foreign(i, 'is booked more than 64 windows ahead')
       end
       if w * as[i] > slot then
         slot = w * as[i]
@@ -98,8 +91,7 @@ for i = 1, n do
     reply[3 + i] = base + cost * as[i]
   end
 end
-local budget = tonumber(ARGV[2])
-if budget >= 0 and slot - now > budget then
+if slot - now > tonumber(ARGV[2]) then
   return reply
 end
 
@@ -108,23 +100,21 @@ for i = 1, n do
   local a = as[i]
   if kinds[i] == 1 then
     local finish = reply[3 + i]
-    -- The key expires at the end of the second in which the bucket is full
-    -- again. While the TAT stays within one second the expiry stands, and
-    -- KEEPTTL spares Redis the cost of setting it anew on every booking.
+    -- KEEPTTL while the TAT stays within one second, as in reserve.lua.
     local second = finish - finish % 1000000
     if stored[i] and stored[i] - stored[i] % 1000000 == second then
       redis.call('SET', KEYS[i], string.format('%d', finish), 'KEEPTTL')
     else
-      redis.call('SET', KEYS[i], string.format('%d', finish), 'PXAT', second / 1000 + 1000)
+      redis.call('SET', KEYS[i], string.format('%d', finish), 'PXAT', full_expiry(finish))
     end
   elseif kinds[i] == 2 then
     for j = 1, cost do
-      redis.call('ZADD', KEYS[i], slot, ARGV[3] .. ':' .. j)
+      redis.call('ZADD', KEYS[i], slot, ARGV[4] .. ':' .. j)
     end
     -- Only the last count grants matter, and none older than a window.
     redis.call('ZREMRANGEBYRANK', KEYS[i], 0, -bs[i] - 1)
     redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - a - guard(a))
-    redis.call('PEXPIREAT', KEYS[i], (slot + a + guard(a) - (slot + a + guard(a)) % 1000) / 1000 + 1)
+    redis.call('PEXPIREAT', KEYS[i], ms_expiry(slot + a + guard(a)))
   else
     local w = windows[i]
     redis.call('HINCRBY', KEYS[i], string.format('%d', w), cost)
@@ -132,7 +122,7 @@ for i = 1, n do
     redis.call('HDEL', KEYS[i], string.format('%d', current - 1), string.format('%d', current - 2))
     -- The counts expire with the last window booked: never a key without
     -- an expiry, never one cut short.
-    local expiry = ((w + 1) * a - ((w + 1) * a) % 1000) / 1000 + 1
+    local expiry = ms_expiry((w + 1) * a)
     if redis.call('PEXPIRETIME', KEYS[i]) < expiry then
       redis.call('PEXPIREAT', KEYS[i], expiry)
     end

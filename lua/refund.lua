@@ -20,33 +20,29 @@
 -- went back, 2 when the booking was kept as a gap, 0 when there was nothing
 -- to give back (its time has passed, or the bucket is no longer the one it
 -- was booked in); for a window, 1 when the booking was taken out, else 0.
-local clock = redis.call('TIME')
-local now = clock[1] * 1000000 + clock[2]
 local cost = tonumber(ARGV[2])
 local slot = tonumber(ARGV[3])
+local n = #KEYS / 2
 
-local function refund_bucket(key, gaps, finish, size)
-  local tat = tonumber(redis.call('GET', key))
+local function refund_bucket(key, gaps, tat, finish, size)
   if not tat or finish <= now or finish > tat then
     return 0
   end
   if finish < tat then
     redis.call('ZADD', gaps, finish, string.format('%d:%d', finish, size))
-    redis.call('PEXPIREAT', gaps, (tat - tat % 1000000) / 1000 + 1000)
+    redis.call('PEXPIREAT', gaps, full_expiry(tat))
     return 2
   end
   tat = finish - size
   while true do
     local top = redis.call('ZRANGE', gaps, -1, -1)[1]
-    if not top then break end
-    local gap_finish, gap_size = string.match(top, '^(%d+):(%d+)$')
+    local gap_finish, gap_size = string.match(top or '', '^(%d+):(%d+)$')
     if tonumber(gap_finish) ~= tat then break end
     tat = tat - tonumber(gap_size)
     redis.call('ZREM', gaps, top)
   end
   if tat > now then
-    -- the same expiry as reserve.lua gives: the end of the TAT's second
-    redis.call('SET', key, string.format('%d', tat), 'PXAT', (tat - tat % 1000000) / 1000 + 1000)
+    redis.call('SET', key, string.format('%d', tat), 'PXAT', full_expiry(tat))
     redis.call('ZREMRANGEBYSCORE', gaps, '-inf', now)
   else
     redis.call('DEL', key, gaps)
@@ -54,23 +50,37 @@ local function refund_bucket(key, gaps, finish, size)
   return 1
 end
 
+-- Read and check every key before writing any: each bucket's TAT, and
+-- the count of a fixed window's booked window while it is still ahead.
+local kinds, tats, fields, used = {}, {}, {}, {}
+for i = 1, n do
+  local kind, a = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
+  kinds[i] = kind
+  if kind == 1 then
+    tats[i] = time(2 * i - 1, read(2 * i - 1, 'GET'))
+    read(2 * i, 'ZCARD')
+  elseif kind == 2 then
+    read(2 * i - 1, 'ZCARD')
+  elseif slot > now then
+    fields[i] = string.format('%d', (slot - slot % a) / a)
+    used[i] = number(2 * i - 1, read(2 * i - 1, 'HGET', fields[i]), 2^53)
+  end
+end
+
 local reply = {now}
-for i = 1, #KEYS / 2 do
-  local kind, a, finish = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]), tonumber(ARGV[3 * i + 3])
+for i = 1, n do
+  local a, finish = tonumber(ARGV[3 * i + 2]), tonumber(ARGV[3 * i + 3])
   local key = KEYS[2 * i - 1]
   local result = 0
-  if kind == 1 then
-    result = refund_bucket(key, KEYS[2 * i], finish, cost * a)
-  elseif kind == 2 then
+  if kinds[i] == 1 then
+    result = refund_bucket(key, KEYS[2 * i], tats[i], finish, cost * a)
+  elseif kinds[i] == 2 then
     for j = 1, cost do
       result = math.max(result, redis.call('ZREM', key, ARGV[1] .. ':' .. j))
     end
-  elseif slot > now then
-    local field = string.format('%d', (slot - slot % a) / a)
-    if redis.call('HEXISTS', key, field) == 1 then
-      redis.call('HINCRBY', key, field, -cost)
-      result = 1
-    end
+  elseif used[i] then
+    redis.call('HINCRBY', key, fields[i], -math.min(cost, used[i]))
+    result = 1
   end
   reply[i + 1] = result
 end

@@ -1,0 +1,278 @@
+package pace
+
+import (
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A FailurePolicy says what a Redis limiter does while Redis fails.
+type FailurePolicy uint8
+
+const (
+	// FallbackLocal paces each key in this process at its share of the
+	// limit: the rate and burst divided by the fleet's size. It is the default.
+	FallbackLocal FailurePolicy = iota
+	// FailOpen lets every request through at once, unpaced.
+	FailOpen
+	// FailClosed fails every request with an error that wraps ErrUnavailable.
+	FailClosed
+)
+
+// String returns the policy's name, such as "FallbackLocal".
+func (p FailurePolicy) String() string {
+	switch p {
+	case FallbackLocal:
+		return "FallbackLocal"
+	case FailOpen:
+		return "FailOpen"
+	case FailClosed:
+		return "FailClosed"
+	}
+	return fmt.Sprintf("FailurePolicy(%d)", uint8(p))
+}
+
+// ErrUnavailable is wrapped by the errors of a FailClosed limiter while Redis
+// fails.
+var ErrUnavailable = errors.New("pace: Redis unavailable")
+
+// failover decides, for one Redis limiter, who decides each request, and
+// keeps everything an outage needs. Its modes:
+//
+//   - shared: Redis decides. The failover notes, per key, how far ahead
+//     Redis has booked it (slotTable).
+//   - outage: a Redis call failed. Requests are decided by the policy, under
+//     FallbackLocal by the outage's local limiter: this process's share of
+//     the limit, each key's bucket empty from the outage's start or, for a
+//     key booked ahead, from the end of its schedule. Redis is left alone for a
+//     cool-down that doubles (with jitter) after each failed probe, up to a
+//     cap; then one request at a time probes it.
+//   - returning: a probe succeeded. Until every other process of the fleet
+//     can have probed too (settle), the outage's local limiter decides each
+//     request first, and Redis books it for the time it will go: so the
+//     processes back on Redis and those still away do not both spend the
+//     whole limit. A Redis answer that arrives once an outage has begun is
+//     booked on the outage's local limiter too, at its slot.
+//
+// Time enters as a parameter of every method. A failover is safe for
+// concurrent use.
+type failover struct {
+	policy                   FailurePolicy
+	minCooldown, maxCooldown time.Duration
+	settle                   time.Duration
+	// newLocal returns the local limiter of an outage that begins at since:
+	// each key's bucket empty at since, or at its time in floors if later.
+	newLocal func(since time.Time, floors map[string]time.Time) *Local
+
+	current atomic.Uint32 // the mode, read without the lock on every request
+
+	mu       sync.Mutex
+	failures int       // in a row
+	since    time.Time // when the outage began
+	retryAt  time.Time // when the next probe may go
+	settled  time.Time // when returning ends
+	probing  bool      // a probe is under way
+	cause    error     // the last failure
+	local    *Local    // the outage's local limiter, from the outage to the end of returning
+	slots    slotTable
+}
+
+type mode uint32
+
+const (
+	shared mode = iota
+	outage
+	returning
+)
+
+// route says how a request is decided: by Redis, by Redis as the probe, or
+// without Redis.
+type route uint8
+
+const (
+	viaRedis route = iota
+	viaProbe
+	withoutRedis
+)
+
+func (f *failover) mode() mode { return mode(f.current.Load()) }
+
+// route says how a request that begins at now is decided. It also returns
+// the outage's local limiter (nil unless the policy is FallbackLocal):
+// without Redis, it decides; while returning, it decides first, and Redis
+// books the request for the time it will go. Without Redis, it returns the
+// failure that began the outage too.
+func (f *failover) route(now time.Time) (route, *Local, error) {
+	if f.mode() == shared {
+		return viaRedis, nil, nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case f.mode() == returning && !now.Before(f.settled):
+		f.current.Store(uint32(shared))
+		f.local = nil
+		return viaRedis, nil, nil
+	case f.mode() != outage:
+		return viaRedis, f.local, nil
+	case f.probing || now.Before(f.retryAt):
+		return withoutRedis, f.local, f.cause
+	}
+	f.probing = true
+	return viaProbe, nil, nil
+}
+
+// granted notes that Redis gave key the slot (by this process's clock, at
+// or after now). Unless a local limiter decided the request first (decided),
+// it returns the local limiter that must book the grant too: none in shared
+// mode; else the outage's: for the probe, and for an answer that arrives once
+// an outage has begun.
+func (f *failover) granted(key string, slot, now time.Time, decided bool) *Local {
+	f.slots.note(key, slot, slot.Sub(now), now)
+	if decided || f.mode() == shared {
+		return nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.local
+}
+
+// held notes that key is held until the given time, by this process's
+// clock: an outage's local pacing of the key begins after it.
+func (f *failover) held(key string, until, now time.Time) { f.slots.note(key, until, 0, now) }
+
+// fail records a Redis call that failed at now, and returns whether it
+// began an outage, and the outage's local limiter (nil unless the policy
+// is FallbackLocal). probe says the call was the probe.
+func (f *failover) fail(now time.Time, probe bool, err error) (began bool, local *Local) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if probe {
+		f.probing = false
+	}
+	f.cause = err
+	f.failures++
+	cooldown := f.minCooldown << min(f.failures-1, 30)
+	if cooldown > f.maxCooldown || cooldown <= 0 {
+		cooldown = f.maxCooldown
+	}
+	f.retryAt = now.Add(min(time.Duration(float64(cooldown)*(0.8+0.4*rand.Float64())), f.maxCooldown))
+	if f.mode() == outage {
+		return false, f.local
+	}
+	// Each outage, also one that begins while returning from the last, has
+	// a limiter of its own, at the share of the fleet's size now.
+	f.since, f.local = now, nil
+	if f.policy == FallbackLocal {
+		f.local = f.newLocal(now, f.slots.floors(now))
+	}
+	f.current.Store(uint32(outage))
+	return true, f.local
+}
+
+// recover records the probe that succeeded at now and returns how long
+// Redis was away.
+func (f *failover) recover(now time.Time) time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.failures, f.probing, f.cause = 0, false, nil
+	f.settled = now.Add(f.settle)
+	next := returning
+	if f.local == nil {
+		next = shared // nothing to gate: the policy paced no one
+	}
+	f.current.Store(uint32(next))
+	return now.Sub(f.since)
+}
+
+// down reports whether Redis is taken to be away (an outage), and returns
+// the outage's local limiter.
+func (f *failover) down() (bool, *Local) {
+	if f.mode() != outage {
+		return false, nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.mode() == outage, f.local
+}
+
+// slotTable keeps, for each key, how far this process knows the shared
+// schedule of the key to reach (by this process's clock): the last slot
+// Redis gave it, or the end of a hold; and how far ahead of the reply that
+// slot lay, the schedule's lead. An outage's local pacing of the key begins
+// after the schedule: after its known end, and, since the rest of the fleet
+// kept booking after this process last heard, no sooner than the lead after
+// the outage began. Entries whose end has passed are swept once a second,
+// so the table holds only keys booked ahead.
+type slotTable struct {
+	seed   maphash.Seed
+	once   sync.Once
+	shards [slotShards]slotShard
+}
+
+// slotShards spreads keys over independent locks, as Local's shards do.
+const slotShards = 32
+
+type slotShard struct {
+	mu        sync.Mutex
+	slots     map[string]schedule
+	nextSweep time.Time
+}
+
+// schedule is what a process knows of a key's shared schedule.
+type schedule struct {
+	end  time.Time     // it reaches at least this far
+	lead time.Duration // how far ahead of now it reached when last heard of
+}
+
+// note records that key's schedule reaches to end, which lay lead ahead
+// when heard of (0 for a hold, whose end nobody extends); an end that is not
+// ahead of now is no news.
+func (t *slotTable) note(key string, end time.Time, lead time.Duration, now time.Time) {
+	if !end.After(now) {
+		return
+	}
+	t.once.Do(func() { t.seed = maphash.MakeSeed() })
+	s := &t.shards[maphash.String(t.seed, key)%slotShards]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !now.Before(s.nextSweep) {
+		for k, sc := range s.slots {
+			if !sc.end.After(now) {
+				delete(s.slots, k)
+			}
+		}
+		s.nextSweep = now.Add(time.Second)
+	}
+	if s.slots == nil {
+		s.slots = make(map[string]schedule)
+	}
+	sc := s.slots[key]
+	sc.end = latest(sc.end, end)
+	if lead > 0 {
+		sc.lead = lead
+	}
+	s.slots[key] = sc
+}
+
+// floors returns, for an outage that begins at since, when each key booked
+// ahead may begin its local pacing: after its schedule's known end, and no
+// sooner than its lead after since.
+func (t *slotTable) floors(since time.Time) map[string]time.Time {
+	floors := make(map[string]time.Time)
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		for k, sc := range s.slots {
+			if sc.end.After(since) {
+				floors[k] = latest(sc.end, since.Add(sc.lead))
+			}
+		}
+		s.mu.Unlock()
+	}
+	return floors
+}

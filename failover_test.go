@@ -1,0 +1,358 @@
+package pace
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// The failover's table tests: a Redis limiter on a fake clock, over a fake
+// store that keeps the model of the reserve and refund scripts and can be
+// made to fail. Nothing sleeps; each row takes well under 100 ms. The
+// wall-clock fault tests against a real redis-server (fault_test.go,
+// transitions_test.go) are the end-to-end proof.
+
+// fakeStore stands in for Redis: one token bucket per key, kept by the
+// model of reserve.lua and refund.lua, on the test's clock.
+type fakeStore struct {
+	clock           *fakeClock
+	interval, burst int64
+	model           *bucketModel
+	holds           map[string]int64 // key → when its hold ends, in microseconds
+	down            error            // when set, every call fails with it
+	during          func()           // when set, runs once inside the next reserve, as another goroutine's failure would
+	reserves        int
+	refunds         int
+}
+
+func newFakeStore(clock *fakeClock, l Limit) *fakeStore {
+	return &fakeStore{clock: clock, interval: l.intervalMicros(), burst: int64(l.burst), model: newBucketModel(), holds: map[string]int64{}}
+}
+
+func (s *fakeStore) reserve(_ context.Context, key string, cost int, budget, notBefore time.Duration) (booking, error) {
+	s.reserves++
+	if f := s.during; f != nil {
+		s.during = nil
+		f()
+	}
+	if s.down != nil {
+		return booking{}, s.down
+	}
+	now := s.clock.Now().UnixMicro()
+	granted, delay, finish := s.model.reserve(key, s.interval, s.burst, int64(cost), budget.Microseconds(), notBefore.Microseconds(), now)
+	b := booking{granted: granted, delay: microseconds(delay), now: now, cost: cost}
+	b.finishes[0] = finish
+	return b, nil
+}
+
+func (s *fakeStore) refund(_ context.Context, key string, b booking) ([maxLimits]refundResult, int64, error) {
+	var results [maxLimits]refundResult
+	if s.down != nil {
+		return results, 0, s.down
+	}
+	s.refunds++
+	now := s.clock.Now().UnixMicro()
+	results[0] = s.model.refund(key, b.finishes[0], int64(b.cost)*s.interval, now)
+	return results, now, nil
+}
+
+func (s *fakeStore) hold(_ context.Context, key string, d time.Duration, _ string) (bool, int64, error) {
+	if s.down != nil {
+		return false, 0, s.down
+	}
+	end := s.clock.Now().UnixMicro() + d.Microseconds()
+	s.model.tat[key] = max(s.model.tat[key], end+(s.burst-1)*s.interval)
+	s.holds[key] = end
+	return true, end, nil
+}
+
+func (s *fakeStore) heldUntil(_ context.Context, key string) (int64, error) {
+	if s.down != nil {
+		return 0, s.down
+	}
+	return s.holds[key], nil
+}
+
+// failoverTest is one row's limiter, store and clock.
+type failoverTest struct {
+	t     *testing.T
+	clock *fakeClock
+	store *fakeStore
+	r     *Redis
+	log   *eventLog
+}
+
+var errConnRefused = errors.New("dial tcp 127.0.0.1:6379: connect: connection refused")
+
+// newFailoverTest returns a Redis limiter of l on a fake clock and a fake
+// store, with the default options but a pinned fleet size. The clock starts
+// a day ahead of the real one, so that the contexts of deadlines set on it
+// have not ended.
+func newFailoverTest(t *testing.T, l Limit, fleetSize int) *failoverTest {
+	clock := &fakeClock{now: time.Now().Add(24 * time.Hour)}
+	log := &eventLog{}
+	r, err := newRedis(l, clock.Now, WithFleetSize(fleetSize), WithObserver(log.observe))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := newFakeStore(clock, l)
+	r.store = store
+	return &failoverTest{t: t, clock: clock, store: store, r: r, log: log}
+}
+
+// decide decides one request for key, whose caller may wait budget (0:
+// no deadline), without sleeping.
+func (f *failoverTest) decide(key string, budget time.Duration) (ticket, error) {
+	ctx := context.Background()
+	if budget > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, f.clock.Now().Add(budget))
+		defer cancel()
+	}
+	return f.r.decide(ctx, key, 1, f.clock.Now())
+}
+
+// grant decides a request that must be granted, and returns its ticket.
+func (f *failoverTest) grant(key string, budget time.Duration) ticket {
+	f.t.Helper()
+	tk, err := f.decide(key, budget)
+	if err != nil {
+		f.t.Fatalf("%s: %v", key, err)
+	}
+	return tk
+}
+
+// fail makes Redis fail, and decides one request, which the outage then
+// decides.
+func (f *failoverTest) fail() ticket {
+	f.t.Helper()
+	f.store.down = errConnRefused
+	tk := f.grant("trigger", 0)
+	if tk.limiter != "local" {
+		f.t.Fatalf("the request that met the failure was decided by %q, want local", tk.limiter)
+	}
+	return tk
+}
+
+// recover brings Redis back, moves past the longest cool-down and makes the
+// probe, which must succeed.
+func (f *failoverTest) recover() {
+	f.t.Helper()
+	f.store.down = nil
+	f.clock.Advance(DefaultMaxCooldown)
+	if tk := f.grant("probe", 0); tk.limiter != "redis" {
+		f.t.Fatalf("the probe was decided by %q, want redis", tk.limiter)
+	}
+	if _, ok := f.log.last(EventRecover); !ok {
+		f.t.Fatal("no EventRecover after the probe")
+	}
+}
+
+// checkDelay fails the row unless d is within [lo, hi].
+func (f *failoverTest) checkDelay(what string, d, lo, hi time.Duration) {
+	f.t.Helper()
+	if d < lo || d > hi {
+		f.t.Errorf("%s: delay %v, want %v to %v", what, d, lo, hi)
+	}
+}
+
+func TestFailover(t *testing.T) {
+	// Most rows pace 10/s burst 1 in a fleet of 1: an outage's buckets start
+	// empty, so its first local grant of a key waits 100 ms.
+	tenPerSecond := PerSecond(10).WithBurst(1)
+	// The others pace 100/s burst 10 in a fleet of 2: the outage's share is
+	// 50/s burst 5.
+	hundredPerSecond := PerSecond(100).WithBurst(10)
+	for _, row := range []struct {
+		name  string
+		limit Limit
+		fleet int
+		run   func(f *failoverTest)
+	}{
+		{"slots booked ahead when an outage begins delay their key alone", tenPerSecond, 1, func(f *failoverTest) {
+			for range 30 { // "hot" booked 2.9 s ahead at 10/s
+				f.grant("hot", 0)
+			}
+			f.fail()
+			tk := f.grant("cold", 5*time.Second)
+			f.checkDelay("a key never used, during the outage", tk.delay, 100*time.Millisecond, 100*time.Millisecond)
+			tk = f.grant("hot", 0)
+			f.checkDelay("the booked key, during the outage", tk.delay, 3*time.Second, 3*time.Second)
+		}},
+		{"a held key beside a free key", tenPerSecond, 1, func(f *failoverTest) {
+			if err := f.r.Hold(context.Background(), "held", Hold{For: 5 * time.Second, Reason: "test"}); err != nil {
+				f.t.Fatal(err)
+			}
+			f.grant("held", 0) // one caller booked after the hold
+			f.fail()
+			f.checkDelay("the free key", f.grant("free", time.Second).delay, 100*time.Millisecond, 100*time.Millisecond)
+			f.checkDelay("the held key", f.grant("held", 0).delay, 5100*time.Millisecond, 5100*time.Millisecond)
+		}},
+		{"a failed probe doubles the cool-down and leaves Redis alone meanwhile", tenPerSecond, 1, func(f *failoverTest) {
+			f.fail()
+			f.clock.Advance(DefaultMinCooldown * 12 / 10) // past the first cool-down, whatever its jitter
+			calls := f.store.reserves
+			if tk := f.grant("k", 0); tk.limiter != "local" || f.store.reserves != calls+1 {
+				f.t.Fatalf("after the cool-down: %q decided with %d calls, want the probe's one call, then local", tk.limiter, f.store.reserves-calls)
+			}
+			if _, ok := f.log.last(EventProbe); !ok {
+				f.t.Error("no EventProbe for the failed probe")
+			}
+			f.clock.Advance(DefaultMinCooldown * 12 / 10) // not past the second, at least 160 ms
+			f.grant("k", 0)
+			if f.store.reserves != calls+1 {
+				f.t.Errorf("Redis was asked again %v after a failed probe, within the doubled cool-down", DefaultMinCooldown*12/10)
+			}
+		}},
+		{"a probe that succeeds while others are away keeps the outage's share until settled", hundredPerSecond, 2, func(f *failoverTest) {
+			// Redis alone would give 10 at once, then 100/s; the share, 5 at once, then 50/s.
+			f.fail()
+			f.recover()
+			var last time.Duration
+			for i := range 15 {
+				tk := f.grant("k", 0)
+				if tk.local == nil {
+					f.t.Fatalf("grant %d while returning passed no gate", i)
+				}
+				last = tk.delay
+			}
+			f.checkDelay("the 15th grant while returning (share 50/s, its bucket full)", last, 200*time.Millisecond, 200*time.Millisecond)
+			f.clock.Advance(settleTime(f.r.config))
+			tk := f.grant("k2", 0)
+			if tk.local != nil || f.r.failover.mode() != shared {
+				f.t.Errorf("after the settle time: gate %v, mode %v; want none, shared", tk.local != nil, f.r.failover.mode())
+			}
+		}},
+		{"while returning a cold key passes at once, and a key the share refuses is charged nothing", hundredPerSecond, 2, func(f *failoverTest) {
+			f.fail()
+			for range 150 { // "hot" booked 3 s ahead locally
+				f.grant("hot", 0)
+			}
+			f.recover() // 2 s later
+			if tk := f.grant("cold", 50*time.Millisecond); tk.delay != 0 {
+				f.t.Errorf("a cold key while returning waited %v, want 0", tk.delay)
+			}
+			schedule := func() int64 { return max(f.store.model.tat["hot"], f.clock.Now().UnixMicro()) }
+			before, calls := schedule(), f.store.reserves
+			_, err := f.decide("hot", 100*time.Millisecond)
+			var de *DeadlineError
+			if !errors.As(err, &de) {
+				f.t.Fatalf("the hot key under a deadline of 100ms while returning: %v, want a *DeadlineError", err)
+			}
+			if schedule() != before || f.store.reserves != calls {
+				f.t.Errorf("the refused wait left Redis's schedule at %d (was %d), after %d calls: it was charged", schedule(), before, f.store.reserves-calls)
+			}
+			if tk := f.grant("hot", 0); tk.limiter != "redis" || tk.booking.delay != tk.delay || tk.delay < time.Second {
+				f.t.Errorf("the hot key without a deadline: %q, local delay %v, Redis's %v; want Redis to book it for its local slot, over a second ahead", tk.limiter, tk.delay, tk.booking.delay)
+			}
+		}},
+		{"an answer that arrives after the outage began is counted locally too", tenPerSecond, 1, func(f *failoverTest) {
+			f.store.during = func() { f.r.failed(context.Background(), "other", 1, false, errConnRefused) }
+			tk := f.grant("k", 0)
+			if tk.limiter != "redis" || tk.local == nil {
+				f.t.Fatalf("the late answer: decided by %q, gate %v; want redis, gated by the outage's limiter", tk.limiter, tk.local != nil)
+			}
+			// share 10/s burst 1 (fleet of 1), empty at the outage: the late grant takes 100 ms, the next local one 200 ms.
+			f.checkDelay("the late grant", tk.delay, 100*time.Millisecond, 100*time.Millisecond)
+			f.checkDelay("the next local grant", f.grant("k", 0).delay, 200*time.Millisecond, 200*time.Millisecond)
+		}},
+		{"cancel during an outage gives the local tokens back and keeps the Redis booking", tenPerSecond, 1, func(f *failoverTest) {
+			booked := f.grant("k", 0) // Redis: bucket of 1, now empty
+			f.fail()
+			first := f.grant("k", 0)
+			err := f.r.giveBack(context.Background(), "k", 1, first, context.Canceled)
+			if !errors.Is(err, context.Canceled) {
+				f.t.Fatalf("giveBack: %v", err)
+			}
+			f.checkDelay("after the cancel, the next local grant", f.grant("k", 0).delay, first.delay, first.delay)
+			err = f.r.giveBack(context.Background(), "k", 1, booked, context.Canceled)
+			if !errors.Is(err, errNotGivenBack) || f.store.refunds != 0 {
+				f.t.Errorf("a Redis booking cancelled during the outage: %v, %d refunds; want it kept, and said so", err, f.store.refunds)
+			}
+		}},
+		{"hold during an outage holds its key alone", tenPerSecond, 1, func(f *failoverTest) {
+			f.fail()
+			if err := f.r.Hold(context.Background(), "held", Hold{For: 2 * time.Second, Reason: "test"}); err != nil {
+				f.t.Fatal(err)
+			}
+			f.checkDelay("the held key", f.grant("held", 0).delay, 2*time.Second, 2*time.Second)
+			f.checkDelay("another key", f.grant("free", 0).delay, 100*time.Millisecond, 100*time.Millisecond)
+		}},
+		{"a failure while returning begins a new outage after what Redis booked", hundredPerSecond, 2, func(f *failoverTest) {
+			f.fail()
+			f.recover()
+			var last ticket
+			for range 15 { // booked 200 ms ahead by the share, in Redis too
+				last = f.grant("k", 0)
+			}
+			f.fail()
+			tk := f.grant("k", 0)
+			if tk.local == last.local || tk.limiter != "local" {
+				f.t.Error("an outage that began while returning kept the last outage's limiter, and its share of the fleet's size then")
+			}
+			f.checkDelay("the next grant of the new outage", tk.delay, last.delay+20*time.Millisecond, last.delay+20*time.Millisecond)
+		}},
+		{"one request while returning is one EventWait", hundredPerSecond, 2, func(f *failoverTest) {
+			f.fail()
+			f.recover()
+			f.log.events = nil
+			if err := f.r.Wait(context.Background(), "cold", 1); err != nil {
+				f.t.Fatal(err)
+			}
+			waits := 0
+			for _, e := range f.log.events {
+				if e.Kind == EventWait {
+					waits++
+				}
+			}
+			if waits != 1 {
+				f.t.Errorf("%d EventWait for one request", waits)
+			}
+		}},
+	} {
+		t.Run(row.name, func(t *testing.T) { row.run(newFailoverTest(t, row.limit, row.fleet)) })
+	}
+}
+
+// TestFailoverCooldowns: the cool-down doubles with each failed probe, with
+// jitter of ±20%, up to the cap; one probe goes at a time; a successful
+// probe brings Redis back.
+func TestFailoverCooldowns(t *testing.T) {
+	f := failover{minCooldown: 100 * time.Millisecond, maxCooldown: time.Second, policy: FailClosed}
+	now := time.Unix(1_700_000_000, 0)
+	if r, _, _ := f.route(now); r != viaRedis {
+		t.Fatalf("a new failover routes %v, want viaRedis", r)
+	}
+	if began, _ := f.fail(now, false, errConnRefused); !began {
+		t.Fatal("the first failure did not begin an outage")
+	}
+	for i, want := range []time.Duration{100, 200, 400, 800, 1000, 1000} {
+		want *= time.Millisecond
+		cooldown := f.retryAt.Sub(now)
+		if cooldown < want*8/10 || cooldown > min(want*12/10, time.Second) {
+			t.Fatalf("cool-down %d = %v, want %v ± 20%%, at most 1s", i, cooldown, want)
+		}
+		if r, _, cause := f.route(now.Add(cooldown - time.Millisecond)); r != withoutRedis || cause != errConnRefused {
+			t.Fatalf("during cool-down %d: route %v (cause %v), want withoutRedis for %v", i, r, cause, errConnRefused)
+		}
+		now = now.Add(cooldown)
+		if r, _, _ := f.route(now); r != viaProbe {
+			t.Fatalf("after cool-down %d: route %v, want viaProbe", i, r)
+		}
+		if r, _, _ := f.route(now); r != withoutRedis {
+			t.Fatalf("during the probe: route %v, want withoutRedis (one probe at a time)", r)
+		}
+		if began, _ := f.fail(now, true, errConnRefused); began {
+			t.Fatal("a failed probe began a new outage")
+		}
+	}
+	now = f.retryAt
+	f.route(now) // the probe
+	if outage := f.recover(now); outage <= 0 {
+		t.Errorf("recover reported an outage of %v", outage)
+	}
+	if r, _, _ := f.route(now); r != viaRedis || f.mode() != shared {
+		t.Errorf("after recovery under FailClosed: route %v, mode %v; want viaRedis, shared (nothing to gate)", r, f.mode())
+	}
+}

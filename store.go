@@ -1,0 +1,301 @@
+package pace
+
+import (
+	"cmp"
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// store runs pace's scripts on Redis for one quota: it names the keys,
+// passes the arguments and reads the replies. It has no breaker and no
+// observer. Every error it returns is either a *KeyError, about one key's
+// data, or a failure of Redis, which the limiter's failover handles.
+type store struct {
+	calls      *caller
+	prefix     string
+	limits     []Limit
+	suffixes   []string // each limit's key is prefix{key} and its suffix
+	limitArgs  []any    // each limit's kind, interval or length, and burst or count, boxed once
+	oneBucket  bool     // the quota is one bucket: reserve.lua, not quota.lua
+	sliding    bool     // some limit is a sliding window, whose grants need ids
+	member     string   // names this process's grants in sliding windows
+	requestIDs atomic.Uint64
+}
+
+// A KeyError reports that what Redis holds for one key is not what pace
+// wrote there (a value of another type or form, or a time further ahead than
+// any pace books), or a fixed window booked more than 64 windows ahead. It
+// concerns that key alone: Redis is not failing, and other keys go on.
+// Deleting the Redis key, or letting it expire, heals it.
+type KeyError struct {
+	Key      string // the key, as the caller named it
+	RedisKey string // the Redis key at fault
+	Problem  string // what is wrong there
+}
+
+// Error names the key, the Redis key and the problem.
+func (e *KeyError) Error() string {
+	return fmt.Sprintf("pace: key %s: Redis key %s %s", quoteKey(e.Key), quoteKey(e.RedisKey), e.Problem)
+}
+
+// isOutage tells a failure of Redis, which the failure policy handles, from
+// an error about one key's data, which the caller gets as it is: another
+// Redis would not help.
+func isOutage(err error) bool {
+	if err == nil {
+		return false
+	}
+	var keyErr *KeyError
+	return !errors.As(err, &keyErr)
+}
+
+// keyErrorMarker starts the error a script raises about one key's data (see
+// lua/common.lua), followed by the index of the key in KEYS.
+const keyErrorMarker = "PACEKEY "
+
+// Keys a user can name never contain reservedInNames after the hash tag;
+// the keys pace keeps for itself (gaps, holds, heartbeats) always do. So no
+// key or limit name can reach them.
+const (
+	reservedInNames = "{}#"
+	gapsSuffix      = "#gaps"
+	holdSuffix      = "#hold"
+)
+
+// horizon is the furthest ahead of Redis's clock that a time pace writes
+// can lie: the longest wait it books and the longest refill. The scripts
+// take anything further for foreign data.
+const horizon = MaxDelay + maxRefill
+
+var (
+	//go:embed lua/common.lua
+	commonSource string
+	//go:embed lua/reserve.lua
+	reserveSource string
+	//go:embed lua/quota.lua
+	quotaSource string
+	//go:embed lua/refund.lua
+	refundSource string
+	//go:embed lua/hold.lua
+	holdSource string
+	//go:embed lua/held.lua
+	heldSource string
+
+	reserveScript = newScript(reserveSource)
+	quotaScript   = newScript(quotaSource)
+	refundScript  = newScript(refundSource)
+	holdScript    = newScript(holdSource)
+	heldScript    = newScript(heldSource)
+)
+
+// newScript is a script with the common prelude before its body.
+func newScript(body string) *redis.Script {
+	return redis.NewScript(fmt.Sprintf("local horizon = %d\n", horizon.Microseconds()) + commonSource + body)
+}
+
+func newStore(calls *caller, prefix, member string, limits []Limit) *store {
+	s := &store{calls: calls, prefix: prefix, limits: limits, member: member}
+	for _, l := range limits {
+		a, b := l.intervalMicros(), int64(l.burst)
+		if l.kind != bucket {
+			a = l.period.Microseconds()
+		}
+		s.limitArgs = append(s.limitArgs, int64(l.kind)+1, a, b)
+		s.sliding = s.sliding || l.kind == slidingWindow
+		suffix := ":" + cmp.Or(l.name, l.String())
+		if len(limits) == 1 && l.kind == bucket && l.name == "" {
+			suffix = "" // the layout of a single bucket: prefix{key}
+		}
+		s.suffixes = append(s.suffixes, suffix)
+	}
+	s.oneBucket = len(limits) == 1 && limits[0].kind == bucket
+	return s
+}
+
+// booking is what the reserve script decided.
+type booking struct {
+	granted  bool
+	delay    time.Duration
+	now      int64            // the Redis TIME of the decision, in microseconds
+	finishes [maxLimits]int64 // each bucket's schedule time after the booking (0 for windows)
+	id       string           // the request's id in sliding windows
+	cost     int
+}
+
+// slot is when the request goes, by Redis's clock, in microseconds.
+func (b booking) slot() int64 { return b.now + b.delay.Microseconds() }
+
+// reserve runs the reserve script once: it books cost units for key under
+// every limit, for a caller who cannot go sooner than notBefore from now,
+// unless the wait would exceed budget.
+func (s *store) reserve(ctx context.Context, key string, cost int, budget, notBefore time.Duration) (booking, error) {
+	b := booking{cost: cost}
+	n := len(s.limits)
+	keys := s.keys(key, false)
+	var reply [3 + maxLimits]int64
+	var cmd *redis.Cmd
+	budgetArg := maxDelayArg // a caller without a deadline: boxed once
+	if budget != MaxDelay {
+		budgetArg = budget.Microseconds()
+	}
+	if s.oneBucket {
+		cmd = s.calls.run(ctx, reserveScript, keys, s.limitArgs[1], s.limitArgs[2], cost, budgetArg, notBefore.Microseconds())
+	} else {
+		if s.sliding {
+			b.id = s.member + ":" + strconv.FormatUint(s.requestIDs.Add(1), 10)
+		}
+		args := append(make([]any, 0, 4+len(s.limitArgs)), cost, budgetArg, notBefore.Microseconds(), b.id)
+		cmd = s.calls.run(ctx, quotaScript, keys, append(args, s.limitArgs...)...)
+	}
+	err := int64Reply(cmd, reply[:3+n])
+	if err == nil && (reply[0] < 0 || reply[0] > 1 || reply[1] < 0) {
+		err = fmt.Errorf("replied %v, want [granted delay now finish...]", append([]int64(nil), reply[:3+n]...))
+	}
+	if err != nil {
+		return booking{}, s.fail(key, "reserve", keys, err)
+	}
+	b.granted, b.delay, b.now = reply[0] == 1, microseconds(reply[1]), reply[2]
+	copy(b.finishes[:], reply[3:3+n])
+	return b, nil
+}
+
+// refundResult says what the refund script did with a booking under one
+// limit.
+type refundResult int64
+
+const (
+	refundNothing refundResult = iota // its time had passed, or the bucket was gone
+	refundTail                        // the tokens went back into the bucket, or the window
+	refundGap                         // kept as a gap until the bookings behind it go too
+)
+
+// refund gives back booking b for key under every limit, and returns what
+// became of it under each and the Redis TIME it used, in microseconds. Like
+// every call, it has a deadline of its own, so it runs although ctx has
+// usually ended.
+func (s *store) refund(ctx context.Context, key string, b booking) ([maxLimits]refundResult, int64, error) {
+	var results [maxLimits]refundResult
+	n := len(s.limits)
+	args := append(make([]any, 0, 3+3*n), b.id, b.cost, b.slot())
+	for i := range s.limits {
+		args = append(args, s.limitArgs[3*i], s.limitArgs[3*i+1], b.finishes[i])
+	}
+	keys := s.keys(key, true)
+	var reply [1 + maxLimits]int64
+	err := int64Reply(s.calls.run(ctx, refundScript, keys, args...), reply[:1+n])
+	for i, res := range reply[1 : 1+n] {
+		if err == nil && (res < int64(refundNothing) || res > int64(refundGap)) {
+			err = fmt.Errorf("replied %v, want [now result...] with results 0, 1 or 2", append([]int64(nil), reply[:1+n]...))
+		}
+		results[i] = refundResult(res)
+	}
+	if err != nil {
+		return results, 0, s.fail(key, "refund", keys, err)
+	}
+	return results, reply[0], nil
+}
+
+// hold holds key under every limit for d from now, by Redis's clock, and
+// tells the fleet on channel. It returns whether the hold outlasts the one in
+// place, and when it ends, in microseconds of Redis's clock.
+func (s *store) hold(ctx context.Context, key string, d time.Duration, channel string) (bool, int64, error) {
+	keys := append(s.keys(key, false), s.holdKey(key))
+	args := append(make([]any, 0, 3+len(s.limitArgs)), d.Microseconds(), channel, key)
+	var reply [2]int64
+	if err := int64Reply(s.calls.run(ctx, holdScript, keys, append(args, s.limitArgs...)...), reply[:]); err != nil {
+		return false, 0, s.fail(key, "hold", keys, err)
+	}
+	return reply[0] == 1, reply[1] + d.Microseconds(), nil
+}
+
+// heldUntil returns when key's latest hold ends, in microseconds of Redis's
+// clock, or 0.
+func (s *store) heldUntil(ctx context.Context, key string) (int64, error) {
+	keys := []string{s.holdKey(key)}
+	end, err := s.calls.run(ctx, heldScript, keys).Int64()
+	if err != nil {
+		return 0, s.fail(key, "held", keys, err)
+	}
+	return end, nil
+}
+
+// fail turns the error of script's call for key into a *KeyError when the
+// script raised one about keys, and otherwise names the key and script.
+func (s *store) fail(key, script string, keys []string, err error) error {
+	var redisErr redis.Error
+	if errors.As(err, &redisErr) {
+		if rest, ok := strings.CutPrefix(redisErr.Error(), keyErrorMarker); ok {
+			index, problem, _ := strings.Cut(rest, " ")
+			problem, _, _ = strings.Cut(problem, " script: ") // Redis names the script after the message
+			keyErr := &KeyError{Key: key, Problem: problem}
+			if i, convErr := strconv.Atoi(index); convErr == nil && i >= 1 && i <= len(keys) {
+				keyErr.RedisKey = keys[i-1]
+			}
+			return keyErr
+		}
+	}
+	return fmt.Errorf("pace: key %s: %s script: %w", quoteKey(key), script, err)
+}
+
+// maxDelayArg is MaxDelay as a script argument, boxed once.
+var maxDelayArg any = MaxDelay.Microseconds()
+
+// microseconds converts a script's microseconds to a Duration, saturated
+// rather than wrapped should a value ever lie beyond 292 years.
+func microseconds(us int64) time.Duration {
+	if us > math.MaxInt64/int64(time.Microsecond) {
+		return math.MaxInt64
+	}
+	return time.Duration(us) * time.Microsecond
+}
+
+// int64Reply reads a script's reply of len(dst) integers into dst, without
+// allocating. A reply of another shape is an error, never a panic.
+func int64Reply(cmd *redis.Cmd, dst []int64) error {
+	val, err := cmd.Result()
+	if err != nil {
+		return err
+	}
+	items, ok := val.([]any)
+	if !ok || len(items) != len(dst) {
+		return fmt.Errorf("replied %v, want %d integers", val, len(dst))
+	}
+	for i, item := range items {
+		if dst[i], ok = item.(int64); !ok {
+			return fmt.Errorf("replied %v, want %d integers", val, len(dst))
+		}
+	}
+	return nil
+}
+
+// keys are the Redis keys of key's limits, each followed by its gaps key when
+// withGaps. They share one hash tag: one Redis Cluster slot.
+func (s *store) keys(key string, withGaps bool) []string {
+	base := s.prefix + "{" + key + "}"
+	if len(s.suffixes) == 1 && !withGaps {
+		return []string{base + s.suffixes[0]}
+	}
+	keys := make([]string, 0, 2*len(s.suffixes)+1)
+	for _, suffix := range s.suffixes {
+		keys = append(keys, base+suffix)
+		if withGaps {
+			keys = append(keys, base+suffix+gapsSuffix)
+		}
+	}
+	return keys
+}
+
+// holdKey is the Redis key that says when key's latest hold ends.
+func (s *store) holdKey(key string) string { return s.prefix + "{" + key + "}" + holdSuffix }
+
+// bucketKey is the Redis key of key's first limit.
+func (s *store) bucketKey(key string) string { return s.keys(key, false)[0] }

@@ -1,0 +1,195 @@
+package pace
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetpace/pace/internal/redistest"
+)
+
+// Transitions against a real redis-server, killed or restarted by the test,
+// with the default options: what an outage does to keys that did not cause
+// it, and what a restart does to the fleet's holds.
+
+// TestFallbackAfterBookedSlots: callers booked in Redis before an outage
+// keep their slots, and the outage's local pacing begins only after the
+// last of them, so the two together do not go over the limit.
+func TestFallbackAfterBookedSlots(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	booked := make(chan struct{}, 8)
+	r := mustRedis(t, srv.Client(t), PerSecond(10).WithBurst(1), WithFleetSize(1), WithObserver(func(_ context.Context, e Event) {
+		if e.Kind == EventWait && e.Limiter == "redis" {
+			booked <- struct{}{}
+		}
+	}))
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range 4 { // slots at 0, 100, 200 and 300 ms
+		wg.Go(func() { r.Wait(ctx, "k", 1) })
+		<-booked
+	}
+	srv.Kill()
+	if err := r.Wait(ctx, "k", 1); err != nil { // Redis is gone: the fallback decides
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	wg.Wait()
+	if took < 390*time.Millisecond {
+		t.Errorf("the first local grant came %v after the first booking, before the last booked slot (300 ms) and its interval", took)
+	}
+}
+
+// bookWaits starts n waits for key on lim, each booked (its EventWait seen
+// on booked) before the next, and returns a function that ends them all.
+func bookWaits(t *testing.T, lim Limiter, booked <-chan Event, key string, n int) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	stop = func() {
+		cancel()
+		wg.Wait()
+	}
+	for range n {
+		wg.Go(func() { lim.Wait(ctx, key, 1) })
+		select {
+		case <-booked:
+		case <-time.After(5 * time.Second):
+			stop()
+			t.Fatalf("a wait for %q was not booked within 5s", key)
+		}
+	}
+	return stop
+}
+
+// waitsOn returns an observer that sends the EventWait of key on a channel.
+func waitsOn(key string) (Observer, chan Event) {
+	booked := make(chan Event, 1024)
+	return func(_ context.Context, e Event) {
+		if e.Kind == EventWait && e.Key == key {
+			booked <- e
+		}
+	}, booked
+}
+
+// TestOutageKeepsKeysApart: one key booked far ahead, or held, when Redis
+// dies does not delay any other key during the outage: each key's local
+// pacing begins after its own last slot (10/s, fleet of 1: 100 ms for a key
+// never used).
+func TestOutageKeepsKeysApart(t *testing.T) {
+	for name, book := range map[string]func(*Redis, <-chan Event) func(){
+		"300 callers queued on one key": func(r *Redis, booked <-chan Event) func() {
+			return bookWaits(t, r, booked, "hot", 300)
+		},
+		"one key held for 5s, one caller booked after the hold": func(r *Redis, booked <-chan Event) func() {
+			if err := r.Hold(context.Background(), "hot", Hold{For: 5 * time.Second, Reason: "test"}); err != nil {
+				t.Fatal(err)
+			}
+			return bookWaits(t, r, booked, "hot", 1)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			observe, booked := waitsOn("hot")
+			r := mustRedis(t, srv.Client(t), PerSecond(10), WithFleetSize(1), WithObserver(observe))
+			stop := book(r, booked)
+			defer stop()
+			srv.Kill()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			start := time.Now()
+			err := r.Wait(ctx, "cold", 1)
+			took := time.Since(start)
+			t.Logf("a cold key during the outage: %v after %v", err, took)
+			if err != nil || took > 100*time.Millisecond+DefaultCallTimeout*5/4+schedulingSlack {
+				t.Errorf("a cold key during the outage: %v after %v; want a grant within 100ms plus a call timeout", err, took)
+			}
+		})
+	}
+}
+
+// TestHoldAfterRestartReachesSleepers: a hold set by another process just
+// after Redis restarted, before this process's subscription to the hold
+// channel stands again, still stops the callers this process has asleep:
+// they read the hold from Redis when they wake.
+func TestHoldAfterRestartReachesSleepers(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	observe, booked := waitsOn("k")
+	sleeper := mustRedis(t, srv.Client(t), PerSecond(10).WithBurst(1), WithFleetSize(1), WithObserver(observe))
+	holder := mustRedis(t, srv.Client(t), PerSecond(10).WithBurst(1), WithFleetSize(1))
+	if err := sleeper.Wait(ctx, "k", 1); err != nil { // the bucket is empty, the subscription stands
+		t.Fatal(err)
+	}
+	<-booked
+	done := make(chan time.Time, 3)
+	for range 3 { // asleep until 100, 200 and 300 ms from now
+		go func() {
+			sleeper.Wait(ctx, "k", 1)
+			done <- time.Now()
+		}()
+		<-booked
+	}
+	srv.Restart()
+	held := time.Now()
+	if err := holder.Hold(ctx, "k", Hold{For: time.Second, Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("hold set %v after the restart", time.Since(held))
+	for range 3 {
+		if at := <-done; at.Sub(held) < time.Second {
+			t.Errorf("a caller asleep through the restart went %v after the hold, within its 1s", at.Sub(held))
+		}
+	}
+}
+
+// TestFleetCountsProcesses: limiters that share a fleet name count one
+// another by heartbeats, forget those that stop, and pace at their share
+// when Redis fails.
+func TestFleetCountsProcesses(t *testing.T) {
+	ctx := context.Background()
+	c := newTestRedis(t)
+	var members []*Redis // three processes, as far as the fleet can tell
+	for range 3 {
+		members = append(members, mustRedis(t, c, PerSecond(300).WithBurst(30)))
+	}
+	other := mustRedis(t, c, PerSecond(300), WithFleetName("other"))
+	beat := func(r *Redis, skew time.Duration) {
+		t.Helper()
+		b, err := storeOf(r).reserve(ctx, "k", 1, MaxDelay, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.fleet.beat(ctx, r.calls, c.Pipeline(), b.now+skew.Microseconds()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		for _, r := range members {
+			beat(r, 0)
+		}
+	}
+	beat(other, 0)
+	for i, r := range members {
+		if n := r.fleet.Size(); n != 3 {
+			t.Errorf("member %d counts a fleet of %d, want 3", i, n)
+		}
+	}
+	if n := other.fleet.Size(); n != 1 {
+		t.Errorf("another fleet's member counts %d, want 1", n)
+	}
+	fallback := members[0].outageLimiter(time.Now(), nil)
+	if got, want := fallback.limit, PerSecond(100).WithBurst(10); got != want {
+		t.Errorf("fallback limit %v, want a third of the limit, %v", got, want)
+	}
+
+	beat(members[0], heartbeatTTL+time.Second) // the others' heartbeats are now too old
+	if n := members[0].fleet.Size(); n != 1 {
+		t.Errorf("after the others stopped beating, the fleet counts %d, want 1", n)
+	}
+	if n := mustRedis(t, c, PerSecond(300), WithFleetSize(5)).fleet.Size(); n != 5 {
+		t.Errorf("WithFleetSize(5): size %d", n)
+	}
+}
