@@ -91,11 +91,14 @@ func TestDemoOnRedis(t *testing.T) {
 	}
 }
 
-// TestDemoFaults: the store stopped for a second mid-run, and one 429 with
-// Retry-After from the upstream: the fleet goes on, without errors.
+// TestDemoFaults: the store stopped for a second mid-run, with pace's
+// default options: the fleet goes on, and the upstream answers at most one
+// burst of 429s a process; and one 429 with Retry-After from the upstream:
+// the fleet pauses.
 func TestDemoFaults(t *testing.T) {
-	if s := demo(t, "-kill-redis-at", "500ms"); s.Requests == 0 || s.Utilisation < 0.8 || s.ScriptCalls == nil {
-		t.Errorf("-kill-redis-at: %d requests, utilisation %.3f", s.Requests, s.Utilisation)
+	s := demo(t, "-kill-redis-at", "1s", "-duration", "3s")
+	if s.Requests == 0 || s.Utilisation < 0.8 || s.ScriptCalls == nil || s.TooMany > 4*10 {
+		t.Errorf("-kill-redis-at 1s: %d requests, utilisation %.3f, %d 429s; want at least 0.8 and at most 4 processes x burst 10", s.Requests, s.Utilisation, s.TooMany)
 	}
 	if s := demo(t, "-retry-after"); s.TooMany < 1 || s.TooMany > 3 || s.Utilisation > 0.55 {
 		t.Errorf("-retry-after: %d 429s, utilisation %.3f; want the one sent (and at most two in flight) and the fleet paused for one of the two seconds", s.TooMany, s.Utilisation)
