@@ -78,6 +78,33 @@ func BenchmarkQuotaWait(b *testing.B) {
 	}
 }
 
+// BenchmarkSettle: an LLM call's reservation (1 request and 400 tokens
+// under two limits) settled at its usage, two script calls, beside a plain
+// wait under the same two limits in the same run.
+func BenchmarkSettle(b *testing.B) {
+	ctx := context.Background()
+	_, c := benchRedis(b)
+	r := mustRedis(b, c, AllOf{unlimited.Named("requests"), unlimited.Named("tokens")})
+	estimate, actual := Costs{"tokens": 400}, Costs{"tokens": 250}
+	for _, mode := range benchModes {
+		var base float64
+		b.Run(mode.name+"/wait", func(b *testing.B) {
+			loop(b, mode.parallel, func() error { return r.Wait(ctx, "llm.example.com:443", 1) })
+			base = perOp(b)
+		})
+		b.Run(mode.name+"/reserve-settle", func(b *testing.B) {
+			loop(b, mode.parallel, func() error {
+				res, err := r.Reserve(ctx, "llm.example.com:443", estimate)
+				if err != nil {
+					return err
+				}
+				return r.Settle(ctx, res, actual)
+			})
+			b.ReportMetric(perOp(b)/base, "x-wait")
+		})
+	}
+}
+
 // BenchmarkLocalWait: a Local wait when tokens are available, beside a bare
 // rate.Limiter.Wait.
 func BenchmarkLocalWait(b *testing.B) {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"golang.org/x/time/rate"
 )
 
 // Redis paces events for a whole fleet: every process whose Redis limiter
@@ -34,9 +33,9 @@ import (
 //
 // A Redis is safe for concurrent use. Create it with NewRedis.
 type Redis struct {
+	namedLimits
 	client   redis.Scripter
-	limits   []Limit
-	costCap  int // the smallest burst or window count of the limits: the most a request may cost
+	costCap  int // the smallest burst or window count of the limits: the most a request may cost under every limit
 	config   redisConfig
 	now      func() time.Time // time.Now, or a test's clock
 	calls    *caller
@@ -51,13 +50,17 @@ type Redis struct {
 	listening     sync.WaitGroup
 }
 
-var _ Holder = (*Redis)(nil)
+var (
+	_ Holder   = (*Redis)(nil)
+	_ Reserver = (*Redis)(nil)
+)
 
 // sharedStore is what a Redis limiter asks of Redis: a *store, or a test's
 // fake.
 type sharedStore interface {
-	reserve(ctx context.Context, key string, cost int, budget, notBefore time.Duration) (booking, error)
+	reserve(ctx context.Context, key string, costs limitCosts, budget, notBefore time.Duration, withID bool) (booking, error)
 	refund(ctx context.Context, key string, b booking) ([maxLimits]refundResult, int64, error)
+	settle(ctx context.Context, key string, b booking, actual limitCosts) (settled bool, now int64, err error)
 	hold(ctx context.Context, key string, d time.Duration, channel string) (changed bool, end int64, err error)
 	heldUntil(ctx context.Context, key string) (int64, error)
 }
@@ -88,7 +91,7 @@ func newRedis(q Quota, now func() time.Time, opts ...RedisOption) (*Redis, error
 	if err != nil {
 		return nil, err
 	}
-	r := &Redis{limits: limits, config: defaultRedisConfig(), now: now, costCap: limits[0].burst}
+	r := &Redis{namedLimits: newNamedLimits(limits), config: defaultRedisConfig(), now: now, costCap: limits[0].burst}
 	for _, l := range limits[1:] {
 		r.costCap = min(r.costCap, l.burst)
 	}
@@ -115,26 +118,55 @@ func newRedis(q Quota, now func() time.Time, opts ...RedisOption) (*Redis, error
 // 1.25 times the set one) long, with as much again to spare.
 func settleTime(c redisConfig) time.Duration { return c.maxCooldown + 2*c.callTimeout }
 
-// Wait implements Limiter. It books cost tokens for key in Redis and sleeps
-// until they are due; if ctx ends first, the tokens go back to the bucket,
-// so that the next callers get them sooner. While Redis fails, the
-// FailurePolicy decides instead.
+// Wait implements Limiter. It books cost tokens for key in Redis, under
+// every limit, and sleeps until they are due; if ctx ends first, the tokens
+// go back to the bucket, so that the next callers get them sooner. While
+// Redis fails, the FailurePolicy decides instead.
 func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
 	if err := checkWait(ctx, r.costCap, key, cost); err != nil {
 		return err
 	}
+	_, err := r.wait(ctx, request{key: key, costs: uniform(cost)})
+	return err
+}
+
+// Reserve implements Reserver: it waits as Wait does, for the estimated
+// costs under each limit, all booked in one script call.
+func (r *Redis) Reserve(ctx context.Context, key string, estimate Costs) (*Reservation, error) {
+	costs, err := r.checkReserve(ctx, key, estimate)
+	if err != nil {
+		return nil, err
+	}
+	t, err := r.wait(ctx, request{key: key, costs: costs, settled: true})
+	if err != nil {
+		return nil, err
+	}
+	return &Reservation{limiter: r, key: key, estimate: costs, ticket: t}, nil
+}
+
+// request is one wait: its key, its cost under each limit, and whether it
+// will be settled.
+type request struct {
+	key     string
+	costs   limitCosts
+	settled bool
+}
+
+// wait books the wait of q and sleeps until it is due, booking anew after a
+// hold that replaced its slot meanwhile, and returns what it booked.
+func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 	r.listen()
 	for {
-		t, err := r.decide(ctx, key, cost, r.now())
+		t, err := r.decide(ctx, q, r.now())
 		if err != nil {
-			return err
+			return ticket{}, err
 		}
-		r.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: t.limiter, Key: key, Cost: cost, Delay: t.delay, Err: t.cause})
-		if err := sleep(ctx, key, t.delay); err != nil {
-			return r.giveBack(ctx, key, cost, t, err)
+		r.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: t.limiter, Key: q.key, Cost: q.costs[0], Delay: t.delay, Err: t.cause})
+		if err := sleep(ctx, q.key, t.delay); err != nil {
+			return ticket{}, r.giveBack(ctx, q, t, err)
 		}
-		if !r.replacedByHold(ctx, key, t) {
-			return nil
+		if !r.replacedByHold(ctx, q.key, t) {
+			return t, nil
 		}
 		// The upstream asked the fleet to hold off while this caller
 		// slept: its slot belongs to a schedule the hold replaced.
@@ -150,16 +182,16 @@ type ticket struct {
 	cause   error     // why Redis did not decide, if it did not
 	booking booking   // Redis's booking, when booking.granted
 	local   *Local    // the local limiter that booked the wait too, or nil
-	res     *rate.Reservation
+	res     localBooking
 }
 
 // decide books the wait of a request that begins at now, by Redis or,
 // while the failover says so, without it. It does not sleep.
-func (r *Redis) decide(ctx context.Context, key string, cost int, now time.Time) (ticket, error) {
+func (r *Redis) decide(ctx context.Context, q request, now time.Time) (ticket, error) {
 	budget := waitBudget(ctx, r.config.maxWait, now)
 	route, local, cause := r.failover.route(now)
 	if route == withoutRedis {
-		return r.decideWithout(ctx, key, cost, local, cause)
+		return r.decideWithout(ctx, q, local, cause)
 	}
 	// While returning, the outage's share decides first, and Redis books the
 	// request for the time it will go: booked sooner, its tokens would seem
@@ -167,35 +199,35 @@ func (r *Redis) decide(ctx context.Context, key string, cost int, now time.Time)
 	var first ticket
 	if local != nil {
 		var err error
-		if first, err = r.decideLocally(ctx, key, cost, local, now, budget); err != nil {
+		if first, err = r.decideLocally(ctx, q, local, now, budget); err != nil {
 			return ticket{}, err
 		}
 	}
-	t, err := r.decideShared(ctx, key, cost, now, budget, route, first)
+	t, err := r.decideShared(ctx, q, now, budget, route, first)
 	if first.local != nil && (err != nil || t.local != first.local) {
-		first.local.cancel(key, first.res, r.now()) // refused, or decided by the next outage
+		first.local.cancel(q.key, first.res, r.now()) // refused, or decided by the next outage
 	}
 	return t, err
 }
 
 // decideShared books the request in Redis, not before the local slot of
 // first (the outage's share, while returning; else none).
-func (r *Redis) decideShared(ctx context.Context, key string, cost int, now time.Time, budget time.Duration, route route, first ticket) (ticket, error) {
-	b, err := r.store.reserve(ctx, key, cost, budget, first.delay)
+func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budget time.Duration, route route, first ticket) (ticket, error) {
+	b, err := r.store.reserve(ctx, q.key, q.costs, budget, first.delay, q.settled)
 	if isOutage(err) {
-		return r.decideWithout(ctx, key, cost, r.failed(ctx, key, cost, route == viaProbe, err), err)
+		return r.decideWithout(ctx, q, r.failed(ctx, q, route == viaProbe, err), err)
 	}
 	if route == viaProbe {
-		r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: key, Cost: cost, Delay: r.failover.recover(r.now())})
+		r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: q.key, Cost: q.costs[0], Delay: r.failover.recover(r.now())})
 	}
 	if err != nil {
 		return ticket{}, err
 	}
 	r.beat(ctx, b.now, now)
 	if !b.granted {
-		return ticket{}, refuse(ctx, r.config.observer, "redis", key, cost, b.delay, budget)
+		return ticket{}, refuse(ctx, r.config.observer, "redis", q.key, q.costs[0], b.delay, budget)
 	}
-	return r.pass(ctx, key, cost, now, b, first)
+	return r.pass(ctx, q, now, b, first)
 }
 
 // pass returns the ticket of Redis's booking b for a request that began at
@@ -204,12 +236,12 @@ func (r *Redis) decideShared(ctx context.Context, key string, cost int, now time
 // an outage had begun, or the probe), the outage's local limiter books the
 // wait too, at or after its slot; if that would pass the caller's budget,
 // b is given back and the wait refused.
-func (r *Redis) pass(ctx context.Context, key string, cost int, start time.Time, b booking, first ticket) (ticket, error) {
+func (r *Redis) pass(ctx context.Context, q request, start time.Time, b booking, first ticket) (ticket, error) {
 	now := r.now()
 	// The reply came after the decision, so its arrival plus the delay is no
 	// earlier than the slot itself.
 	slot := now.Add(b.delay)
-	gate := r.failover.granted(key, slot, now, first.local != nil)
+	gate := r.failover.granted(q.key, slot, now, first.local != nil)
 	if first.local != nil {
 		first.limiter, first.delay, first.booking = "redis", b.delay, b
 		return first, nil
@@ -219,47 +251,49 @@ func (r *Redis) pass(ctx context.Context, key string, cost int, start time.Time,
 		return t, nil
 	}
 	budget := waitBudget(ctx, r.config.maxWait, now)
-	res, delay, ok := t.local.reserve(key, cost, now, slot, budget)
+	delay, ok := t.local.reserve(q.key, &q.costs, now, slot, budget, &t.res)
 	if !ok {
-		err := refuse(ctx, r.config.observer, "redis", key, cost, delay, budget)
-		return ticket{}, errors.Join(err, r.refund(ctx, key, b))
+		err := refuse(ctx, r.config.observer, "redis", q.key, q.costs[0], delay, budget)
+		return ticket{}, errors.Join(err, r.refund(ctx, q.key, b))
 	}
-	t.res, t.delay = res, delay
+	t.delay = delay
 	return t, nil
 }
 
 // decideWithout decides a request by the failure policy while Redis is
 // away; local is the outage's local limiter, cause the failure.
-func (r *Redis) decideWithout(ctx context.Context, key string, cost int, local *Local, cause error) (ticket, error) {
+func (r *Redis) decideWithout(ctx context.Context, q request, local *Local, cause error) (ticket, error) {
 	now := r.now()
 	switch r.config.policy {
 	case FailOpen:
 		return ticket{limiter: "open", start: now, cause: cause}, nil
 	case FailClosed:
-		return ticket{}, fmt.Errorf("pace: key %s: %w: %w", quoteKey(key), ErrUnavailable, cause)
+		return ticket{}, fmt.Errorf("pace: key %s: %w: %w", quoteKey(q.key), ErrUnavailable, cause)
 	}
-	return r.decideLocally(ctx, key, cost, local, now, waitBudget(ctx, r.config.maxWait, now))
+	return r.decideLocally(ctx, q, local, now, waitBudget(ctx, r.config.maxWait, now))
 }
 
 // decideLocally books the wait on local, the outage's local limiter.
-func (r *Redis) decideLocally(ctx context.Context, key string, cost int, local *Local, now time.Time, budget time.Duration) (ticket, error) {
-	res, delay, ok := local.reserve(key, cost, now, now, budget)
+func (r *Redis) decideLocally(ctx context.Context, q request, local *Local, now time.Time, budget time.Duration) (ticket, error) {
+	t := ticket{limiter: "local", start: now, local: local}
+	delay, ok := local.reserve(q.key, &q.costs, now, now, budget, &t.res)
 	if !ok {
-		return ticket{}, refuse(ctx, r.config.observer, "local", key, cost, delay, budget)
+		return ticket{}, refuse(ctx, r.config.observer, "local", q.key, q.costs[0], delay, budget)
 	}
-	return ticket{limiter: "local", delay: delay, start: now, local: local, res: res}, nil
+	t.delay = delay
+	return t, nil
 }
 
 // giveBack returns what ticket t booked, for a caller whose wait ended
 // early with err, and returns err with anything that went wrong.
-func (r *Redis) giveBack(ctx context.Context, key string, cost int, t ticket, err error) error {
+func (r *Redis) giveBack(ctx context.Context, q request, t ticket, err error) error {
 	if t.local != nil {
-		t.local.cancel(key, t.res, r.now())
+		t.local.cancel(q.key, t.res, r.now())
 	}
 	if t.booking.granted {
-		err = errors.Join(err, r.refund(ctx, key, t.booking))
+		err = errors.Join(err, r.refund(ctx, q.key, t.booking))
 	}
-	r.config.observer.emit(ctx, Event{Kind: EventCancel, Limiter: t.limiter, Key: key, Cost: cost, Delay: t.delay, Err: err})
+	r.config.observer.emit(ctx, Event{Kind: EventCancel, Limiter: t.limiter, Key: q.key, Cost: q.costs[0], Delay: t.delay, Err: err})
 	return err
 }
 
@@ -274,9 +308,47 @@ func (r *Redis) refund(ctx context.Context, key string, b booking) error {
 	}
 	_, _, err := r.store.refund(ctx, key, b)
 	if isOutage(err) {
-		r.failed(ctx, key, b.cost, false, err)
+		r.failed(ctx, request{key: key, costs: b.costs}, false, err)
 	}
 	return err
+}
+
+// Settle implements Reserver: one script call charges the difference
+// between actual and the reservation's estimate to its key under every
+// limit, on Redis's clock, or gives it back. While Redis is away, the
+// outage's local pacing (under FallbackLocal) takes the settlement, and
+// Settle returns an error that wraps ErrUnavailable: Redis never hears of
+// it. A reservation that an outage decided is settled there alone.
+func (r *Redis) Settle(ctx context.Context, res *Reservation, actual Costs) error {
+	costs, err := r.checkSettle(r, res, actual)
+	if err != nil || !res.settled.CompareAndSwap(false, true) {
+		return err
+	}
+	t := res.ticket
+	if t.booking.granted {
+		err = r.settleShared(ctx, res, costs)
+	}
+	if t.local != nil {
+		t.local.settle(res.key, res.estimate, costs, r.now())
+	}
+	return err
+}
+
+// settleShared settles a reservation that Redis booked; while Redis is
+// away, on the outage's local limiter instead.
+func (r *Redis) settleShared(ctx context.Context, res *Reservation, actual limitCosts) error {
+	down, local := r.failover.down()
+	if !down {
+		_, _, err := r.store.settle(ctx, res.key, res.ticket.booking, actual)
+		if !isOutage(err) {
+			return err
+		}
+		local = r.failed(ctx, request{key: res.key, costs: actual}, false, err)
+	}
+	if local != nil && local != res.ticket.local {
+		local.settle(res.key, res.estimate, actual, r.now())
+	}
+	return fmt.Errorf("pace: key %s: the settlement is kept by this process alone: %w", quoteKey(res.key), ErrUnavailable)
 }
 
 // replacedByHold reports whether a hold replaced the slot of ticket t while
@@ -304,42 +376,34 @@ func (r *Redis) replacedByHold(ctx context.Context, key string, t ticket) bool {
 	return err == nil && slot < end
 }
 
-// failed records a failed Redis call, tells the observer, and returns the
-// local limiter of the outage (nil unless the policy is FallbackLocal).
-func (r *Redis) failed(ctx context.Context, key string, cost int, probe bool, err error) *Local {
+// failed records a failed Redis call for q, tells the observer, and
+// returns the local limiter of the outage (nil unless the policy is
+// FallbackLocal).
+func (r *Redis) failed(ctx context.Context, q request, probe bool, err error) *Local {
 	began, local := r.failover.fail(r.now(), probe, err)
 	switch {
 	case began:
-		r.config.observer.emit(ctx, Event{Kind: EventFallback, Limiter: "redis", Key: key, Cost: cost, Err: err})
+		r.config.observer.emit(ctx, Event{Kind: EventFallback, Limiter: "redis", Key: q.key, Cost: q.costs[0], Err: err})
 	case probe:
-		r.config.observer.emit(ctx, Event{Kind: EventProbe, Limiter: "redis", Key: key, Cost: cost, Err: err})
+		r.config.observer.emit(ctx, Event{Kind: EventProbe, Limiter: "redis", Key: q.key, Cost: q.costs[0], Err: err})
 	}
 	return local
 }
 
 // outageLimiter returns the local limiter for an outage that begins at
-// since: this process's share of the limit, each key's bucket empty at
-// since, or at its time in floors (the last slot Redis gave the key, or the
-// end of its hold) if that is later, since Redis may have granted the whole
-// burst and booked callers who still wait.
+// since: under each limit, this process's share of it (a window taken as a
+// bucket that never allows more), each key's buckets empty at since, or at
+// its time in floors (the end of what Redis had booked of the key, or of its
+// hold) if that is later, since Redis may have granted the whole burst and
+// booked callers who still wait.
 func (r *Redis) outageLimiter(since time.Time, floors map[string]time.Time) *Local {
-	loc := newLocal(r.fallbackLimit().share(r.fleet.Size()), r.config.commonConfig, r.now)
+	shares := namedLimits{names: r.names}
+	for _, l := range r.limits {
+		shares.limits = append(shares.limits, l.asBucket().share(r.fleet.Size()))
+	}
+	loc := newLocal(shares, r.config.commonConfig, r.now)
 	loc.emptyAt, loc.floors = since, floors
 	return loc
-}
-
-// fallbackLimit is one token bucket that allows no more than any of the
-// limits: the lowest rate and the smallest burst, windows taken as buckets.
-func (r *Redis) fallbackLimit() Limit {
-	fallback := r.limits[0].asBucket()
-	for _, l := range r.limits[1:] {
-		l = l.asBucket()
-		if l.Rate() < fallback.Rate() {
-			fallback.count, fallback.period = l.count, l.period
-		}
-		fallback.burst = min(fallback.burst, l.burst)
-	}
-	return fallback
 }
 
 // pipeliner is a client that can send several commands in one round trip.
@@ -369,7 +433,7 @@ func (r *Redis) Hold(ctx context.Context, key string, h Hold) error {
 	r.listen()
 	changed, end, err := r.store.hold(ctx, key, h.For, r.holdChannel())
 	if isOutage(err) {
-		return holdLocally(ctx, r.failed(ctx, key, 0, false, err), key, h)
+		return holdLocally(ctx, r.failed(ctx, request{key: key}, false, err), key, h)
 	}
 	if err != nil {
 		return err

@@ -63,7 +63,7 @@ func checkMatchesModel(t *testing.T, c redis.UniversalClient) {
 			cost := rng.IntN(r.limits[0].burst) + 1
 			budget := []time.Duration{MaxDelay, 0, time.Duration(rng.Int64N(5*r.limits[0].intervalMicros())) * time.Microsecond}[rng.IntN(3)]
 			notBefore := []time.Duration{0, 0, time.Duration(rng.Int64N(3*r.limits[0].intervalMicros())) * time.Microsecond}[rng.IntN(3)]
-			b, err := storeOf(r).reserve(ctx, key, cost, budget, notBefore)
+			b, err := storeOf(r).reserve(ctx, key, uniform(cost), budget, notBefore, true)
 			if err != nil {
 				t.Fatalf("step %d: %v", step, err)
 			}
@@ -82,7 +82,7 @@ func checkMatchesModel(t *testing.T, c redis.UniversalClient) {
 			} else {
 				counts["refused"]++
 			}
-		case op < 17 && len(bookings) > 0:
+		case op < 15 && len(bookings) > 0:
 			i := len(bookings) - 1 - rng.IntN(min(len(bookings), 6))
 			bk := bookings[i]
 			bookings = slices.Delete(bookings, i, i+1)
@@ -91,16 +91,28 @@ func checkMatchesModel(t *testing.T, c redis.UniversalClient) {
 				t.Fatalf("step %d: %v", step, err)
 			}
 			got, finish := results[0], bk.b.finishes[0]
-			if want := model.refund(bk.key, finish, int64(bk.b.cost)*limiterOf(bk.key).limits[0].intervalMicros(), now); got != want {
+			if want := model.refund(bk.key, finish, int64(bk.b.costs[0])*limiterOf(bk.key).limits[0].intervalMicros(), now); got != want {
 				t.Fatalf("step %d: refund(%s, finish %d) at %d: script %d, model %d", step, bk.key, finish, now, got, want)
 			}
 			counts[[]string{"refund-nothing", "refund-tail", "refund-gap"}[got]]++
+		case op < 17 && len(bookings) > 0:
+			i := len(bookings) - 1 - rng.IntN(min(len(bookings), 6))
+			bk := bookings[i]
+			bookings = slices.Delete(bookings, i, i+1)
+			r := limiterOf(bk.key)
+			actual := rng.IntN(2*r.limits[0].burst + 2)
+			settled, now, err := storeOf(r).settle(ctx, bk.key, bk.b, uniform(actual))
+			if err != nil || !settled {
+				t.Fatalf("step %d: settle: %v, %v", step, settled, err)
+			}
+			model.settle(bk.key, r.limits[0].intervalMicros(), int64(actual-bk.b.costs[0]), now)
+			counts[map[bool]string{true: "settle-up", false: "settle-down"}[actual > bk.b.costs[0]]]++
 		default:
 			time.Sleep(time.Duration(rng.IntN(2000)) * time.Microsecond)
 		}
 	}
 	t.Logf("%d steps: %v", steps, counts)
-	for _, kind := range []string{"granted", "refused", "refund-nothing", "refund-tail", "refund-gap"} {
+	for _, kind := range []string{"granted", "refused", "refund-nothing", "refund-tail", "refund-gap", "settle-up", "settle-down"} {
 		if counts[kind] < 20 {
 			t.Errorf("only %d %s decisions: the sequence did not exercise the scripts", counts[kind], kind)
 		}
@@ -116,7 +128,7 @@ func checkDeadlineBooksNothing(t *testing.T, c redis.UniversalClient) {
 	// 50 ms a token: after 10 bookings, the 11th caller would wait 500 ms.
 	r := mustRedis(t, c, PerSecond(20).WithBurst(1))
 	for range 10 {
-		if _, err := storeOf(r).reserve(ctx, "k", 1, MaxDelay, 0); err != nil {
+		if _, err := storeOf(r).reserve(ctx, "k", uniform(1), MaxDelay, 0, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -125,7 +137,7 @@ func checkDeadlineBooksNothing(t *testing.T, c redis.UniversalClient) {
 	if err := r.Wait(ctx, "warm-up", 1); err != nil {
 		t.Fatal(err)
 	}
-	before, err := storeOf(r).reserve(ctx, "k", 1, 0, 0) // a probe: refused, books nothing
+	before, err := storeOf(r).reserve(ctx, "k", uniform(1), 0, 0, false) // a probe: refused, books nothing
 	if err != nil || before.granted {
 		t.Fatalf("probe: %+v, %v", before, err)
 	}
@@ -146,7 +158,7 @@ func checkDeadlineBooksNothing(t *testing.T, c redis.UniversalClient) {
 	if elapsed >= 5*time.Millisecond {
 		t.Errorf("Wait took %v to refuse, want under 5ms", elapsed)
 	}
-	after, err := storeOf(r).reserve(ctx, "k", 1, 0, 0)
+	after, err := storeOf(r).reserve(ctx, "k", uniform(1), 0, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +186,7 @@ func TestRedisMaxWait(t *testing.T) {
 			t.Fatalf("wait %d: %v", i, err)
 		}
 	}
-	storeOf(r).reserve(ctx, "k", 1, MaxDelay, 0) // the next caller would wait about 200 ms
+	storeOf(r).reserve(ctx, "k", uniform(1), MaxDelay, 0, false) // the next caller would wait about 200 ms
 	err := r.Wait(ctx, "k", 1)
 	var de *DeadlineError
 	if !errors.As(err, &de) || !errors.Is(err, context.DeadlineExceeded) || de.Budget != 150*time.Millisecond || de.Delay < 150*time.Millisecond {
@@ -195,7 +207,7 @@ func checkCancelGivesBack(t *testing.T, c redis.UniversalClient) {
 			booked <- e
 		}
 	}))
-	if _, err := storeOf(r).reserve(ctx, "k", 1, MaxDelay, 0); err != nil { // empty the bucket
+	if _, err := storeOf(r).reserve(ctx, "k", uniform(1), MaxDelay, 0, false); err != nil { // empty the bucket
 		t.Fatal(err)
 	}
 	var cancels []context.CancelFunc
@@ -225,7 +237,7 @@ func checkCancelGivesBack(t *testing.T, c redis.UniversalClient) {
 		firstFive.Wait()
 		lastFive.Wait()
 	}()
-	before, err := storeOf(r).reserve(ctx, "k", 1, 0, 0)
+	before, err := storeOf(r).reserve(ctx, "k", uniform(1), 0, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +247,7 @@ func checkCancelGivesBack(t *testing.T, c redis.UniversalClient) {
 	}
 	lastFive.Wait() // each Wait returns once its refund is done
 
-	after, err := storeOf(r).reserve(ctx, "k", 1, 0, 0)
+	after, err := storeOf(r).reserve(ctx, "k", uniform(1), 0, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +272,7 @@ func TestRedisSurvivesScriptFlush(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
 	r := mustRedis(t, c, PerSecond(10).WithBurst(1)) // 100 ms a token
-	first, err := storeOf(r).reserve(ctx, "k", 1, MaxDelay, 0)
+	first, err := storeOf(r).reserve(ctx, "k", uniform(1), MaxDelay, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +282,7 @@ func TestRedisSurvivesScriptFlush(t *testing.T) {
 	if err := c.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	second, err := storeOf(r).reserve(ctx, "k", 1, MaxDelay, 0)
+	second, err := storeOf(r).reserve(ctx, "k", uniform(1), MaxDelay, 0, false)
 	if err != nil {
 		t.Fatalf("reserve after SCRIPT FLUSH: %v", err)
 	}
@@ -295,7 +307,7 @@ func TestRedisKeyLayout(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
 	r := mustRedis(t, c, PerMinute(60).WithBurst(3), WithPrefix("quota:")) // 1 s a token
-	b, err := storeOf(r).reserve(ctx, "api.example.com:443", 2, MaxDelay, 0)
+	b, err := storeOf(r).reserve(ctx, "api.example.com:443", uniform(2), MaxDelay, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}

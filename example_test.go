@@ -3,9 +3,11 @@ package pace_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -128,4 +130,45 @@ func ExampleNewRules() {
 		log.Fatal(err)
 	}
 	resp.Body.Close()
+}
+
+// An LLM API's quota of requests and tokens a minute, each request reserved
+// at its estimate (its prompt and its max_tokens) and settled at the usage
+// its answer reports, once the body has been read.
+func ExampleOpenAIUsage() {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `{"choices":[{"message":{"content":"Hi!"}}],"usage":{"prompt_tokens":20,"completion_tokens":100,"total_tokens":120}}`)
+	}))
+	defer upstream.Close()
+
+	limiter, err := pace.NewLocal(pace.AllOf{pace.PerMinute(500).Named("requests"), pace.PerMinute(1000).Named("tokens")})
+	if err != nil {
+		log.Fatal(err)
+	}
+	client := &http.Client{Transport: &pace.Transport{
+		Limiter: limiter,
+		// In a real client, read the prompt and max_tokens from the body
+		// (req.GetBody leaves the request as it is).
+		Estimate: func(*http.Request) pace.Costs { return pace.Costs{"tokens": 20 + 380} },
+		Settle:   pace.OpenAIUsage("tokens"),
+	}}
+	resp, err := client.Post(upstream.URL, "application/json", strings.NewReader(`{"max_tokens":380}`))
+	if err != nil {
+		log.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body) // at EOF, the reservation is settled: 120 tokens, not 400
+	resp.Body.Close()
+
+	// 880 tokens are left of the minute's 1,000 (at the estimate, 600 would
+	// be): a request estimated at 880 goes at once, and then one more waits.
+	key := upstream.Listener.Addr().String() // the Transport's key: the host and port
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	_, err = limiter.Reserve(ctx, key, pace.Costs{"tokens": 880})
+	fmt.Println("880 more tokens go at once:", err == nil)
+	_, err = limiter.Reserve(ctx, key, pace.Costs{"tokens": 1})
+	fmt.Println("then one more token waits:", err != nil)
+	// Output:
+	// 880 more tokens go at once: true
+	// then one more token waits: true
 }

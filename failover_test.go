@@ -30,7 +30,7 @@ func newFakeStore(clock *fakeClock, l Limit) *fakeStore {
 	return &fakeStore{clock: clock, interval: l.intervalMicros(), burst: int64(l.burst), model: newBucketModel(), holds: map[string]int64{}}
 }
 
-func (s *fakeStore) reserve(_ context.Context, key string, cost int, budget, notBefore time.Duration) (booking, error) {
+func (s *fakeStore) reserve(_ context.Context, key string, costs limitCosts, budget, notBefore time.Duration, _ bool) (booking, error) {
 	s.reserves++
 	if f := s.during; f != nil {
 		s.during = nil
@@ -40,8 +40,8 @@ func (s *fakeStore) reserve(_ context.Context, key string, cost int, budget, not
 		return booking{}, s.down
 	}
 	now := s.clock.Now().UnixMicro()
-	granted, delay, finish := s.model.reserve(key, s.interval, s.burst, int64(cost), budget.Microseconds(), notBefore.Microseconds(), now)
-	b := booking{granted: granted, delay: microseconds(delay), now: now, cost: cost}
+	granted, delay, finish := s.model.reserve(key, s.interval, s.burst, int64(costs[0]), budget.Microseconds(), notBefore.Microseconds(), now)
+	b := booking{granted: granted, delay: microseconds(delay), now: now, costs: costs}
 	b.finishes[0] = finish
 	return b, nil
 }
@@ -53,8 +53,17 @@ func (s *fakeStore) refund(_ context.Context, key string, b booking) ([maxLimits
 	}
 	s.refunds++
 	now := s.clock.Now().UnixMicro()
-	results[0] = s.model.refund(key, b.finishes[0], int64(b.cost)*s.interval, now)
+	results[0] = s.model.refund(key, b.finishes[0], int64(b.costs[0])*s.interval, now)
 	return results, now, nil
+}
+
+func (s *fakeStore) settle(_ context.Context, key string, b booking, actual limitCosts) (bool, int64, error) {
+	if s.down != nil {
+		return false, 0, s.down
+	}
+	now := s.clock.Now().UnixMicro()
+	s.model.settle(key, s.interval, int64(actual[0]-b.costs[0]), now)
+	return true, now, nil
 }
 
 func (s *fakeStore) hold(_ context.Context, key string, d time.Duration, _ string) (bool, int64, error) {
@@ -110,7 +119,7 @@ func (f *failoverTest) decide(key string, budget time.Duration) (ticket, error) 
 		ctx, cancel = context.WithDeadline(ctx, f.clock.Now().Add(budget))
 		defer cancel()
 	}
-	return f.r.decide(ctx, key, 1, f.clock.Now())
+	return f.r.decide(ctx, request{key: key, costs: uniform(1)}, f.clock.Now())
 }
 
 // grant decides a request that must be granted, and returns its ticket.
@@ -248,7 +257,7 @@ func TestFailover(t *testing.T) {
 			}
 		}},
 		{"an answer that arrives after the outage began is counted locally too", tenPerSecond, 1, func(f *failoverTest) {
-			f.store.during = func() { f.r.failed(context.Background(), "other", 1, false, errConnRefused) }
+			f.store.during = func() { f.r.failed(context.Background(), request{key: "other"}, false, errConnRefused) }
 			tk := f.grant("k", 0)
 			if tk.limiter != "redis" || tk.local == nil {
 				f.t.Fatalf("the late answer: decided by %q, gate %v; want redis, gated by the outage's limiter", tk.limiter, tk.local != nil)
@@ -261,12 +270,12 @@ func TestFailover(t *testing.T) {
 			booked := f.grant("k", 0) // Redis: bucket of 1, now empty
 			f.fail()
 			first := f.grant("k", 0)
-			err := f.r.giveBack(context.Background(), "k", 1, first, context.Canceled)
+			err := f.r.giveBack(context.Background(), request{key: "k", costs: uniform(1)}, first, context.Canceled)
 			if !errors.Is(err, context.Canceled) {
 				f.t.Fatalf("giveBack: %v", err)
 			}
 			f.checkDelay("after the cancel, the next local grant", f.grant("k", 0).delay, first.delay, first.delay)
-			err = f.r.giveBack(context.Background(), "k", 1, booked, context.Canceled)
+			err = f.r.giveBack(context.Background(), request{key: "k", costs: uniform(1)}, booked, context.Canceled)
 			if !errors.Is(err, errNotGivenBack) || f.store.refunds != 0 {
 				f.t.Errorf("a Redis booking cancelled during the outage: %v, %d refunds; want it kept, and said so", err, f.store.refunds)
 			}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	mathrand "math/rand/v2"
 	"net/http"
 	"os"
 	"os/exec"
@@ -52,6 +53,50 @@ type fleetWorker struct {
 	// limiter, instead of calling Wait; each request carries the time of its
 	// grant in grantedAtHeader.
 	URL string
+	// Tokens, when set, makes each request an LLM call on a quota of
+	// requests and tokens, reserved and settled (see tokenRun); Limit is
+	// not used.
+	Tokens *tokenRun
+}
+
+// tokenRun makes each request of a worker an LLM call under the quota
+// AllOf{Requests named "requests", Tokens named "tokens"}: a reservation of
+// Estimate tokens, a response that takes Response, and, when Settle, a
+// settlement at an actual count drawn uniformly from ActualMin to ActualMax.
+type tokenRun struct {
+	Requests, Tokens               string // in ParseLimit syntax
+	Estimate, ActualMin, ActualMax int
+	Response                       time.Duration
+	Settle                         bool
+}
+
+// quota is the quota of a token run.
+func (tr tokenRun) quota() (Quota, error) {
+	requests, err := ParseLimit(tr.Requests)
+	if err != nil {
+		return nil, err
+	}
+	tokens, err := ParseLimit(tr.Tokens)
+	return AllOf{requests.Named("requests"), tokens.Named("tokens")}, err
+}
+
+// wait is one LLM call for key on r: its reservation, its response, its
+// settlement; it notes them in the request of ctx.
+func (tr tokenRun) wait(ctx context.Context, r *Redis, key string) error {
+	res, err := r.Reserve(ctx, key, Costs{"tokens": tr.Estimate})
+	if err != nil {
+		return err
+	}
+	q := ctx.Value(requestKey{}).(*fleetRequest)
+	q.End, q.Estimate = time.Now(), tr.Estimate
+	q.Actual = tr.ActualMin + mathrand.IntN(tr.ActualMax-tr.ActualMin+1)
+	time.Sleep(tr.Response)
+	if !tr.Settle {
+		return nil
+	}
+	err = r.Settle(ctx, res, Costs{"tokens": q.Actual})
+	q.Settled = time.Now()
+	return err
 }
 
 // grantedAtHeader carries, in a fleet's requests to an upstream, the
@@ -112,6 +157,10 @@ type fleetRequest struct {
 	Status      int           // the upstream's answer, when the fleet has one
 	Err         string
 	Unavailable bool // Err wraps ErrUnavailable
+	// Of an LLM call (tokenRun): its estimated and actual tokens, and
+	// when it was settled (zero if never).
+	Estimate, Actual int
+	Settled          time.Time
 }
 
 // fleetReport is what a worker process prints on stdout.
@@ -160,22 +209,28 @@ func runFleetWorker() int {
 
 type requestKey struct{}
 
-func (w fleetWorker) run() (fleetReport, error) {
+// quota is the quota w's limiter enforces.
+func (w fleetWorker) quota() (Quota, error) {
+	if w.Tokens != nil {
+		return w.Tokens.quota()
+	}
 	limit, err := ParseLimit(w.Limit)
+	all := AllOf{limit}
+	for _, text := range w.AlsoLimits {
+		l, lerr := ParseLimit(text)
+		err = errors.Join(err, lerr)
+		all = append(all, l)
+	}
+	if len(all) == 1 {
+		return limit, err
+	}
+	return all, err
+}
+
+func (w fleetWorker) run() (fleetReport, error) {
+	quota, err := w.quota()
 	if err != nil {
 		return fleetReport{}, err
-	}
-	var quota Quota = limit
-	if len(w.AlsoLimits) > 0 {
-		all := AllOf{limit}
-		for _, text := range w.AlsoLimits {
-			l, err := ParseLimit(text)
-			if err != nil {
-				return fleetReport{}, err
-			}
-			all = append(all, l)
-		}
-		quota = all
 	}
 	options := &redis.Options{Addr: w.Addr}
 	if !w.DefaultClient {
@@ -227,6 +282,9 @@ func (w fleetWorker) run() (fleetReport, error) {
 	}
 	warm.Wait()
 	wait := func(ctx context.Context) error { return r.Wait(ctx, w.Key, 1) }
+	if w.Tokens != nil {
+		wait = func(ctx context.Context) error { return w.Tokens.wait(ctx, r, w.Key) }
+	}
 	if w.URL != "" {
 		base := &http.Transport{}
 		defer base.CloseIdleConnections()
@@ -260,7 +318,9 @@ func (w fleetWorker) run() (fleetReport, error) {
 					return
 				}
 				mu.Lock()
-				q.End = time.Now()
+				if q.End.IsZero() {
+					q.End = time.Now()
+				}
 				if err != nil {
 					q.Err, q.Unavailable = err.Error(), errors.Is(err, ErrUnavailable)
 				}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"sync"
 	"time"
 
@@ -11,23 +12,25 @@ import (
 )
 
 // Local paces events within one process, with one golang.org/x/time/rate
-// limiter per key. A key's limiter is created on first use and dropped within
-// a refill period (the time an empty bucket takes to fill, at least a second)
-// of being full again, when a new one would behave the same; so a crawler
-// that meets millions of hosts keeps only the recently busy ones.
+// limiter per key and limit. A key's limiters are created on first use and
+// dropped within a refill period (the time an empty bucket takes to fill, at
+// least a second) of being full again, when new ones would behave the same;
+// so a crawler that meets millions of hosts keeps only the recently busy
+// ones.
 //
 // A Local is safe for concurrent use. Create it with NewLocal.
 type Local struct {
-	limit  Limit
-	config commonConfig
-	now    func() time.Time // time.Now, or a test's clock
+	namedLimits // token buckets
+	costCap     int // the smallest burst: the most a request may cost under every limit
+	config      commonConfig
+	now         func() time.Time // time.Now, or a test's clock
 	// emptyAt, if set, is when the buckets of keys met later were empty, or,
 	// for the keys in floors, the later time there: a Redis limiter's
 	// outage starts so, lest each process burst its share on top of what
 	// Redis granted just before. floors is not changed after creation.
 	emptyAt time.Time
 	floors  map[string]time.Time
-	refill  time.Duration // how long an empty bucket takes to fill
+	refill  time.Duration // the longest an empty bucket takes to fill
 	seed    maphash.Seed
 	shards  [localShards]localShard
 }
@@ -44,25 +47,36 @@ type localShard struct {
 	nextSweep time.Time
 }
 
-// localKey is a key's limiter and the latest time a reservation was made
-// at. x/time/rate takes a time before its last one for the last one and
-// counts the time between twice, so no reservation or cancellation is made
-// before it: a booking at a time ahead (the end of a hold, a slot Redis gave)
-// makes the ones after it begin there too.
+// localKey is a key's limiters, one a limit, and the latest time a
+// reservation was made at. x/time/rate takes a time before its last one for
+// the last one and counts the time between twice, so no reservation or
+// cancellation is made before it: a booking at a time ahead (the end of a
+// hold, a slot Redis gave) makes the ones after it begin there too.
 type localKey struct {
-	lim  *rate.Limiter
+	lims []*rate.Limiter
 	last time.Time
 }
 
-var _ Holder = (*Local)(nil)
+// localBooking is what a Local booked for one request: a reservation a
+// limit, or none where the request was granted at once.
+type localBooking [maxLimits]*rate.Reservation
 
-// NewLocal returns a Local that gives each key the limit l.
-func NewLocal(l Limit, opts ...Option) (*Local, error) {
-	if err := l.Validate(); err != nil {
+var (
+	_ Holder   = (*Local)(nil)
+	_ Reserver = (*Local)(nil)
+)
+
+// NewLocal returns a Local that gives each key the quota q: a Limit, or
+// several token buckets at once with AllOf. Windows need a Redis limiter.
+func NewLocal(q Quota, opts ...Option) (*Local, error) {
+	limits, err := checkQuota(q)
+	if err != nil {
 		return nil, err
 	}
-	if l.kind != bucket {
-		return nil, fmt.Errorf("pace: NewLocal(%s): windows need a Redis limiter; Local paces token buckets", l)
+	for _, l := range limits {
+		if l.kind != bucket {
+			return nil, fmt.Errorf("pace: NewLocal(%s): windows need a Redis limiter; Local paces token buckets", l)
+		}
 	}
 	var config commonConfig
 	for _, o := range opts {
@@ -71,13 +85,17 @@ func NewLocal(l Limit, opts ...Option) (*Local, error) {
 	if err := config.validate(); err != nil {
 		return nil, err
 	}
-	return newLocal(l, config, time.Now), nil
+	return newLocal(newNamedLimits(limits), config, time.Now), nil
 }
 
-// newLocal returns a Local of a valid limit and configuration, on a clock.
-func newLocal(l Limit, config commonConfig, now func() time.Time) *Local {
-	loc := &Local{limit: l, config: config, now: now, seed: maphash.MakeSeed()}
-	loc.refill = time.Duration(l.burst) * time.Duration(float64(l.period)/l.count)
+// newLocal returns a Local of valid token buckets and configuration, on a
+// clock.
+func newLocal(limits namedLimits, config commonConfig, now func() time.Time) *Local {
+	loc := &Local{namedLimits: limits, config: config, now: now, seed: maphash.MakeSeed(), costCap: limits.limits[0].burst}
+	for _, l := range limits.limits {
+		loc.costCap = min(loc.costCap, l.burst)
+		loc.refill = max(loc.refill, time.Duration(l.burst)*time.Duration(float64(l.period)/l.count))
+	}
 	for i := range loc.shards {
 		loc.shards[i].limiters = make(map[string]*localKey)
 		loc.shards[i].holds = make(map[string]time.Time)
@@ -85,39 +103,77 @@ func newLocal(l Limit, config commonConfig, now func() time.Time) *Local {
 	return loc
 }
 
-// Wait implements Limiter. It books cost tokens for key and sleeps until they
-// are due; if ctx ends first, the tokens go back to the bucket.
+// Wait implements Limiter. It books cost tokens for key under every limit
+// and sleeps until they are due; if ctx ends first, the tokens go back to
+// the buckets.
 func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
-	if err := checkWait(ctx, loc.limit.burst, key, cost); err != nil {
+	if err := checkWait(ctx, loc.costCap, key, cost); err != nil {
 		return err
 	}
+	costs := uniform(cost)
+	_, _, _, err := loc.wait(ctx, key, &costs)
+	return err
+}
+
+// Reserve implements Reserver: it waits as Wait does, for the estimated
+// costs under each limit.
+func (loc *Local) Reserve(ctx context.Context, key string, estimate Costs) (*Reservation, error) {
+	costs, err := loc.checkReserve(ctx, key, estimate)
+	if err != nil {
+		return nil, err
+	}
+	res, delay, start, err := loc.wait(ctx, key, &costs)
+	if err != nil {
+		return nil, err
+	}
+	t := ticket{limiter: "local", delay: delay, start: start, local: loc, res: res}
+	return &Reservation{limiter: loc, key: key, estimate: costs, ticket: t}, nil
+}
+
+// Settle implements Reserver: the difference between actual and the
+// reservation's estimate is charged to key's buckets, or given back (never
+// beyond full), now.
+func (loc *Local) Settle(_ context.Context, r *Reservation, actual Costs) error {
+	costs, err := loc.checkSettle(loc, r, actual)
+	if err != nil || !r.settled.CompareAndSwap(false, true) {
+		return err
+	}
+	loc.settle(r.key, r.estimate, costs, loc.now())
+	return nil
+}
+
+// wait books costs for key and sleeps until they are due, booking anew
+// after a hold that came meanwhile, and returns what it booked, the wait
+// and when its decision began.
+func (loc *Local) wait(ctx context.Context, key string, costs *limitCosts) (localBooking, time.Duration, time.Time, error) {
 	for {
 		now := loc.now()
 		budget := waitBudget(ctx, loc.config.maxWait, now)
-		res, delay, ok := loc.reserve(key, cost, now, now, budget)
+		var res localBooking
+		delay, ok := loc.reserve(key, costs, now, now, budget, &res)
 		if !ok {
-			return refuse(ctx, loc.config.observer, "local", key, cost, delay, budget)
+			return res, 0, now, refuse(ctx, loc.config.observer, "local", key, costs[0], delay, budget)
 		}
-		loc.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: "local", Key: key, Cost: cost, Delay: delay})
+		loc.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: "local", Key: key, Cost: costs[0], Delay: delay})
 		if err := sleep(ctx, key, delay); err != nil {
 			loc.cancel(key, res, loc.now())
-			loc.config.observer.emit(ctx, Event{Kind: EventCancel, Limiter: "local", Key: key, Cost: cost, Delay: delay, Err: err})
-			return err
+			loc.config.observer.emit(ctx, Event{Kind: EventCancel, Limiter: "local", Key: key, Cost: costs[0], Delay: delay, Err: err})
+			return res, 0, now, err
 		}
 		if delay == 0 || !loc.heldPast(key, now.Add(delay)) {
-			return nil
+			return res, delay, now, nil
 		}
 		// A hold came while this caller slept, and its slot lies before
 		// the hold's end: it books anew, after the hold.
 	}
 }
 
-// reserve books cost tokens for key at notBefore or later (and after any
-// hold), and returns the reservation and the delay from now until it is
-// due. When that delay would exceed budget, it books nothing and returns
-// false with the delay. A grant due at once may come without a reservation
-// (nil): there is nothing to give back.
-func (loc *Local) reserve(key string, cost int, now, notBefore time.Time, budget time.Duration) (*rate.Reservation, time.Duration, bool) {
+// reserve books costs for key at notBefore or later (and after any hold),
+// under every limit at once, puts the reservations in b, and returns the
+// delay from now until they are due. When that delay would exceed budget,
+// it books nothing and returns false with the delay. Where a request is
+// granted at once, there is no reservation to give back.
+func (loc *Local) reserve(key string, costs *limitCosts, now, notBefore time.Time, budget time.Duration, b *localBooking) (delay time.Duration, ok bool) {
 	shard := loc.shard(key)
 	shard.mu.Lock()
 	k := shard.limiter(loc, key, now)
@@ -129,37 +185,95 @@ func (loc *Local) reserve(key string, cost int, now, notBefore time.Time, budget
 		at = latest(at, shard.holds[key])
 	}
 	if !at.After(now) {
-		at = now
-		if k.last = now; k.lim.AllowN(now, cost) {
+		at, k.last = now, now
+		if k.allowAll(now, costs) {
 			shard.mu.Unlock()
-			return nil, 0, true
+			return 0, true
 		}
 	}
-	// Under the shard's lock nobody else can book on the limiter, so a
-	// reservation cancelled at once is given back whole.
-	k.last = at
-	r := k.lim.ReserveN(at, cost)
-	delay := r.DelayFrom(now)
-	if delay > budget {
-		r.CancelAt(at)
-		r = nil
-	}
+	delay, ok = k.book(costs, now, at, budget, b)
 	shard.mu.Unlock()
-	return r, delay, r != nil
+	return delay, ok
 }
 
-// cancel gives back reservation r of key, at now or, if that is earlier,
-// at the key's last reservation time. It does nothing for a nil r.
-func (loc *Local) cancel(key string, r *rate.Reservation, now time.Time) {
-	if r == nil {
-		return
+// book books costs under every limit of k at once, at the first time from
+// at when each has them, unless that is beyond budget from now. The caller
+// holds the shard's lock, so nobody else books on k meanwhile.
+func (k *localKey) book(costs *limitCosts, now, at time.Time, budget time.Duration, b *localBooking) (delay time.Duration, ok bool) {
+	due := at // when every limit has its cost
+	for i, lim := range k.lims {
+		if short := float64(costs[i]) - lim.TokensAt(at); short > 0 {
+			due = latest(due, at.Add(time.Duration(math.Ceil(short/float64(lim.Limit())*float64(time.Second)))))
+		}
 	}
+	if delay = due.Sub(now); delay > budget {
+		return delay, false
+	}
+	delay = 0
+	for i, lim := range k.lims {
+		if costs[i] > 0 {
+			b[i] = lim.ReserveN(due, costs[i])
+			delay = max(delay, b[i].DelayFrom(now))
+		}
+	}
+	k.last = due
+	return delay, true
+}
+
+// allowAll grants costs at now under every limit when each has them, and
+// reports whether it did.
+func (k *localKey) allowAll(now time.Time, costs *limitCosts) bool {
+	if len(k.lims) == 1 {
+		return k.lims[0].AllowN(now, costs[0])
+	}
+	for i, lim := range k.lims {
+		if lim.TokensAt(now) < float64(costs[i]) {
+			return false
+		}
+	}
+	for i, lim := range k.lims {
+		lim.AllowN(now, costs[i])
+	}
+	return true
+}
+
+// cancel gives back booking b of key, at now or, if that is earlier, at the
+// key's last reservation time.
+func (loc *Local) cancel(key string, b localBooking, now time.Time) {
 	shard := loc.shard(key)
 	shard.mu.Lock()
 	defer shard.mu.Unlock()
 	if k, ok := shard.limiters[key]; ok {
 		k.last = latest(now, k.last)
-		r.CancelAt(k.last)
+		for _, r := range b {
+			if r != nil {
+				r.CancelAt(k.last)
+			}
+		}
+	}
+}
+
+// settle charges key's buckets, at now or its last reservation time, with
+// the difference between actual and estimate under each limit: a debt of
+// any size, or a credit that fills the bucket at most.
+func (loc *Local) settle(key string, estimate, actual limitCosts, now time.Time) {
+	shard := loc.shard(key)
+	shard.mu.Lock()
+	defer shard.mu.Unlock()
+	k := shard.limiter(loc, key, now)
+	k.last = latest(now, k.last)
+	for i, lim := range k.lims {
+		switch diff := actual[i] - estimate[i]; {
+		case diff > 0:
+			// A reservation may not exceed the burst: for the time of the
+			// debt, the burst is the debt.
+			burst := lim.Burst()
+			lim.SetBurstAt(k.last, diff)
+			lim.ReserveN(k.last, diff)
+			lim.SetBurstAt(k.last, burst)
+		case diff < 0:
+			lim.ReserveN(k.last, diff) // a negative reservation gives tokens back, up to the burst
+		}
 	}
 }
 
@@ -186,7 +300,9 @@ func (loc *Local) Hold(ctx context.Context, key string, h Hold) error {
 	if changed {
 		shard.holds[key] = until
 		k.last = latest(until, k.last)
-		k.lim.ReserveN(k.last, loc.limit.burst-1) // all but the token of the first grant after the hold
+		for _, lim := range k.lims {
+			lim.ReserveN(k.last, lim.Burst()-1) // all but the token of the first grant after the hold
+		}
 	}
 	shard.mu.Unlock()
 	reportHold(ctx, loc.config.observer, "local", key, h, changed)
@@ -219,13 +335,13 @@ func (loc *Local) heldPast(key string, slot time.Time) bool {
 	return held && slot.Before(until)
 }
 
-// limiter returns key's limiter, creating it if needed. Once per refill
-// period (at least a second) it first drops the limiters whose buckets are
-// full again, since a new one would behave the same. The caller holds s.mu.
+// limiter returns key's limiters, creating them if needed. Once per refill
+// period (at least a second) it first drops the keys whose buckets are all
+// full again, since new ones would behave the same. The caller holds s.mu.
 func (s *localShard) limiter(loc *Local, key string, now time.Time) *localKey {
 	if !now.Before(s.nextSweep) {
 		for name, k := range s.limiters {
-			if !k.last.After(now) && k.lim.TokensAt(now) >= float64(loc.limit.burst) {
+			if !k.last.After(now) && k.full(now) {
 				delete(s.limiters, name)
 			}
 		}
@@ -238,12 +354,27 @@ func (s *localShard) limiter(loc *Local, key string, now time.Time) *localKey {
 	}
 	k, ok := s.limiters[key]
 	if !ok {
-		k = &localKey{lim: rate.NewLimiter(rate.Limit(loc.limit.Rate()), loc.limit.burst)}
+		k = &localKey{lims: make([]*rate.Limiter, len(loc.limits))}
 		if !loc.emptyAt.IsZero() {
 			k.last = latest(loc.emptyAt, loc.floors[key])
-			k.lim.AllowN(k.last, loc.limit.burst)
+		}
+		for i, l := range loc.limits {
+			k.lims[i] = rate.NewLimiter(rate.Limit(l.Rate()), l.burst)
+			if !k.last.IsZero() {
+				k.lims[i].AllowN(k.last, l.burst)
+			}
 		}
 		s.limiters[key] = k
 	}
 	return k
+}
+
+// full reports whether every bucket of the key is full at now.
+func (k *localKey) full(now time.Time) bool {
+	for _, lim := range k.lims {
+		if lim.TokensAt(now) < float64(lim.Burst()) {
+			return false
+		}
+	}
+	return true
 }

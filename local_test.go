@@ -10,9 +10,9 @@ import (
 	"time"
 )
 
-func mustLocal(t testing.TB, l Limit, opts ...Option) *Local {
+func mustLocal(t testing.TB, q Quota, opts ...Option) *Local {
 	t.Helper()
-	loc, err := NewLocal(l, opts...)
+	loc, err := NewLocal(q, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

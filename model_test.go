@@ -33,6 +33,28 @@ func (m *bucketModel) reserve(key string, interval, burst, cost, budget, notBefo
 	return true, delay, finish
 }
 
+// settle is settle.lua for a bucket: diff units more (or fewer) than booked
+// move the schedule forward (or back, never before now).
+func (m *bucketModel) settle(key string, interval, diff, now int64) {
+	tat, ok := m.tat[key]
+	switch {
+	case diff > 0:
+		m.tat[key] = max(tat, now) + diff*interval
+	case diff < 0 && ok && tat > now:
+		if tat += diff * interval; tat > now {
+			m.tat[key] = tat
+			for f := range m.gaps[key] {
+				if f > tat {
+					delete(m.gaps[key], f)
+				}
+			}
+		} else {
+			delete(m.tat, key)
+			delete(m.gaps, key)
+		}
+	}
+}
+
 // refund is refund.lua.
 func (m *bucketModel) refund(key string, finish, size, now int64) refundResult {
 	tat, ok := m.tat[key]
@@ -138,11 +160,11 @@ func newQuotaModel() *quotaModel {
 func windowGuard(length int64) int64 { return min(length-length%50, 2_500_000) / 50 }
 
 // reserve is quota.lua: limits[i] is kind, interval or length, burst or
-// count, and keys[i] its key.
-func (m *quotaModel) reserve(keys []string, limits [][3]int64, cost, budget, notBefore int64, id string, now int64) (bool, int64, []int64) {
+// count, keys[i] its key and costs[i] the request's cost under it.
+func (m *quotaModel) reserve(keys []string, limits [][3]int64, costs []int64, budget, notBefore int64, id string, now int64) (bool, int64, []int64) {
 	slot := now + notBefore
 	for i, l := range limits {
-		kind, a, b := l[0], l[1], l[2]
+		kind, a, b, cost := l[0], l[1], l[2], costs[i]
 		switch kind {
 		case 1:
 			tat := max(m.buckets.tat[keys[i]], now)
@@ -172,7 +194,7 @@ func (m *quotaModel) reserve(keys []string, limits [][3]int64, cost, budget, not
 				continue
 			}
 			w := slot / l[1]
-			for m.counts[keys[i]][w]+cost > l[2] {
+			for m.counts[keys[i]][w]+costs[i] > l[2] {
 				w++
 			}
 			if w*l[1] > slot {
@@ -184,7 +206,7 @@ func (m *quotaModel) reserve(keys []string, limits [][3]int64, cost, budget, not
 	finishes := make([]int64, len(limits))
 	for i, l := range limits {
 		if l[0] == 1 {
-			finishes[i] = max(m.buckets.tat[keys[i]], slot) + cost*l[1]
+			finishes[i] = max(m.buckets.tat[keys[i]], slot) + costs[i]*l[1]
 		}
 	}
 	if slot-now > budget {
@@ -198,7 +220,7 @@ func (m *quotaModel) reserve(keys []string, limits [][3]int64, cost, budget, not
 			if m.grants[keys[i]] == nil {
 				m.grants[keys[i]] = map[string]int64{}
 			}
-			for j := int64(1); j <= cost; j++ {
+			for j := int64(1); j <= costs[i]; j++ {
 				m.grants[keys[i]][fmt.Sprintf("%s:%d", id, j)] = slot
 			}
 			m.trim(keys[i], l[2], now-l[1]-windowGuard(l[1]))
@@ -206,7 +228,7 @@ func (m *quotaModel) reserve(keys []string, limits [][3]int64, cost, budget, not
 			if m.counts[keys[i]] == nil {
 				m.counts[keys[i]] = map[int64]int64{}
 			}
-			m.counts[keys[i]][windows[i]] += cost
+			m.counts[keys[i]][windows[i]] += costs[i]
 		}
 	}
 	return true, slot - now, finishes
@@ -234,9 +256,10 @@ func (m *quotaModel) trim(key string, count, old int64) {
 }
 
 // refund is refund.lua.
-func (m *quotaModel) refund(keys []string, limits [][3]int64, cost int64, id string, slot int64, finishes []int64, now int64) []refundResult {
+func (m *quotaModel) refund(keys []string, limits [][3]int64, costs []int64, id string, slot int64, finishes []int64, now int64) []refundResult {
 	results := make([]refundResult, len(limits))
 	for i, l := range limits {
+		cost := costs[i]
 		switch l[0] {
 		case 1:
 			results[i] = m.buckets.refund(keys[i], finishes[i], cost*l[1], now)
@@ -249,11 +272,39 @@ func (m *quotaModel) refund(keys []string, limits [][3]int64, cost int64, id str
 				}
 			}
 		case 3:
-			if _, ok := m.counts[keys[i]][slot/l[1]]; ok && slot > now {
-				m.counts[keys[i]][slot/l[1]] -= cost
+			if used, ok := m.counts[keys[i]][slot/l[1]]; ok && slot > now {
+				m.counts[keys[i]][slot/l[1]] -= min(cost, used)
 				results[i] = refundTail
 			}
 		}
 	}
 	return results
+}
+
+// settle is settle.lua, for a booking not settled before: under each limit,
+// the difference between actual[i] and estimate[i] is charged or given back.
+func (m *quotaModel) settle(keys []string, limits [][3]int64, estimate, actual []int64, id string, slot, now int64) {
+	for i, l := range limits {
+		kind, a, b := l[0], l[1], l[2]
+		switch kind {
+		case 1:
+			m.buckets.settle(keys[i], a, actual[i]-estimate[i], now)
+		case 2:
+			for j := actual[i] + 1; j <= estimate[i]; j++ {
+				delete(m.grants[keys[i]], fmt.Sprintf("%s:%d", id, j))
+			}
+			if actual[i] > estimate[i] && (slot+a+windowGuard(a))/1000 >= now/1000+1 {
+				if m.grants[keys[i]] == nil {
+					m.grants[keys[i]] = map[string]int64{}
+				}
+				for j := estimate[i] + 1; j <= min(actual[i], estimate[i]+b); j++ {
+					m.grants[keys[i]][fmt.Sprintf("%s:%d", id, j)] = slot
+				}
+			}
+		case 3:
+			if used, ok := m.counts[keys[i]][slot/a]; ok {
+				m.counts[keys[i]][slot/a] += max(actual[i]-estimate[i], -used)
+			}
+		}
+	}
 }

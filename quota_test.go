@@ -1,6 +1,7 @@
 package pace
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -23,11 +24,21 @@ func modelLimits(r *Redis) [][3]int64 {
 
 func TestQuotaMatchesModel(t *testing.T) { checkQuotaMatchesModel(t, newTestRedis(t)) }
 
-// checkQuotaMatchesModel drives quota.lua and refund.lua on a real Redis,
-// over quotas of buckets, sliding and fixed windows at once, and the Go
-// model with the same random sequence of keys, costs, budgets, refunds and
-// pauses: the model, fed the TIME each script used, must give the same
-// answer to the microsecond every time.
+// int64s converts costs for the model.
+func int64s(costs []int) []int64 {
+	out := make([]int64, len(costs))
+	for i, c := range costs {
+		out[i] = int64(c)
+	}
+	return out
+}
+
+// checkQuotaMatchesModel drives quota.lua, refund.lua and settle.lua on a
+// real Redis, over quotas of buckets, sliding and fixed windows at once, and
+// the Go model with the same random sequence of keys, costs under each limit,
+// budgets, refunds, settlements up and down (and again) and pauses: the
+// model, fed the TIME each script used, must give the same answer to the
+// microsecond every time.
 func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 	ctx := context.Background()
 	quotas := []Quota{
@@ -53,20 +64,25 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 	var lastNow int64 // the latest Redis TIME seen
 	for step := range 2500 {
 		switch op := rng.IntN(20); {
-		case op < 13:
+		case op < 11:
 			i := rng.IntN(len(keys))
 			r, key := limiters[i], keys[i]
-			cost := rng.IntN(r.costCap) + 1
+			costs := make([]int64, len(r.limits))
+			var lc limitCosts
+			for j, l := range r.limits {
+				costs[j] = int64(rng.IntN(l.burst + 1))
+				lc[j] = int(costs[j])
+			}
 			budget := []time.Duration{MaxDelay, 0, time.Duration(rng.IntN(20_000)) * time.Microsecond}[rng.IntN(3)]
 			notBefore := []time.Duration{0, 0, time.Duration(rng.IntN(5_000)) * time.Microsecond}[rng.IntN(3)]
-			b, err := storeOf(r).reserve(ctx, key, cost, budget, notBefore)
+			b, err := storeOf(r).reserve(ctx, key, lc, budget, notBefore, true)
 			if err != nil {
 				t.Fatalf("step %d: %v", step, err)
 			}
-			granted, delay, finishes := model.reserve(storeOf(r).keys(key, false), modelLimits(r), int64(cost), budget.Microseconds(), notBefore.Microseconds(), b.id, b.now)
+			granted, delay, finishes := model.reserve(storeOf(r).keys(key, false), modelLimits(r), costs, budget.Microseconds(), notBefore.Microseconds(), b.id, b.now)
 			if b.granted != granted || b.delay.Microseconds() != delay || !slices.Equal(b.finishes[:len(finishes)], finishes) {
-				t.Fatalf("step %d: reserve(%s, cost %d, budget %v, not before %v) at %d: script granted=%v delay=%v finishes=%v, model granted=%v delay=%dµs finishes=%v",
-					step, key, cost, budget, notBefore, b.now, b.granted, b.delay, b.finishes[:len(finishes)], granted, delay, finishes)
+				t.Fatalf("step %d: reserve(%s, costs %v, budget %v, not before %v) at %d: script granted=%v delay=%v finishes=%v, model granted=%v delay=%dµs finishes=%v",
+					step, key, costs, budget, notBefore, b.now, b.granted, b.delay, b.finishes[:len(finishes)], granted, delay, finishes)
 			}
 			lastNow = b.now
 			if granted {
@@ -75,7 +91,7 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 			} else {
 				counts["refused"]++
 			}
-		case op < 16 && len(bookings) > 0:
+		case op < 14 && len(bookings) > 0:
 			j := len(bookings) - 1 - rng.IntN(min(len(bookings), 6))
 			bk := bookings[j]
 			bookings = slices.Delete(bookings, j, j+1)
@@ -88,19 +104,39 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 				t.Fatalf("step %d: %v", step, err)
 			}
 			n := len(r.limits)
-			want := model.refund(storeOf(r).keys(bk.key, false), modelLimits(r), int64(bk.b.cost), bk.b.id, bk.b.slot(), bk.b.finishes[:n], now)
+			want := model.refund(storeOf(r).keys(bk.key, false), modelLimits(r), int64s(bk.b.costs[:n]), bk.b.id, bk.b.slot(), bk.b.finishes[:n], now)
 			if !slices.Equal(results[:n], want) {
 				t.Fatalf("step %d: refund(%s) at %d: script %v, model %v", step, bk.key, now, results[:n], want)
 			}
 			for _, res := range results[:n] {
 				counts[[]string{"refund-nothing", "refund-tail", "refund-gap"}[res]]++
 			}
+		case op < 17 && len(bookings) > 0:
+			j := len(bookings) - 1 - rng.IntN(min(len(bookings), 6))
+			bk := bookings[j]
+			bookings = slices.Delete(bookings, j, j+1)
+			r := limiters[bk.limiter]
+			n := len(r.limits)
+			var actual limitCosts
+			for i, l := range r.limits { // below, at or above the estimate, sometimes beyond the burst
+				actual[i] = rng.IntN(2*l.burst + 2)
+			}
+			var now int64
+			for again := range 2 { // settling twice changes nothing the second time
+				settled, at, err := storeOf(r).settle(ctx, bk.key, bk.b, actual)
+				if err != nil || settled != (again == 0) {
+					t.Fatalf("step %d: settle %d of %s: %v, %v", step, again, bk.key, settled, err)
+				}
+				now = cmp.Or(now, at)
+			}
+			model.settle(storeOf(r).keys(bk.key, false), modelLimits(r), int64s(bk.b.costs[:n]), int64s(actual[:n]), bk.b.id, bk.b.slot(), now)
+			counts[map[bool]string{true: "settle-up", false: "settle-down"}[actual[0] > bk.b.costs[0]]]++
 		default:
 			time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
 		}
 	}
 	t.Logf("2500 steps: %v", counts)
-	for kind, least := range map[string]int{"granted": 100, "refused": 100, "refund-tail": 100, "refund-gap": 20, "refund-nothing": 5} {
+	for kind, least := range map[string]int{"granted": 100, "refused": 100, "refund-tail": 50, "refund-gap": 20, "refund-nothing": 5, "settle-up": 50, "settle-down": 50} {
 		if counts[kind] < least {
 			t.Errorf("only %d %s decisions: the sequence did not exercise the scripts", counts[kind], kind)
 		}
@@ -281,7 +317,7 @@ func TestFixedWindowWaitsForTheNext(t *testing.T) {
 	var b booking
 	for i := range 4 {
 		var err error
-		if b, err = storeOf(r).reserve(ctx, "k", 1, MaxDelay, 0); err != nil {
+		if b, err = storeOf(r).reserve(ctx, "k", uniform(1), MaxDelay, 0, false); err != nil {
 			t.Fatal(err)
 		}
 		if i < 3 && b.delay != 0 {
@@ -303,7 +339,7 @@ func TestQuotaHoldAndFallback(t *testing.T) {
 	if err := r.Hold(ctx, "k", Hold{For: 200 * time.Millisecond, Reason: "test"}); err != nil {
 		t.Fatal(err)
 	}
-	b, err := storeOf(r).reserve(ctx, "k", 1, MaxDelay, 0)
+	b, err := storeOf(r).reserve(ctx, "k", uniform(1), MaxDelay, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,8 +347,11 @@ func TestQuotaHoldAndFallback(t *testing.T) {
 		t.Errorf("a request during a 200ms hold waits %v, want the rest of the hold", b.delay)
 	}
 
-	fallback := mustRedis(t, newTestRedis(t), AllOf{PerSecond(10), Window(100, time.Minute), PerHour(10000).WithBurst(5)}).fallbackLimit()
-	if fallback.Rate() != 50.0/60 || fallback.Burst() != 5 {
-		t.Errorf("fallback %v: want the lowest rate (the window's, halved: 50 a minute) and the smallest burst (5)", fallback)
+	quota := mustRedis(t, newTestRedis(t), AllOf{PerSecond(10), Window(100, time.Minute), PerHour(10000).WithBurst(5)}, WithFleetSize(2))
+	fallback := quota.outageLimiter(time.Now(), nil)
+	want := []Limit{PerSecond(5).WithBurst(5), Per(25, time.Minute).WithBurst(25), Per(5000, time.Hour).WithBurst(2)}
+	if !slices.Equal(fallback.limits, want) || !slices.Equal(fallback.names, quota.names) {
+		t.Errorf("fallback %v named %q: want half of each limit (a window as n/2 at once and n/2 a window) %v, named as the quota's %q",
+			fallback.limits, fallback.names, want, quota.names)
 	}
 }

@@ -44,6 +44,12 @@ type Rule struct {
 	// or more; 1 when the header is absent).
 	Cost       int
 	CostHeader string
+
+	// Estimate and Settle, when set, estimate each request's costs under
+	// each limit and settle them from its response, as Transport's fields
+	// of the same names do; the Limiter must then be a Reserver.
+	Estimate func(*http.Request) Costs
+	Settle   Settler
 }
 
 // Rules map each request to a limiter, a key and a cost, by the first Rule
@@ -56,7 +62,7 @@ type Rules struct {
 // maxCoster is a limiter that knows the largest cost it can ever grant.
 type maxCoster interface{ maxCost() int }
 
-func (loc *Local) maxCost() int { return loc.limit.burst }
+func (loc *Local) maxCost() int { return loc.costCap }
 func (r *Redis) maxCost() int   { return r.costCap }
 
 // NewRules checks rules and returns them, with def last: the rule for
@@ -80,6 +86,11 @@ func NewRules(def Rule, rules ...Rule) (*Rules, error) {
 			return nil, fmt.Errorf("pace: rule %q has a Limiter and is Unlimited: say one or the other", r.Name)
 		case r.Cost < 0:
 			return nil, fmt.Errorf("pace: rule %q: cost %d is below 0", r.Name, r.Cost)
+		case r.Settle != nil && r.Estimate == nil:
+			return nil, fmt.Errorf("pace: rule %q has a Settle without an Estimate: nothing would be reserved to settle", r.Name)
+		}
+		if _, ok := r.Limiter.(Reserver); r.Estimate != nil && !ok {
+			return nil, fmt.Errorf("pace: rule %q has an Estimate, and its Limiter (a %T) is not a Reserver", r.Name, r.Limiter)
 		}
 		if m, ok := r.Limiter.(maxCoster); ok && r.Cost > m.maxCost() {
 			return nil, fmt.Errorf("pace: rule %q: cost %d exceeds the burst %d of its limiter", r.Name, r.Cost, m.maxCost())

@@ -69,6 +69,7 @@ const (
 	reservedInNames = "{}#"
 	gapsSuffix      = "#gaps"
 	holdSuffix      = "#hold"
+	settledSuffix   = "#settled:"
 )
 
 // horizon is the furthest ahead of Redis's clock that a time pace writes
@@ -89,12 +90,15 @@ var (
 	holdSource string
 	//go:embed lua/held.lua
 	heldSource string
+	//go:embed lua/settle.lua
+	settleSource string
 
 	reserveScript = newScript(reserveSource)
 	quotaScript   = newScript(quotaSource)
 	refundScript  = newScript(refundSource)
 	holdScript    = newScript(holdSource)
 	heldScript    = newScript(heldSource)
+	settleScript  = newScript(settleSource)
 )
 
 // newScript is a script with the common prelude before its body.
@@ -127,20 +131,24 @@ type booking struct {
 	delay    time.Duration
 	now      int64            // the Redis TIME of the decision, in microseconds
 	finishes [maxLimits]int64 // each bucket's schedule time after the booking (0 for windows)
-	id       string           // the request's id in sliding windows
-	cost     int
+	id       string           // the request's id: its grants in sliding windows, its settlement
+	costs    limitCosts
 }
 
 // slot is when the request goes, by Redis's clock, in microseconds.
 func (b booking) slot() int64 { return b.now + b.delay.Microseconds() }
 
-// reserve runs the reserve script once: it books cost units for key under
-// every limit, for a caller who cannot go sooner than notBefore from now,
-// unless the wait would exceed budget.
-func (s *store) reserve(ctx context.Context, key string, cost int, budget, notBefore time.Duration) (booking, error) {
-	b := booking{cost: cost}
+// reserve runs the reserve script once: it books a request of costs for
+// key under every limit, for a caller who cannot go sooner than notBefore
+// from now, unless the wait would exceed budget. A booking to be settled
+// needs an id (withID); one in a sliding window always has one.
+func (s *store) reserve(ctx context.Context, key string, costs limitCosts, budget, notBefore time.Duration, withID bool) (booking, error) {
+	b := booking{costs: costs}
 	n := len(s.limits)
 	keys := s.keys(key, false)
+	if withID || s.sliding {
+		b.id = s.member + ":" + strconv.FormatUint(s.requestIDs.Add(1), 10)
+	}
 	var reply [3 + maxLimits]int64
 	var cmd *redis.Cmd
 	budgetArg := maxDelayArg // a caller without a deadline: boxed once
@@ -148,13 +156,13 @@ func (s *store) reserve(ctx context.Context, key string, cost int, budget, notBe
 		budgetArg = budget.Microseconds()
 	}
 	if s.oneBucket {
-		cmd = s.calls.run(ctx, reserveScript, keys, s.limitArgs[1], s.limitArgs[2], cost, budgetArg, notBefore.Microseconds())
+		cmd = s.calls.run(ctx, reserveScript, keys, s.limitArgs[1], s.limitArgs[2], costs[0], budgetArg, notBefore.Microseconds())
 	} else {
-		if s.sliding {
-			b.id = s.member + ":" + strconv.FormatUint(s.requestIDs.Add(1), 10)
+		args := append(make([]any, 0, 3+4*n), budgetArg, notBefore.Microseconds(), b.id)
+		for i := range n {
+			args = append(args, s.limitArgs[3*i], s.limitArgs[3*i+1], s.limitArgs[3*i+2], costs[i])
 		}
-		args := append(make([]any, 0, 4+len(s.limitArgs)), cost, budgetArg, notBefore.Microseconds(), b.id)
-		cmd = s.calls.run(ctx, quotaScript, keys, append(args, s.limitArgs...)...)
+		cmd = s.calls.run(ctx, quotaScript, keys, args...)
 	}
 	err := int64Reply(cmd, reply[:3+n])
 	if err == nil && (reply[0] < 0 || reply[0] > 1 || reply[1] < 0) {
@@ -185,9 +193,9 @@ const (
 func (s *store) refund(ctx context.Context, key string, b booking) ([maxLimits]refundResult, int64, error) {
 	var results [maxLimits]refundResult
 	n := len(s.limits)
-	args := append(make([]any, 0, 3+3*n), b.id, b.cost, b.slot())
-	for i := range s.limits {
-		args = append(args, s.limitArgs[3*i], s.limitArgs[3*i+1], b.finishes[i])
+	args := append(make([]any, 0, 2+4*n), b.id, b.slot())
+	for i := range n {
+		args = append(args, s.limitArgs[3*i], s.limitArgs[3*i+1], b.costs[i], b.finishes[i])
 	}
 	keys := s.keys(key, true)
 	var reply [1 + maxLimits]int64
@@ -202,6 +210,23 @@ func (s *store) refund(ctx context.Context, key string, b booking) ([maxLimits]r
 		return results, 0, s.fail(key, "refund", keys, err)
 	}
 	return results, reply[0], nil
+}
+
+// settle settles booking b of key at the actual costs, and reports whether
+// it did (false: it had been settled already) and the Redis TIME it used,
+// in microseconds.
+func (s *store) settle(ctx context.Context, key string, b booking, actual limitCosts) (bool, int64, error) {
+	n := len(s.limits)
+	args := append(make([]any, 0, 2+5*n), b.id, b.slot())
+	for i := range n {
+		args = append(args, s.limitArgs[3*i], s.limitArgs[3*i+1], s.limitArgs[3*i+2], b.costs[i], actual[i])
+	}
+	keys := append(s.keys(key, true), s.prefix+"{"+key+"}"+settledSuffix+b.id)
+	var reply [2]int64
+	if err := int64Reply(s.calls.run(ctx, settleScript, keys, args...), reply[:]); err != nil {
+		return false, 0, s.fail(key, "settle", keys, err)
+	}
+	return reply[0] == 1, reply[1], nil
 }
 
 // hold holds key under every limit for d from now, by Redis's clock, and
@@ -284,7 +309,7 @@ func (s *store) keys(key string, withGaps bool) []string {
 	if len(s.suffixes) == 1 && !withGaps {
 		return []string{base + s.suffixes[0]}
 	}
-	keys := make([]string, 0, 2*len(s.suffixes)+1)
+	keys := make([]string, 0, 2*len(s.suffixes)+1) // room for one key more: a hold's or a settlement's
 	for _, suffix := range s.suffixes {
 		keys = append(keys, base+suffix)
 		if withGaps {

@@ -158,7 +158,7 @@ func TestFleetCountsProcesses(t *testing.T) {
 	other := mustRedis(t, c, PerSecond(300), WithFleetName("other"))
 	beat := func(r *Redis, skew time.Duration) {
 		t.Helper()
-		b, err := storeOf(r).reserve(ctx, "k", 1, MaxDelay, 0)
+		b, err := storeOf(r).reserve(ctx, "k", uniform(1), MaxDelay, 0, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -181,7 +181,7 @@ func TestFleetCountsProcesses(t *testing.T) {
 		t.Errorf("another fleet's member counts %d, want 1", n)
 	}
 	fallback := members[0].outageLimiter(time.Now(), nil)
-	if got, want := fallback.limit, PerSecond(100).WithBurst(10); got != want {
+	if got, want := fallback.limits[0], PerSecond(100).WithBurst(10); got != want {
 		t.Errorf("fallback limit %v, want a third of the limit, %v", got, want)
 	}
 

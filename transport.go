@@ -21,7 +21,10 @@
 package pace
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -45,8 +48,20 @@ type Transport struct {
 	// A Key that returns "" makes the request fail.
 	Key func(*http.Request) string
 
-	// Cost is how many tokens a request takes. If nil, each takes 1.
+	// Cost is how many tokens a request takes under every limit. If nil,
+	// each takes 1.
 	Cost func(*http.Request) int
+
+	// Estimate, if set, gives each request's estimated costs under each
+	// limit of its quota, instead of Cost; the Limiter must be a Reserver.
+	// Settle, if set too, reads what the response cost, and the
+	// reservation is settled with it once the response body reaches EOF or
+	// is closed (see Settler). The body then comes wrapped: it reads the
+	// same bytes as they come, and keeps only its first and last
+	// BodyEndSize bytes for Settle. A request that gets no response, and one
+	// whose body is never closed, keeps its estimate.
+	Estimate func(*http.Request) Costs
+	Settle   Settler
 
 	// MaxHold caps how long a response can hold its key (see ParseHold and
 	// Holder). If zero, DefaultMaxHold is used.
@@ -69,7 +84,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.Limiter == nil && t.Rules == nil {
 		return t.base().RoundTrip(req)
 	}
-	limiter, key, err := t.wait(req)
+	p, err := t.wait(req)
 	if err != nil {
 		if req.Body != nil {
 			req.Body.Close()
@@ -77,37 +92,82 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	resp, err := t.base().RoundTrip(req)
-	if holder, ok := limiter.(Holder); ok && err == nil && resp != nil {
+	if err != nil || resp == nil {
+		return resp, err
+	}
+	if holder, ok := p.limiter.(Holder); ok {
 		if h, ok := ParseHold(resp, time.Now(), t.maxHold()); ok {
-			holder.Hold(req.Context(), key, h) // a failure reaches the Limiter's observer
+			holder.Hold(req.Context(), p.key, h) // a failure reaches the Limiter's observer
 		}
+	}
+	if p.res != nil && p.settle != nil {
+		resp.Body = p.settlingBody(req.Context(), resp)
 	}
 	return resp, err
 }
 
-// wait waits for the request's turn and returns the limiter that granted
-// it (nil when none paces it) and its key.
-func (t *Transport) wait(req *http.Request) (Limiter, string, error) {
+// paced is how a Transport paced one request: by which limiter (nil when
+// none paces it), under which key, and, for a request whose costs are
+// estimated, its reservation and the Settler of its response.
+type paced struct {
+	limiter Limiter
+	key     string
+	res     *Reservation
+	settle  Settler
+}
+
+// wait waits for the request's turn, and returns how it was paced.
+func (t *Transport) wait(req *http.Request) (paced, error) {
 	if req.URL == nil {
-		return nil, "", errors.New("pace: request has no URL")
+		return paced{}, errors.New("pace: request has no URL")
 	}
 	if t.Rules != nil {
 		rule, key, cost, err := t.Rules.decide(req)
 		if err != nil || rule.Unlimited {
-			return nil, key, err
+			return paced{key: key}, err
 		}
-		return rule.Limiter, key, rule.Limiter.Wait(req.Context(), key, cost)
+		return waitFor(req, paced{limiter: rule.Limiter, key: key, settle: rule.Settle}, cost, rule.Estimate)
+	}
+	if t.Settle != nil && t.Estimate == nil {
+		return paced{}, errors.New("pace: Transport.Settle without an Estimate: nothing would be reserved to settle")
 	}
 	keyOf := HostKey
 	if t.Key != nil {
 		keyOf = t.Key
 	}
 	cost := 1
-	if t.Cost != nil {
+	if t.Cost != nil && t.Estimate == nil {
 		cost = t.Cost(req)
 	}
-	key := keyOf(req)
-	return t.Limiter, key, t.Limiter.Wait(req.Context(), key, cost)
+	return waitFor(req, paced{limiter: t.Limiter, key: keyOf(req), settle: t.Settle}, cost, t.Estimate)
+}
+
+// waitFor waits on p's limiter for req: cost under every limit, or, with an
+// estimate, a reservation of the estimated costs.
+func waitFor(req *http.Request, p paced, cost int, estimate func(*http.Request) Costs) (paced, error) {
+	if estimate == nil {
+		return p, p.limiter.Wait(req.Context(), p.key, cost)
+	}
+	reserver, ok := p.limiter.(Reserver)
+	if !ok {
+		return p, fmt.Errorf("pace: key %s: an Estimate needs a Limiter that is a Reserver, such as Local or Redis, not a %T", quoteKey(p.key), p.limiter)
+	}
+	var err error
+	p.res, err = reserver.Reserve(req.Context(), p.key, estimate(req))
+	return p, err
+}
+
+// settlingBody wraps resp's body so that, once it ends, its reservation is
+// settled with what p's Settler reads of it; when the Settler cannot tell,
+// the reservation keeps its estimate. The settlement runs past the
+// request's context: the response has been counted already.
+func (p paced) settlingBody(ctx context.Context, resp *http.Response) io.ReadCloser {
+	ctx = context.WithoutCancel(ctx)
+	return &settlingBody{body: resp.Body, settle: func(ends BodyEnds) {
+		if actual, ok := p.settle(resp, ends); ok {
+			p.limiter.(Reserver).Settle(ctx, p.res, actual) // a failure reaches the Limiter's observer
+		}
+	}}
 }
 
 func (t *Transport) maxHold() time.Duration {

@@ -60,3 +60,11 @@ end
 local function ms_expiry(t)
   return (t - t % 1000) / 1000 + 1
 end
+
+-- guard is what a sliding window of length leaves between a grant and the
+-- one that takes its place, so that the jitter between a grant and its
+-- arrival upstream does not crowd two into one window: a fiftieth of the
+-- window, at most 50 ms.
+local function guard(length)
+  return math.min(length - length % 50, 2500000) / 50
+end

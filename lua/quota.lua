@@ -1,39 +1,33 @@
--- Books cost units under every limit of a quota, all of them or, when the
--- wait would exceed the caller's budget, none, and returns the exact wait.
+-- Books a request under every limit of a quota, each at its own cost, all
+-- of them or, when the wait would exceed the caller's budget, none, and
+-- returns the exact wait.
 --
 -- KEYS[i]   limit i's key: a bucket's schedule (a string: its theoretical
 --           arrival time, TAT), a sliding window's grants (a sorted set of
---           their times), or a fixed window's counts (a hash, by window)
--- ARGV[1]   cost: how many units the caller wants
--- ARGV[2]   budget: the longest wait the caller accepts, in microseconds
--- ARGV[3]   not before: the caller cannot go sooner than this many
+--           their times, a member a unit), or a fixed window's counts (a
+--           hash, by window)
+-- ARGV[1]   budget: the longest wait the caller accepts, in microseconds
+-- ARGV[2]   not before: the caller cannot go sooner than this many
 --           microseconds from now
--- ARGV[4]   the request's id, which names its grants in sliding windows
--- ARGV[3i+2], ARGV[3i+3], ARGV[3i+4]   limit i: its kind (1 bucket,
---           2 sliding window, 3 fixed window), then a bucket's interval
---           (microseconds one unit adds to the schedule) and burst, or a
---           window's length in microseconds and count
+-- ARGV[3]   the request's id, which names its grants in sliding windows
+-- ARGV[4i], ARGV[4i+1], ARGV[4i+2], ARGV[4i+3]   limit i: its kind (1
+--           bucket, 2 sliding window, 3 fixed window), then a bucket's
+--           interval (microseconds one unit adds to the schedule) and burst,
+--           or a window's length in microseconds and count; then the
+--           request's cost under it
 --
 -- All times are integer microseconds of Redis's clock. Returns {granted (1
 -- or 0), delay, now, finish_1, ..., finish_n}: the wait, the TIME the
 -- decision used (the request goes at now + delay), and each bucket's TAT
 -- after the booking (0 for windows). reserve.lua is the same for one bucket.
-local cost = tonumber(ARGV[1])
 local n = #KEYS
-local kinds, as, bs, stored = {}, {}, {}, {}
-local slot = now + tonumber(ARGV[3])
-
--- A sliding window leaves a guard between a grant and the one that takes its
--- place, so that the jitter between a grant and its arrival upstream does
--- not crowd two into one window: a fiftieth of the window, at most 50 ms.
-local function guard(length)
-  return math.min(length - length % 50, 2500000) / 50
-end
+local kinds, as, bs, costs, stored = {}, {}, {}, {}, {}
+local slot = now + tonumber(ARGV[2])
 
 -- Every bucket and sliding window allows any time from a threshold on.
 for i = 1, n do
-  local kind, a, b = tonumber(ARGV[3 * i + 2]), tonumber(ARGV[3 * i + 3]), tonumber(ARGV[3 * i + 4])
-  kinds[i], as[i], bs[i] = kind, a, b
+  local kind, a, b, cost = tonumber(ARGV[4 * i]), tonumber(ARGV[4 * i + 1]), tonumber(ARGV[4 * i + 2]), tonumber(ARGV[4 * i + 3])
+  kinds[i], as[i], bs[i], costs[i] = kind, a, b, cost
   if kind == 1 then
     stored[i] = time(i, read(i, 'GET'))
     local tat = now
@@ -63,7 +57,7 @@ while moved do
       local room = false
       for _ = 1, 64 do
         local used = number(i, redis.call('HGET', KEYS[i], string.format('%d', w)), 2^53) or 0
-        if used + cost <= bs[i] then
+        if used + costs[i] <= bs[i] then
           room = true
           break
         end
@@ -88,10 +82,10 @@ for i = 1, n do
   if kinds[i] == 1 then
     local base = slot
     if stored[i] and stored[i] > base then base = stored[i] end
-    reply[3 + i] = base + cost * as[i]
+    reply[3 + i] = base + costs[i] * as[i]
   end
 end
-if slot - now > tonumber(ARGV[2]) then
+if slot - now > tonumber(ARGV[1]) then
   return reply
 end
 
@@ -108,8 +102,8 @@ for i = 1, n do
       redis.call('SET', KEYS[i], string.format('%d', finish), 'PXAT', full_expiry(finish))
     end
   elseif kinds[i] == 2 then
-    for j = 1, cost do
-      redis.call('ZADD', KEYS[i], slot, ARGV[4] .. ':' .. j)
+    for j = 1, costs[i] do
+      redis.call('ZADD', KEYS[i], slot, ARGV[3] .. ':' .. j)
     end
     -- Only the last count grants matter, and none older than a window.
     redis.call('ZREMRANGEBYRANK', KEYS[i], 0, -bs[i] - 1)
@@ -117,7 +111,7 @@ for i = 1, n do
     redis.call('PEXPIREAT', KEYS[i], ms_expiry(slot + a + guard(a)))
   else
     local w = windows[i]
-    redis.call('HINCRBY', KEYS[i], string.format('%d', w), cost)
+    redis.call('HINCRBY', KEYS[i], string.format('%d', w), costs[i])
     local current = (now - now % a) / a
     redis.call('HDEL', KEYS[i], string.format('%d', current - 1), string.format('%d', current - 2))
     -- The counts expire with the last window booked: never a key without

@@ -11,17 +11,17 @@
 -- KEYS[2i-1] limit i's key (see reserve.lua); KEYS[2i] its gaps: a sorted
 --           set of cancelled bucket bookings not yet at the tail, members
 --           "finish:size", scored by finish (unused for windows)
--- ARGV[1]   the request's id; ARGV[2] its cost; ARGV[3] its slot
--- ARGV[3i+1], ARGV[3i+2], ARGV[3i+3]   limit i: its kind (1 bucket,
---           2 sliding, 3 fixed), its interval or window length, and the
---           bucket's finish (the TAT the booking left; 0 for windows)
+-- ARGV[1]   the request's id; ARGV[2] its slot
+-- ARGV[4i-1], ARGV[4i], ARGV[4i+1], ARGV[4i+2]   limit i: its kind (1
+--           bucket, 2 sliding, 3 fixed), its interval or window length, the
+--           request's cost under it, and the bucket's finish (the TAT the
+--           booking left; 0 for windows)
 --
 -- Returns {now, result_1, ..., result_n}: for a bucket, 1 when the tokens
 -- went back, 2 when the booking was kept as a gap, 0 when there was nothing
 -- to give back (its time has passed, or the bucket is no longer the one it
 -- was booked in); for a window, 1 when the booking was taken out, else 0.
-local cost = tonumber(ARGV[2])
-local slot = tonumber(ARGV[3])
+local slot = tonumber(ARGV[2])
 local n = #KEYS / 2
 
 local function refund_bucket(key, gaps, tat, finish, size)
@@ -54,7 +54,7 @@ end
 -- the count of a fixed window's booked window while it is still ahead.
 local kinds, tats, fields, used = {}, {}, {}, {}
 for i = 1, n do
-  local kind, a = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
+  local kind, a = tonumber(ARGV[4 * i - 1]), tonumber(ARGV[4 * i])
   kinds[i] = kind
   if kind == 1 then
     tats[i] = time(2 * i - 1, read(2 * i - 1, 'GET'))
@@ -69,7 +69,7 @@ end
 
 local reply = {now}
 for i = 1, n do
-  local a, finish = tonumber(ARGV[3 * i + 2]), tonumber(ARGV[3 * i + 3])
+  local a, cost, finish = tonumber(ARGV[4 * i]), tonumber(ARGV[4 * i + 1]), tonumber(ARGV[4 * i + 2])
   local key = KEYS[2 * i - 1]
   local result = 0
   if kinds[i] == 1 then
@@ -79,7 +79,9 @@ for i = 1, n do
       result = math.max(result, redis.call('ZREM', key, ARGV[1] .. ':' .. j))
     end
   elseif used[i] then
-    redis.call('HINCRBY', key, fields[i], -math.min(cost, used[i]))
+    if cost > 0 and used[i] > 0 then -- HINCRBY refuses a negative zero
+      redis.call('HINCRBY', key, fields[i], -math.min(cost, used[i]))
+    end
     result = 1
   end
   reply[i + 1] = result

@@ -1,0 +1,139 @@
+package pace
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+// hourlyTokens is a quota whose tokens hardly refill during a test (1,000 an
+// hour): how many a key has used shows in how long 1,000 more would wait,
+// 3.6 s a token.
+var hourlyTokens = AllOf{PerSecond(100).Named("requests"), Per(1000, time.Hour).WithBurst(1000).Named("tokens")}
+
+// tokensUsed returns about how many tokens key has used on lim.
+func tokensUsed(t *testing.T, lim Reserver, key string) int {
+	t.Helper()
+	return int((tokensDue(t, lim, key, 1000) + 1800*time.Millisecond) / (3600 * time.Millisecond))
+}
+
+// streamServer streams the OpenAI sample's chunks, one at a time, each once
+// the test says so on next (closed: all the rest at once).
+func streamServer(t *testing.T, next <-chan struct{}) *httptest.Server {
+	chunks := strings.SplitAfter(openAIStream, "\n\n")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.(http.Flusher).Flush() // the headers, before any chunk
+		for _, chunk := range chunks {
+			<-next
+			io.WriteString(w, chunk)
+			w.(http.Flusher).Flush()
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// settlingClient is a client whose Transport reserves 400 tokens a request
+// on lim and settles them by OpenAIUsage.
+func settlingClient(lim Reserver) *http.Client {
+	return &http.Client{Transport: &Transport{Limiter: lim, Key: func(*http.Request) string { return "llm" },
+		Estimate: func(*http.Request) Costs { return Costs{"tokens": 400} }, Settle: OpenAIUsage("tokens")}}
+}
+
+// TestBodySettlesAtEOF: a streamed body read slowly, a chunk at a time,
+// passes each chunk on as it comes (the server sends the next only once the
+// test has read the last), and the reservation keeps its estimate until the
+// body reaches EOF, when it is settled at the stream's usage: 21 tokens.
+func TestBodySettlesAtEOF(t *testing.T) {
+	lim := mustLocal(t, hourlyTokens)
+	next := make(chan struct{})
+	resp, err := settlingClient(lim).Get(streamServer(t, next).URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	buf := make([]byte, 64<<10)
+	for i, chunk := range strings.SplitAfter(openAIStream, "\n\n") {
+		if used := tokensUsed(t, lim, "llm"); used != 400 {
+			t.Fatalf("before chunk %d: %d tokens used, want the estimate, 400", i, used)
+		}
+		next <- struct{}{}
+		var got string
+		for len(got) < len(chunk) { // a chunk may come in more than one read
+			n, err := resp.Body.Read(buf)
+			if err != nil && err != io.EOF {
+				t.Fatal(err)
+			}
+			got += string(buf[:n])
+		}
+		if got != chunk {
+			t.Fatalf("chunk %d read as %q, want %q", i, got, chunk)
+		}
+	}
+	if n, err := resp.Body.Read(buf); n != 0 || err != io.EOF {
+		t.Fatalf("after the last chunk: %d bytes, %v; want EOF", n, err)
+	}
+	if used := tokensUsed(t, lim, "llm"); used != 21 {
+		t.Errorf("after EOF: %d tokens used, want the stream's usage, 21", used)
+	}
+}
+
+// TestBodyEndsEarly: a body closed after a tenth of the stream, and a body
+// never read nor closed, keep the estimate of 400 tokens.
+func TestBodyEndsEarly(t *testing.T) {
+	for name, read := range map[string]func(io.ReadCloser){
+		"closed after 10%": func(body io.ReadCloser) {
+			io.ReadFull(body, make([]byte, len(openAIStream)/10))
+			body.Close()
+		},
+		"never closed": func(io.ReadCloser) {},
+	} {
+		t.Run(name, func(t *testing.T) {
+			lim := mustLocal(t, hourlyTokens)
+			next := make(chan struct{})
+			close(next) // the whole stream at once
+			resp, err := settlingClient(lim).Get(streamServer(t, next).URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			read(resp.Body)
+			if used := tokensUsed(t, lim, "llm"); used != 400 {
+				t.Errorf("%d tokens used, want the estimate, 400", used)
+			}
+			resp.Body.Close() // the test's own clean-up
+		})
+	}
+}
+
+// TestTransportEstimateBadInput: an Estimate on a Limiter that cannot
+// settle, a Settle without an Estimate, and an estimate beyond a burst are
+// errors that say so, and the request goes nowhere.
+func TestTransportEstimateBadInput(t *testing.T) {
+	base := &countingBase{}
+	lim := mustLocal(t, hourlyTokens)
+	estimate := func(*http.Request) Costs { return Costs{"tokens": 400} }
+	for want, tr := range map[string]*Transport{
+		"is a Reserver":              {Base: base, Limiter: waitOnly{lim}, Estimate: estimate},
+		"Settle without an Estimate": {Base: base, Limiter: lim, Settle: OpenAIUsage("tokens")},
+		`cost 2000 under limit "tokens" exceeds its burst 1000`: {Base: base, Limiter: lim, Estimate: func(*http.Request) Costs { return Costs{"tokens": 2000} }},
+	} {
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodGet, "http://upstream/", nil)
+		if _, err := tr.RoundTrip(req); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%v, want an error containing %q", err, want)
+		}
+	}
+	if base.calls.Load() != 0 {
+		t.Errorf("%d requests reached the upstream", base.calls.Load())
+	}
+	if _, err := NewRules(Rule{Name: "d", Limiter: waitOnly{lim}, Estimate: estimate}); err == nil || !strings.Contains(err.Error(), `rule "d" has an Estimate`) {
+		t.Errorf("a rule with an Estimate on a Limiter that cannot settle: %v", err)
+	}
+}
+
+// waitOnly is a Limiter that cannot settle.
+type waitOnly struct{ Limiter }

@@ -1,0 +1,129 @@
+package pace
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// Costs are what one request takes under each limit of its quota, by the
+// limit's name: the name Limit.Named gave it, or its text, such as "500/m".
+// A limit the Costs do not name costs 1. Under
+//
+//	pace.AllOf{pace.PerMinute(500).Named("requests"), pace.PerMinute(200000).Named("tokens")}
+//
+// a request estimated at 1,200 tokens costs pace.Costs{"tokens": 1200}: 1
+// request and 1,200 tokens. A cost may be 0 under some limits, never below.
+type Costs map[string]int
+
+// A Reserver is a Limiter whose waits can be settled afterwards, for costs
+// known only once the response has ended, such as the tokens of an LLM API.
+// Local and Redis are Reservers.
+//
+// Reserve waits, like Wait, for a request estimated at estimate, and returns
+// the Reservation of its grant. Settle then charges the difference between
+// the actual costs and the estimate, the way an upstream that estimates a
+// request when it starts and corrects its count when it ends does: less
+// gives the difference back at once, more is a debt that later callers wait
+// for (beyond the burst, it is paid off at the rate). A reservation is
+// settled once: settling it again does nothing. One never settled stays at
+// its estimate.
+type Reserver interface {
+	Limiter
+	Reserve(ctx context.Context, key string, estimate Costs) (*Reservation, error)
+	Settle(ctx context.Context, r *Reservation, actual Costs) error
+}
+
+// A Reservation is a wait that a Reserver granted at an estimated cost, to
+// be settled with the actual cost once it is known. It is safe for
+// concurrent use.
+type Reservation struct {
+	limiter  Reserver // the limiter that made it
+	key      string
+	estimate limitCosts
+	ticket   ticket // what was booked, and where
+	settled  atomic.Bool
+}
+
+// Key returns the key the reservation was made for.
+func (r *Reservation) Key() string { return r.key }
+
+// Delay returns how long the reservation's caller waited for its grant.
+func (r *Reservation) Delay() time.Duration { return r.ticket.delay }
+
+// limitCosts are a request's costs under each limit of its quota, by the
+// limit's position.
+type limitCosts [maxLimits]int
+
+// uniform is cost under each limit.
+func uniform(cost int) limitCosts {
+	var c limitCosts
+	for i := range c {
+		c[i] = cost
+	}
+	return c
+}
+
+// limitName is the name a limit goes by in Costs and in its Redis key.
+func limitName(l Limit) string { return cmp.Or(l.name, l.String()) }
+
+// namedLimits are the limits of a quota and the name each goes by.
+type namedLimits struct {
+	limits []Limit
+	names  []string
+}
+
+func newNamedLimits(limits []Limit) namedLimits {
+	n := namedLimits{limits: limits}
+	for _, l := range limits {
+		n.names = append(n.names, limitName(l))
+	}
+	return n
+}
+
+// costsOf reads c, for key, as a cost under each limit. An estimate must
+// fit each limit's burst or count, lest its wait never end.
+func (n namedLimits) costsOf(key string, c Costs, estimate bool) (limitCosts, error) {
+	var costs limitCosts
+	for i := range n.limits {
+		costs[i] = 1
+	}
+	for name, cost := range c {
+		i := -1
+		for j, known := range n.names {
+			if known == name {
+				i = j
+			}
+		}
+		switch {
+		case i < 0:
+			return costs, &requestError{fmt.Sprintf("pace: key %s: Costs name %q, which is not a limit of the quota (%s)", quoteKey(key), name, strings.Join(n.names, ", "))}
+		case cost < 0:
+			return costs, &requestError{fmt.Sprintf("pace: key %s: cost %d under limit %q is below 0", quoteKey(key), cost, name)}
+		case estimate && cost > n.limits[i].burst:
+			return costs, &requestError{fmt.Sprintf("pace: key %s: cost %d under limit %q exceeds its burst %d", quoteKey(key), cost, name, n.limits[i].burst)}
+		}
+		costs[i] = cost
+	}
+	return costs, nil
+}
+
+// checkReserve reports a reservation that cannot begin, as checkWait does.
+func (n namedLimits) checkReserve(ctx context.Context, key string, estimate Costs) (limitCosts, error) {
+	if err := checkWait(ctx, 1, key, 1); err != nil {
+		return limitCosts{}, err
+	}
+	return n.costsOf(key, estimate, true)
+}
+
+// checkSettle reports a settlement that cannot be made: of a reservation
+// that limiter did not make, or with a bad actual cost.
+func (n namedLimits) checkSettle(limiter Reserver, r *Reservation, actual Costs) (limitCosts, error) {
+	if r == nil || r.limiter != limiter {
+		return limitCosts{}, &requestError{"pace: Settle: a reservation this limiter did not make"}
+	}
+	return n.costsOf(r.key, actual, false)
+}

@@ -1,0 +1,160 @@
+package pace
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetpace/pace/internal/redistest"
+)
+
+// llmQuota is an LLM API's quota: requests and tokens, 1,000 tokens a
+// second with a burst of 1,000 (a token a millisecond).
+var llmQuota = AllOf{PerSecond(100).Named("requests"), PerSecond(1000).WithBurst(1000).Named("tokens")}
+
+// tokensDue returns how long a request of cost tokens would wait now on
+// lim, from the refusal of a wait under a deadline of a millisecond, which
+// books nothing.
+func tokensDue(t *testing.T, lim Reserver, key string, tokens int) time.Duration {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	_, err := lim.Reserve(ctx, key, Costs{"tokens": tokens})
+	var de *DeadlineError
+	if !errors.As(err, &de) {
+		t.Fatalf("a wait for %d tokens under a deadline of 1ms: %v, want a refusal", tokens, err)
+	}
+	return de.Delay
+}
+
+// TestSettle: on Redis and on Local, a reservation settled below its
+// estimate gives the difference back at once, above it charges a debt that
+// may exceed the burst, a second settlement changes nothing, and one never
+// settled stays at its estimate. The costs under each limit are their own:
+// the requests limit is charged 1 a reservation throughout.
+func TestSettle(t *testing.T) {
+	ctx := context.Background()
+	for name, lim := range map[string]Reserver{
+		"redis": mustRedis(t, newTestRedis(t), llmQuota, WithFleetSize(1)),
+		"local": mustLocal(t, llmQuota),
+	} {
+		t.Run(name, func(t *testing.T) {
+			// Each step leaves the bucket of 1,000 tokens short of some; a
+			// wait for 1,000 tokens then lasts that many milliseconds, less
+			// the few that pass between the steps (they refill a token each).
+			check := func(step string, want time.Duration) {
+				t.Helper()
+				if got := tokensDue(t, lim, "k", 1000); got > want || got < want-30*time.Millisecond {
+					t.Errorf("%s: a wait for 1000 tokens lasts %v, want about %v", step, got, want)
+				}
+			}
+			first, err := lim.Reserve(ctx, "k", Costs{"tokens": 800})
+			if err != nil || first.Delay() != 0 || first.Key() != "k" {
+				t.Fatalf("Reserve: %v, %v", first, err)
+			}
+			check("reserved at 800", 800*time.Millisecond)
+			if err := lim.Settle(ctx, first, Costs{"tokens": 300}); err != nil {
+				t.Fatal(err)
+			}
+			check("settled down to 300", 300*time.Millisecond)
+			if err := lim.Settle(ctx, first, Costs{"tokens": 1000}); err != nil {
+				t.Fatal(err)
+			}
+			check("settled again, at 1000", 300*time.Millisecond)
+			second, err := lim.Reserve(ctx, "k", Costs{"tokens": 100})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := lim.Settle(ctx, second, Costs{"tokens": 2100}); err != nil {
+				t.Fatal(err)
+			}
+			check("a debt of 2000 beyond the burst", 2400*time.Millisecond)
+			if _, err := lim.Reserve(ctx, "other", Costs{"tokens": 1000}); err != nil {
+				t.Fatalf("another key: %v", err)
+			}
+			unsettled, err := lim.Reserve(ctx, "other", Costs{"requests": 0, "tokens": 0})
+			if err != nil || unsettled.Delay() != 0 {
+				t.Fatalf("a reservation of nothing: %v, %v", unsettled, err)
+			}
+		})
+	}
+}
+
+// TestSettleWhileRedisIsAway: a reservation Redis granted and settled once
+// Redis is gone goes to the outage's local pacing, which charges the debt;
+// Settle says that Redis never heard of it.
+func TestSettleWhileRedisIsAway(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	r := mustRedis(t, srv.Client(t), llmQuota, WithFleetSize(1))
+	res, err := r.Reserve(ctx, "k", Costs{"tokens": 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill()
+	if err := r.Settle(ctx, res, Costs{"tokens": 2500}); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "this process alone") {
+		t.Fatalf("Settle with Redis gone: %v, want an error that wraps ErrUnavailable and says the settlement stays here", err)
+	}
+	// The outage's buckets start empty: 1,000 tokens take a second, and the
+	// debt of 2,000 two more.
+	if got := tokensDue(t, r, "k", 1000); got < 2900*time.Millisecond || got > 3*time.Second {
+		t.Errorf("after a debt of 2000 settled during the outage, 1000 tokens wait %v, want about 3s", got)
+	}
+	if got := tokensDue(t, r, "other", 1000); got > time.Second {
+		t.Errorf("another key waits %v, want at most the second an empty bucket takes", got)
+	}
+}
+
+// TestCostsBadInput: a cost that names no limit of the quota, a negative
+// cost, an estimate beyond a limit's burst, a negative actual cost and a
+// reservation that another limiter made are errors that name the value, and
+// book nothing.
+func TestCostsBadInput(t *testing.T) {
+	ctx := context.Background()
+	c := newTestRedis(t)
+	redisLim := mustRedis(t, c, llmQuota)
+	localLim := mustLocal(t, llmQuota)
+	for name, lim := range map[string]Reserver{"redis": redisLim, "local": localLim} {
+		t.Run(name, func(t *testing.T) {
+			good, err := lim.Reserve(ctx, "k", Costs{"tokens": 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			other, err := map[string]Reserver{"redis": localLim, "local": redisLim}[name].Reserve(ctx, "k", Costs{"tokens": 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.ConfigResetStat(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			for _, bad := range []struct {
+				call func() error
+				want string
+			}{
+				{func() error { _, err := lim.Reserve(ctx, "k", Costs{"words": 1}); return err }, `Costs name "words", which is not a limit of the quota (requests, tokens)`},
+				{func() error { _, err := lim.Reserve(ctx, "k", Costs{"tokens": -1}); return err }, `cost -1 under limit "tokens" is below 0`},
+				{func() error { _, err := lim.Reserve(ctx, "k", Costs{"tokens": 1001}); return err }, `cost 1001 under limit "tokens" exceeds its burst 1000`},
+				{func() error { return lim.Settle(ctx, good, Costs{"tokens": -5}) }, `cost -5 under limit "tokens" is below 0`},
+				{func() error { return lim.Settle(ctx, good, Costs{"words": 5}) }, `Costs name "words"`},
+				{func() error { return lim.Settle(ctx, other, Costs{"tokens": 5}) }, "a reservation this limiter did not make"},
+				{func() error { return lim.Settle(ctx, nil, Costs{"tokens": 5}) }, "a reservation this limiter did not make"},
+			} {
+				if err := promptly(t, bad.call); err == nil || !strings.Contains(err.Error(), bad.want) {
+					t.Errorf("%v, want an error containing %q", err, bad.want)
+				}
+			}
+			calls, err := redistest.CommandStats(ctx, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := calls["evalsha"].Calls + calls["eval"].Calls; n != 0 {
+				t.Errorf("bad costs reached Redis: %d script calls", n)
+			}
+			if err := lim.Settle(ctx, good, Costs{"tokens": 5}); err != nil {
+				t.Errorf("the good reservation, settled after the bad attempts: %v", err)
+			}
+		})
+	}
+}

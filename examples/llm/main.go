@@ -1,0 +1,140 @@
+// Command llm runs a batch of prompts against an LLM API's quota of
+// requests and tokens a minute, through pace, from several processes at
+// once. Each prompt reserves its estimate (its prompt and its max_tokens, as
+// the API charges when it arrives) and is settled with the usage the answer
+// reports, whole or at the end of its stream, so the fleet spends the tokens
+// the answers really use. With no flags it starts everything on loopback: an
+// embedded Redis-protocol store, an API that imitates an OpenAI-compatible
+// one and enforces its quota strictly (429 beyond it), and 4 copies of itself
+// as worker processes.
+//
+//	go run ./examples/llm                 # 4 processes x 2 workers, 300 requests and 30,000 tokens a minute
+//	go run ./examples/llm -settle=false   # the same, reserving max_tokens and never settling
+//	go run ./examples/llm -redis redis://127.0.0.1:6379/0 -json
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"sync"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+
+	"github.com/fleetpace/pace"
+)
+
+// config is what the example runs, from its flags; workers get it too.
+type config struct {
+	Redis    string        // a Redis URL, or "" for the embedded store
+	Procs    int           // worker processes
+	Workers  int           // workers in each
+	Requests string        // requests a minute, as pace.ParseLimit reads it
+	Tokens   string        // tokens a minute, likewise
+	Duration time.Duration // how long the batch sends
+	Settle   bool          // settle each reservation at the answer's usage
+	JSON     bool          // one JSON object on stdout instead of the table
+}
+
+func main() {
+	if os.Getenv(workerEnv) != "" {
+		os.Exit(runWorker())
+	}
+	var c config
+	flag.StringVar(&c.Redis, "redis", "", "Redis URL (default: an embedded store on loopback)")
+	flag.IntVar(&c.Procs, "procs", 4, "worker processes")
+	flag.IntVar(&c.Workers, "workers", 2, "workers in each process")
+	flag.StringVar(&c.Requests, "requests", "300/m", "the API's requests quota, as pace.ParseLimit reads it")
+	flag.StringVar(&c.Tokens, "tokens", "30000/m", "the API's tokens quota, as pace.ParseLimit reads it")
+	flag.DurationVar(&c.Duration, "duration", 5*time.Second, "how long the batch sends")
+	flag.BoolVar(&c.Settle, "settle", true, "settle each reservation at the tokens the answer used (false: keep max_tokens)")
+	flag.BoolVar(&c.JSON, "json", false, "print one JSON object instead of the table")
+	flag.Parse()
+	if err := c.check(); err != nil {
+		fmt.Fprintln(os.Stderr, "llm:", err)
+		os.Exit(2)
+	}
+	s, err := run(c)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "llm:", err)
+		os.Exit(1)
+	}
+	if c.JSON {
+		json.NewEncoder(os.Stdout).Encode(s)
+		return
+	}
+	s.print(os.Stdout)
+}
+
+// check reports a flag that cannot work, naming it.
+func (c config) check() error {
+	switch {
+	case c.Procs < 1:
+		return fmt.Errorf("-procs %d: want 1 or more", c.Procs)
+	case c.Workers < 1:
+		return fmt.Errorf("-workers %d: want 1 or more", c.Workers)
+	case c.Duration <= 0:
+		return fmt.Errorf("-duration %v: want a positive duration", c.Duration)
+	}
+	_, err := c.quota()
+	return err
+}
+
+// run starts the store, the API and the worker processes, waits for them,
+// and returns what the batch achieved.
+func run(c config) (summary, error) {
+	quota, _ := c.quota()
+	limits := quota.(pace.AllOf)
+	start := time.Now().Add(time.Second) // time for the processes to start
+	redisURL := c.Redis
+	if redisURL == "" {
+		store, err := miniredis.Run()
+		if err != nil {
+			return summary{}, err
+		}
+		defer store.Close()
+		redisURL = "redis://" + store.Addr()
+	}
+	upstream := newAPI(limits[0], limits[1], start, start.Add(c.Duration))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return summary{}, err
+	}
+	server := &http.Server{Handler: upstream, ReadHeaderTimeout: 5 * time.Second}
+	go server.Serve(ln)
+	defer server.Close()
+
+	self, err := os.Executable()
+	if err != nil {
+		return summary{}, err
+	}
+	reports := make([]report, c.Procs)
+	errs := make([]error, c.Procs)
+	var wg sync.WaitGroup
+	for i := range c.Procs {
+		spec, _ := json.Marshal(job{Config: c, Redis: redisURL, Target: "http://" + ln.Addr().String() + "/v1/chat/completions", Start: start})
+		wg.Go(func() {
+			cmd := exec.Command(self)
+			cmd.Env = append(os.Environ(), workerEnv+"="+string(spec))
+			var stdout bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, os.Stderr
+			runErr := cmd.Run()
+			if err := json.Unmarshal(stdout.Bytes(), &reports[i]); err != nil || runErr != nil || reports[i].Err != "" {
+				errs[i] = fmt.Errorf("worker %d: %v %v %s", i, runErr, err, reports[i].Err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return summary{}, err
+		}
+	}
+	return summarize(c, limits, upstream, reports), nil
+}

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/fleetpace/pace/internal/redistest"
+)
+
+// The tests run the example as its users do: built without the race
+// detector (whose slowness would be measured too), as a program, reading
+// its -json output.
+var (
+	buildOnce sync.Once
+	binary    string
+	buildErr  error
+)
+
+func llm(t *testing.T, args ...string) summary {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "pace-llm-example")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binary = filepath.Join(dir, "llm")
+		if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+			buildErr = err
+			t.Logf("%s", out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatalf("building the example: %v", buildErr)
+	}
+	out, err := exec.Command(binary, append([]string{"-json"}, args...)...).Output()
+	if err != nil {
+		t.Fatalf("llm %s: %v", strings.Join(args, " "), err)
+	}
+	var s summary
+	if err := json.Unmarshal(out, &s); err != nil {
+		t.Fatalf("llm %s: -json output does not parse: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	t.Logf("llm %s: %s: %d accepted, %d tokens, %.1f%% of the %s, %d 429s",
+		strings.Join(args, " "), s.Mode, s.Accepted, s.TokensUsed, 100*s.Utilisation, s.Binding, s.TooMany)
+	return s
+}
+
+// TestLLM: with its defaults, settling, the batch uses at least 95% of the
+// binding limit (tokens) with at most one 429; reserving max_tokens and
+// never settling, it uses at least a fifth less.
+func TestLLM(t *testing.T) {
+	settled := llm(t)
+	if settled.Binding != "tokens" || settled.Utilisation < 0.95 || settled.TooMany > 1 || settled.Answered < settled.Accepted*9/10 {
+		t.Errorf("settled: %s bind at %.3f, %d 429s, %d answered of %d accepted; want tokens at 0.95 or more, at most one 429, answers to all but those cut at the end",
+			settled.Binding, settled.Utilisation, settled.TooMany, settled.Answered, settled.Accepted)
+	}
+	if unsettled := llm(t, "-settle=false"); unsettled.TooMany > 1 || unsettled.Utilisation > 0.8*settled.Utilisation {
+		t.Errorf("not settled: %.3f of the tokens and %d 429s; want at most 0.8 of the settled run's %.3f", unsettled.Utilisation, unsettled.TooMany, settled.Utilisation)
+	}
+}
+
+// TestLLMOnRedis: the same against a real redis-server, by URL.
+func TestLLMOnRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	if s := llm(t, "-redis", "redis://"+srv.Addr+"/0"); s.Utilisation < 0.95 || s.TooMany > 1 {
+		t.Errorf("-redis: %s bind at %.3f, %d 429s", s.Binding, s.Utilisation, s.TooMany)
+	}
+}
+
+// TestFlags: a flag that cannot work is an error that names it.
+func TestFlags(t *testing.T) {
+	for flag, c := range map[string]config{
+		"-procs":    {Procs: 0, Workers: 1, Duration: 1, Requests: "1/s", Tokens: "1/s"},
+		"-workers":  {Procs: 1, Workers: 0, Duration: 1, Requests: "1/s", Tokens: "1/s"},
+		"-duration": {Procs: 1, Workers: 1, Duration: 0, Requests: "1/s", Tokens: "1/s"},
+		"-tokens":   {Procs: 1, Workers: 1, Duration: 1, Requests: "1/s", Tokens: "many"},
+		"-requests": {Procs: 1, Workers: 1, Duration: 1, Requests: "0/s", Tokens: "1/s"},
+	} {
+		if err := c.check(); err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("%+v: %v, want an error naming %s", c, err, flag)
+		}
+	}
+}

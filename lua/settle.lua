@@ -1,0 +1,97 @@
+-- Settles a booking once its actual costs are known, under every limit it
+-- was booked in, as an upstream that estimates a request when it starts and
+-- corrects its count when it ends does: the difference between the actual
+-- cost and the estimate is charged (more) or given back (less), now.
+--
+-- A bucket's schedule moves by the difference: forward for a debt, which
+-- later callers wait for (a debt beyond the burst is paid off at the rate),
+-- back for a credit, never before now. A sliding window gains or loses the
+-- units at the booking's slot (no more than a window's count are added, and
+-- none once the slot has left the window). A fixed window's count of the
+-- booking's window changes by the difference, never below zero.
+--
+-- A settlement is idempotent: KEYS[#KEYS] marks the booking as settled for
+-- a minute, and a second settlement within it changes nothing.
+--
+-- KEYS[2i-1] limit i's key; KEYS[2i] its gaps (see refund.lua)
+-- KEYS[#KEYS] the booking's mark of settlement
+-- ARGV[1]   the request's id; ARGV[2] its slot
+-- ARGV[5i-2], ..., ARGV[5i+2]   limit i: its kind (1 bucket, 2 sliding,
+--           3 fixed), its interval or window length, its burst or count,
+--           and the request's estimated and actual costs under it
+--
+-- Returns {settled (1, or 0 when it had been), now}.
+local id, slot = ARGV[1], tonumber(ARGV[2])
+local mark = #KEYS
+local n = (mark - 1) / 2
+
+local function settle_bucket(key, gaps, tat, diff)
+  if diff > 0 then
+    local base = now
+    if tat and tat > now then base = tat end
+    tat = math.min(base + diff, now + horizon)
+    redis.call('SET', key, string.format('%d', tat), 'PXAT', full_expiry(tat))
+  elseif diff < 0 and tat and tat > now then
+    tat = tat + diff
+    if tat > now then
+      redis.call('SET', key, string.format('%d', tat), 'PXAT', full_expiry(tat))
+      -- Gaps beyond the new tail no longer stand for anything.
+      redis.call('ZREMRANGEBYSCORE', gaps, '(' .. string.format('%d', tat), '+inf')
+    else
+      redis.call('DEL', key, gaps)
+    end
+  end
+end
+
+local function settle_sliding(key, a, b, estimate, actual)
+  for j = actual + 1, estimate do
+    redis.call('ZREM', key, id .. ':' .. j)
+  end
+  local expiry = ms_expiry(slot + a + guard(a))
+  if actual <= estimate or expiry <= ms_expiry(now) then
+    return
+  end
+  for j = estimate + 1, math.min(actual, estimate + b) do
+    redis.call('ZADD', key, slot, id .. ':' .. j)
+  end
+  if redis.call('PEXPIRETIME', key) < expiry then
+    redis.call('PEXPIREAT', key, expiry)
+  end
+end
+
+-- Read and check every key before writing any: each bucket's TAT, and the
+-- count of a fixed window's booked window.
+local kinds, tats, fields, used = {}, {}, {}, {}
+for i = 1, n do
+  local kind, a = tonumber(ARGV[5 * i - 2]), tonumber(ARGV[5 * i - 1])
+  kinds[i] = kind
+  if kind == 1 then
+    tats[i] = time(2 * i - 1, read(2 * i - 1, 'GET'))
+    read(2 * i, 'ZCARD')
+  elseif kind == 2 then
+    read(2 * i - 1, 'ZCARD')
+  else
+    fields[i] = string.format('%d', (slot - slot % a) / a)
+    used[i] = number(2 * i - 1, read(2 * i - 1, 'HGET', fields[i]), 2^53)
+  end
+end
+if not redis.call('SET', KEYS[mark], '1', 'NX', 'PX', 60000) then
+  return {0, now}
+end
+
+for i = 1, n do
+  local a, b = tonumber(ARGV[5 * i - 1]), tonumber(ARGV[5 * i])
+  local estimate, actual = tonumber(ARGV[5 * i + 1]), tonumber(ARGV[5 * i + 2])
+  local key = KEYS[2 * i - 1]
+  if kinds[i] == 1 then
+    settle_bucket(key, KEYS[2 * i], tats[i], (actual - estimate) * a)
+  elseif kinds[i] == 2 then
+    settle_sliding(key, a, b, estimate, actual)
+  elseif used[i] then
+    local diff = math.max(actual - estimate, -used[i])
+    if diff ~= 0 then -- HINCRBY refuses a negative zero
+      redis.call('HINCRBY', key, fields[i], diff)
+    end
+  end
+end
+return {1, now}
