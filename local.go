@@ -20,7 +20,7 @@ import (
 //
 // A Local is safe for concurrent use. Create it with NewLocal.
 type Local struct {
-	namedLimits // token buckets
+	namedLimits     // token buckets
 	costCap     int // the smallest burst: the most a request may cost under every limit
 	config      commonConfig
 	now         func() time.Time // time.Now, or a test's clock
