@@ -84,6 +84,8 @@ var (
 	reserveSource string
 	//go:embed lua/quota.lua
 	quotaSource string
+	//go:embed lua/booking.lua
+	bookingSource string
 	//go:embed lua/refund.lua
 	refundSource string
 	//go:embed lua/hold.lua
@@ -95,15 +97,15 @@ var (
 
 	reserveScript = newScript(reserveSource)
 	quotaScript   = newScript(quotaSource)
-	refundScript  = newScript(refundSource)
+	refundScript  = newScript(bookingSource, refundSource)
 	holdScript    = newScript(holdSource)
 	heldScript    = newScript(heldSource)
-	settleScript  = newScript(settleSource)
+	settleScript  = newScript(bookingSource, settleSource)
 )
 
-// newScript is a script with the common prelude before its body.
-func newScript(body string) *redis.Script {
-	return redis.NewScript(fmt.Sprintf("local horizon = %d\n", horizon.Microseconds()) + commonSource + body)
+// newScript is a script of parts, after the common prelude.
+func newScript(parts ...string) *redis.Script {
+	return redis.NewScript(fmt.Sprintf("local horizon = %d\n", horizon.Microseconds()) + commonSource + strings.Join(parts, ""))
 }
 
 func newStore(calls *caller, prefix, member string, limits []Limit) *store {

@@ -54,17 +54,8 @@ end
 -- the count of a fixed window's booked window while it is still ahead.
 local kinds, tats, fields, used = {}, {}, {}, {}
 for i = 1, n do
-  local kind, a = tonumber(ARGV[4 * i - 1]), tonumber(ARGV[4 * i])
-  kinds[i] = kind
-  if kind == 1 then
-    tats[i] = time(2 * i - 1, read(2 * i - 1, 'GET'))
-    read(2 * i, 'ZCARD')
-  elseif kind == 2 then
-    read(2 * i - 1, 'ZCARD')
-  elseif slot > now then
-    fields[i] = string.format('%d', (slot - slot % a) / a)
-    used[i] = number(2 * i - 1, read(2 * i - 1, 'HGET', fields[i]), 2^53)
-  end
+  kinds[i] = tonumber(ARGV[4 * i - 1])
+  tats[i], fields[i], used[i] = read_booking(i, kinds[i], tonumber(ARGV[4 * i]), slot, slot > now)
 end
 
 local reply = {now}

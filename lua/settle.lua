@@ -63,17 +63,8 @@ end
 -- count of a fixed window's booked window.
 local kinds, tats, fields, used = {}, {}, {}, {}
 for i = 1, n do
-  local kind, a = tonumber(ARGV[5 * i - 2]), tonumber(ARGV[5 * i - 1])
-  kinds[i] = kind
-  if kind == 1 then
-    tats[i] = time(2 * i - 1, read(2 * i - 1, 'GET'))
-    read(2 * i, 'ZCARD')
-  elseif kind == 2 then
-    read(2 * i - 1, 'ZCARD')
-  else
-    fields[i] = string.format('%d', (slot - slot % a) / a)
-    used[i] = number(2 * i - 1, read(2 * i - 1, 'HGET', fields[i]), 2^53)
-  end
+  kinds[i] = tonumber(ARGV[5 * i - 2])
+  tats[i], fields[i], used[i] = read_booking(i, kinds[i], tonumber(ARGV[5 * i - 1]), slot, true)
 end
 if not redis.call('SET', KEYS[mark], '1', 'NX', 'PX', 60000) then
   return {0, now}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/fleetpace/pace"
+	"github.com/fleetpace/pace/internal/exampleproc"
 )
 
 // config is what the demo runs, from its flags; workers get it too.
@@ -38,9 +39,7 @@ type config struct {
 }
 
 func main() {
-	if os.Getenv(workerEnv) != "" {
-		os.Exit(runWorker())
-	}
+	exampleproc.Worker(workerEnv, job.run)
 	var c config
 	flag.StringVar(&c.Redis, "redis", "", "Redis URL (default: an embedded store on loopback)")
 	flag.StringVar(&c.Target, "target", "", "upstream URL to send GETs to (default: a built-in API that enforces the limit)")

@@ -1,52 +1,21 @@
 package main
 
 import (
-	"encoding/json"
 	"encoding/xml"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
+	"github.com/fleetpace/pace/internal/exampletest"
 	"github.com/fleetpace/pace/internal/redistest"
 )
 
-// The tests run the demo as its users do: built without the race detector
-// (whose slowness would be measured too), as a program, with flags, reading
-// its -json output.
-var (
-	buildOnce sync.Once
-	binary    string
-	buildErr  error
-)
-
+// demo runs the demo for 2 s (unless args say otherwise) and returns its
+// summary.
 func demo(t *testing.T, args ...string) summary {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "pace-fleet-demo")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binary = filepath.Join(dir, "fleet")
-		if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
-			buildErr = err
-			t.Logf("%s", out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatalf("building the demo: %v", buildErr)
-	}
-	out, err := exec.Command(binary, append([]string{"-json", "-duration", "2s"}, args...)...).Output()
-	if err != nil {
-		t.Fatalf("fleet %s: %v", strings.Join(args, " "), err)
-	}
-	var s summary
-	if err := json.Unmarshal(out, &s); err != nil {
-		t.Fatalf("fleet %s: -json output does not parse: %v\n%s", strings.Join(args, " "), err, out)
-	}
+	s := exampletest.RunJSON[summary](t, append([]string{"-duration", "2s"}, args...)...)
 	t.Logf("fleet %s: %s, %d of %d workers busy: %.1f/s, utilisation %.1f%%, %d 429s",
 		strings.Join(args, " "), s.Mode, s.Busy, s.Workers, s.Rate, 100*s.Utilisation, s.TooMany)
 	return s

@@ -1,17 +1,14 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
-	"sync"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 
 	"github.com/fleetpace/pace"
+	"github.com/fleetpace/pace/internal/exampleproc"
 )
 
 // run starts the store, the upstream and the worker processes, waits for
@@ -43,28 +40,20 @@ func run(c config) (summary, error) {
 		target = "http://" + up.addr + "/"
 	}
 
-	self, err := os.Executable()
+	var jobs []job
+	for i := range c.Procs {
+		jobs = append(jobs, job{Config: c, Index: i, Redis: redisURL, Target: target, Start: start})
+	}
+	wait, err := exampleproc.Start[job, report](workerEnv, jobs)
 	if err != nil {
 		return summary{}, err
 	}
-	reports := make([]report, c.Procs)
-	errs := make([]error, c.Procs)
-	var wg sync.WaitGroup
-	for i := range c.Procs {
-		spec, _ := json.Marshal(job{Config: c, Index: i, Redis: redisURL, Target: target, Start: start})
-		wg.Go(func() {
-			cmd := exec.Command(self)
-			cmd.Env = append(os.Environ(), workerEnv+"="+string(spec))
-			var stdout bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &stdout, os.Stderr
-			runErr := cmd.Run()
-			if err := json.Unmarshal(stdout.Bytes(), &reports[i]); err != nil || runErr != nil || reports[i].Err != "" {
-				errs[i] = fmt.Errorf("worker %d: %v %v %s", i, runErr, err, reports[i].Err)
-			}
-		})
-	}
+	var reports []report
 	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
+	go func() {
+		reports, err = wait()
+		close(done)
+	}()
 	if store != nil && c.KillRedis > 0 {
 		time.AfterFunc(time.Until(start.Add(c.KillRedis)), func() {
 			store.Close()
@@ -72,10 +61,8 @@ func run(c config) (summary, error) {
 		})
 	}
 	progress(c, start, up, done)
-	for _, err := range errs {
-		if err != nil {
-			return summary{}, err
-		}
+	if err != nil {
+		return summary{}, err
 	}
 	if c.Plot != "" {
 		if err := os.WriteFile(c.Plot, plot(c, limit, start, reports), 0o644); err != nil {

@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net/http"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,7 +37,6 @@ type request struct {
 type report struct {
 	Requests    []request
 	ScriptCalls int64 // EVALSHA and EVAL round trips to Redis
-	Err         string
 }
 
 // scriptCounter is a go-redis hook that counts script calls: each is one
@@ -59,23 +56,6 @@ func (s *scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (s *scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
-}
-
-func runWorker() int {
-	var j job
-	var r report
-	err := json.Unmarshal([]byte(os.Getenv(workerEnv)), &j)
-	if err == nil {
-		r, err = j.run()
-	}
-	if err != nil {
-		r.Err = err.Error()
-	}
-	json.NewEncoder(os.Stdout).Encode(r)
-	if err != nil {
-		return 1
-	}
-	return 0
 }
 
 // stampGrant is the Base of a worker's Transport: it notes when pace let a

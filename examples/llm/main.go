@@ -14,20 +14,18 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"sync"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 
 	"github.com/fleetpace/pace"
+	"github.com/fleetpace/pace/internal/exampleproc"
 )
 
 // config is what the example runs, from its flags; workers get it too.
@@ -43,9 +41,7 @@ type config struct {
 }
 
 func main() {
-	if os.Getenv(workerEnv) != "" {
-		os.Exit(runWorker())
-	}
+	exampleproc.Worker(workerEnv, job.run)
 	var c config
 	flag.StringVar(&c.Redis, "redis", "", "Redis URL (default: an embedded store on loopback)")
 	flag.IntVar(&c.Procs, "procs", 4, "worker processes")
@@ -110,31 +106,17 @@ func run(c config) (summary, error) {
 	go server.Serve(ln)
 	defer server.Close()
 
-	self, err := os.Executable()
+	jobs := make([]job, c.Procs)
+	for i := range jobs {
+		jobs[i] = job{Config: c, Redis: redisURL, Target: "http://" + ln.Addr().String() + "/v1/chat/completions", Start: start}
+	}
+	wait, err := exampleproc.Start[job, report](workerEnv, jobs)
 	if err != nil {
 		return summary{}, err
 	}
-	reports := make([]report, c.Procs)
-	errs := make([]error, c.Procs)
-	var wg sync.WaitGroup
-	for i := range c.Procs {
-		spec, _ := json.Marshal(job{Config: c, Redis: redisURL, Target: "http://" + ln.Addr().String() + "/v1/chat/completions", Start: start})
-		wg.Go(func() {
-			cmd := exec.Command(self)
-			cmd.Env = append(os.Environ(), workerEnv+"="+string(spec))
-			var stdout bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &stdout, os.Stderr
-			runErr := cmd.Run()
-			if err := json.Unmarshal(stdout.Bytes(), &reports[i]); err != nil || runErr != nil || reports[i].Err != "" {
-				errs[i] = fmt.Errorf("worker %d: %v %v %s", i, runErr, err, reports[i].Err)
-			}
-		})
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return summary{}, err
-		}
+	reports, err := wait()
+	if err != nil {
+		return summary{}, err
 	}
 	return summarize(c, limits, upstream, reports), nil
 }

@@ -1,51 +1,17 @@
 package main
 
 import (
-	"encoding/json"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
+	"github.com/fleetpace/pace/internal/exampletest"
 	"github.com/fleetpace/pace/internal/redistest"
 )
 
-// The tests run the example as its users do: built without the race
-// detector (whose slowness would be measured too), as a program, reading
-// its -json output.
-var (
-	buildOnce sync.Once
-	binary    string
-	buildErr  error
-)
-
+// llm runs the example with args and returns its summary.
 func llm(t *testing.T, args ...string) summary {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "pace-llm-example")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binary = filepath.Join(dir, "llm")
-		if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
-			buildErr = err
-			t.Logf("%s", out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatalf("building the example: %v", buildErr)
-	}
-	out, err := exec.Command(binary, append([]string{"-json"}, args...)...).Output()
-	if err != nil {
-		t.Fatalf("llm %s: %v", strings.Join(args, " "), err)
-	}
-	var s summary
-	if err := json.Unmarshal(out, &s); err != nil {
-		t.Fatalf("llm %s: -json output does not parse: %v\n%s", strings.Join(args, " "), err, out)
-	}
+	s := exampletest.RunJSON[summary](t, args...)
 	t.Logf("llm %s: %s: %d accepted, %d tokens, %.1f%% of the %s, %d 429s",
 		strings.Join(args, " "), s.Mode, s.Accepted, s.TokensUsed, 100*s.Utilisation, s.Binding, s.TooMany)
 	return s

@@ -9,7 +9,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -41,24 +40,6 @@ type job struct {
 // report is what a worker process prints on stdout.
 type report struct {
 	Statuses map[int]int // the answers it read, by status
-	Err      string
-}
-
-func runWorker() int {
-	var j job
-	var r report
-	err := json.Unmarshal([]byte(os.Getenv(workerEnv)), &j)
-	if err == nil {
-		r, err = j.run()
-	}
-	if err != nil {
-		r.Err = err.Error()
-	}
-	json.NewEncoder(os.Stdout).Encode(r)
-	if err != nil {
-		return 1
-	}
-	return 0
 }
 
 // run sends prompts from each of the job's workers, one after another,
