@@ -2,6 +2,7 @@ package pace
 
 import (
 	"context"
+	"net/http"
 	"runtime"
 	"testing"
 	"time"
@@ -103,6 +104,50 @@ func BenchmarkSettle(b *testing.B) {
 			b.ReportMetric(perOp(b)/base, "x-wait")
 		})
 	}
+}
+
+// BenchmarkTransportCounters: a request through a Transport on Redis, to
+// an in-process upstream (no network) whose response states OpenAI's
+// counters, read and synced at most every 50 ms; beside the same response
+// without counters, and with IgnoreCounters, in the same run.
+func BenchmarkTransportCounters(b *testing.B) {
+	ctx := context.Background()
+	_, c := benchRedis(b)
+	r := mustRedis(b, c, unlimited)
+	counters := http.Header{"X-Ratelimit-Limit-Requests": {"60000000"}, "X-Ratelimit-Remaining-Requests": {"999999"},
+		"X-Ratelimit-Reset-Requests": {"1ms"}, "Date": {time.Now().UTC().Format(http.TimeFormat)}}
+	for _, mode := range benchModes {
+		var base float64
+		for _, variant := range []struct {
+			name   string
+			header http.Header
+			ignore bool
+		}{{"silent", http.Header{}, false}, {"openai", counters, false}, {"openai-ignored", counters, true}} {
+			client := &http.Client{Transport: &Transport{Limiter: r, IgnoreCounters: variant.ignore, Base: answering(variant.header)}}
+			b.Run(mode.name+"/"+variant.name, func(b *testing.B) {
+				loop(b, mode.parallel, func() error {
+					req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://api.example.com/v1", nil)
+					resp, err := client.Do(req)
+					if err == nil {
+						resp.Body.Close()
+					}
+					return err
+				})
+				if variant.name == "silent" {
+					base = perOp(b)
+				}
+				b.ReportMetric(perOp(b)/base, "x-silent")
+			})
+		}
+	}
+}
+
+// answering is an upstream in process: it answers every request with 200
+// and header.
+type answering http.Header
+
+func (a answering) RoundTrip(req *http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: http.StatusOK, Header: http.Header(a).Clone(), Body: http.NoBody, Request: req}, nil
 }
 
 // BenchmarkLocalWait: a Local wait when tokens are available, beside a bare

@@ -44,6 +44,8 @@ type Redis struct {
 	fleet    *fleet
 
 	held          heldKeys     // the fleet's holds this process heard of
+	retimes       retimes      // the fleet's retimes this process heard of
+	syncs         throttle     // when each key may be steered next
 	resubscribed  atomic.Int64 // UnixNano of the hold channel's last subscription after a break; MaxInt64 while broken; 0 before any break
 	listenOnce    sync.Once
 	stopListening func()
@@ -53,6 +55,7 @@ type Redis struct {
 var (
 	_ Holder   = (*Redis)(nil)
 	_ Reserver = (*Redis)(nil)
+	_ Syncer   = (*Redis)(nil)
 )
 
 // sharedStore is what a Redis limiter asks of Redis: a *store, or a test's
@@ -61,6 +64,7 @@ type sharedStore interface {
 	reserve(ctx context.Context, key string, costs limitCosts, budget, notBefore time.Duration, withID bool) (booking, error)
 	refund(ctx context.Context, key string, b booking) ([maxLimits]refundResult, int64, error)
 	settle(ctx context.Context, key string, b booking, actual limitCosts) (settled bool, now int64, err error)
+	sync(ctx context.Context, key string, b booking, steers []steering, refused bool, channel string) (syncReply, error)
 	hold(ctx context.Context, key string, d time.Duration, channel string) (changed bool, end int64, err error)
 	heldUntil(ctx context.Context, key string) (int64, error)
 }
@@ -123,11 +127,19 @@ func settleTime(c redisConfig) time.Duration { return c.maxCooldown + 2*c.callTi
 // go back to the bucket, so that the next callers get them sooner. While
 // Redis fails, the FailurePolicy decides instead.
 func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
-	if err := checkWait(ctx, r.costCap, key, cost); err != nil {
-		return err
-	}
-	_, err := r.wait(ctx, request{key: key, costs: uniform(cost)})
+	_, err := r.waitBooked(ctx, key, cost)
 	return err
+}
+
+// waitBooked waits as Wait does, and returns Redis's booking (not granted
+// when Redis did not book the wait), by which the response's counters can
+// steer the key (see Sync).
+func (r *Redis) waitBooked(ctx context.Context, key string, cost int) (booking, error) {
+	if err := checkWait(ctx, r.costCap, key, cost); err != nil {
+		return booking{}, err
+	}
+	t, err := r.wait(ctx, request{key: key, costs: uniform(cost)})
+	return t.booking, err
 }
 
 // Reserve implements Reserver: it waits as Wait does, for the estimated
@@ -153,7 +165,8 @@ type request struct {
 }
 
 // wait books the wait of q and sleeps until it is due, booking anew after a
-// hold that replaced its slot meanwhile, and returns what it booked.
+// hold that replaced its slot meanwhile, or a retime that voided its
+// booking, and returns what it booked.
 func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 	r.listen()
 	for {
@@ -162,7 +175,13 @@ func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 			return ticket{}, err
 		}
 		r.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: t.limiter, Key: q.key, Cost: q.costs[0], Delay: t.delay, Err: t.cause})
-		if err := sleep(ctx, q.key, t.delay); err != nil {
+		switch err := r.sleep(ctx, q.key, t); {
+		case errors.Is(err, errRetimed):
+			if t.local != nil {
+				t.local.cancel(q.key, t.res, r.now())
+			}
+			continue // the key's pace changed while this caller slept
+		case err != nil:
 			return ticket{}, r.giveBack(ctx, q, t, err)
 		}
 		if !r.replacedByHold(ctx, q.key, t) {
@@ -170,6 +189,32 @@ func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 		}
 		// The upstream asked the fleet to hold off while this caller
 		// slept: its slot belongs to a schedule the hold replaced.
+	}
+}
+
+// errRetimed ends the sleep of a caller whose booking a retime voided.
+var errRetimed = errors.New("pace: the key's pace changed")
+
+// sleep sleeps for t's delay, unless ctx ends first, or, for a booking in
+// Redis, the key is retimed meanwhile (errRetimed).
+func (r *Redis) sleep(ctx context.Context, key string, t ticket) error {
+	if !t.booking.granted || t.delay <= 0 {
+		return sleep(ctx, key, t.delay)
+	}
+	timer := time.NewTimer(t.delay)
+	defer timer.Stop()
+	for {
+		wake := r.retimes.signal()
+		if r.retimes.after(key, t.booking.now) {
+			return errRetimed
+		}
+		select {
+		case <-timer.C:
+			return nil
+		case <-ctx.Done():
+			return waitEnded(ctx, key, t.delay)
+		case <-wake:
+		}
 	}
 }
 

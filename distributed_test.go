@@ -30,91 +30,220 @@ func mustRedis(t testing.TB, c redis.Scripter, l Quota, opts ...RedisOption) *Re
 }
 
 // TestRedisMatchesModel drives the scripts on a real Redis and the Go model
-// with the same random sequence of keys, costs, budgets, refunds and pauses.
-// The model, fed the TIME each script used, must give the same answer to the
-// microsecond every time.
+// with the same random sequence of keys, costs, budgets, refunds,
+// settlements and pauses. The model, fed the TIME each script used, must
+// give the same answer to the microsecond every time.
 func TestRedisMatchesModel(t *testing.T) { checkMatchesModel(t, newTestRedis(t)) }
 
 func checkMatchesModel(t *testing.T, c redis.UniversalClient) {
-	ctx := context.Background()
-	limiters := []*Redis{
-		mustRedis(t, c, PerSecond(1000).WithBurst(5)), // 1000 µs a token
-		mustRedis(t, c, PerSecond(5000).WithBurst(3)), // 200 µs: refills between calls
-		mustRedis(t, c, PerSecond(3).WithBurst(2)),    // 333334 µs: rounded up
-	}
-	keys := []string{"a", "b", "c", "d", "e"}
-	limiterOf := func(key string) *Redis { return limiters[int(key[0]-'a')%len(limiters)] }
-
-	type booked struct {
-		key string
-		b   booking
-	}
-	var bookings []booked
-	model := newBucketModel()
-	rng := rand.New(rand.NewPCG(7, 11))
-	counts := map[string]int{}
-	var lastNow int64
-	const steps = 2500
-	for step := range steps {
-		switch op := rng.IntN(20); {
+	m := newModelCheck(t, c, 7)
+	for step := range 2500 {
+		switch op := m.rng.IntN(20); {
 		case op < 13:
-			key := keys[rng.IntN(len(keys))]
-			r := limiterOf(key)
-			cost := rng.IntN(r.limits[0].burst) + 1
-			budget := []time.Duration{MaxDelay, 0, time.Duration(rng.Int64N(5*r.limits[0].intervalMicros())) * time.Microsecond}[rng.IntN(3)]
-			notBefore := []time.Duration{0, 0, time.Duration(rng.Int64N(3*r.limits[0].intervalMicros())) * time.Microsecond}[rng.IntN(3)]
-			b, err := storeOf(r).reserve(ctx, key, uniform(cost), budget, notBefore, true)
-			if err != nil {
-				t.Fatalf("step %d: %v", step, err)
-			}
-			granted, delay, finish := model.reserve(key, r.limits[0].intervalMicros(), int64(r.limits[0].burst), int64(cost), budget.Microseconds(), notBefore.Microseconds(), b.now)
-			if b.granted != granted || b.delay != time.Duration(delay)*time.Microsecond || b.finishes[0] != finish {
-				t.Fatalf("step %d: reserve(%s, cost %d, budget %v, not before %v) at %d: script granted=%v delay=%v finish=%d, model granted=%v delay=%dµs finish=%d",
-					step, key, cost, budget, notBefore, b.now, b.granted, b.delay, b.finishes[0], granted, delay, finish)
-			}
-			if b.now < lastNow {
-				t.Fatalf("step %d: Redis TIME went back from %d to %d", step, lastNow, b.now)
-			}
-			lastNow = b.now
-			if granted {
-				counts["granted"]++
-				bookings = append(bookings, booked{key, b})
-			} else {
-				counts["refused"]++
-			}
-		case op < 15 && len(bookings) > 0:
-			i := len(bookings) - 1 - rng.IntN(min(len(bookings), 6))
-			bk := bookings[i]
-			bookings = slices.Delete(bookings, i, i+1)
-			results, now, err := storeOf(limiterOf(bk.key)).refund(ctx, bk.key, bk.b)
-			if err != nil {
-				t.Fatalf("step %d: %v", step, err)
-			}
-			got, finish := results[0], bk.b.finishes[0]
-			if want := model.refund(bk.key, finish, int64(bk.b.costs[0])*limiterOf(bk.key).limits[0].intervalMicros(), now); got != want {
-				t.Fatalf("step %d: refund(%s, finish %d) at %d: script %d, model %d", step, bk.key, finish, now, got, want)
-			}
-			counts[[]string{"refund-nothing", "refund-tail", "refund-gap"}[got]]++
-		case op < 17 && len(bookings) > 0:
-			i := len(bookings) - 1 - rng.IntN(min(len(bookings), 6))
-			bk := bookings[i]
-			bookings = slices.Delete(bookings, i, i+1)
-			r := limiterOf(bk.key)
-			actual := rng.IntN(2*r.limits[0].burst + 2)
-			settled, now, err := storeOf(r).settle(ctx, bk.key, bk.b, uniform(actual))
-			if err != nil || !settled {
-				t.Fatalf("step %d: settle: %v, %v", step, settled, err)
-			}
-			model.settle(bk.key, r.limits[0].intervalMicros(), int64(actual-bk.b.costs[0]), now)
-			counts[map[bool]string{true: "settle-up", false: "settle-down"}[actual > bk.b.costs[0]]]++
+			m.reserve(step)
+		case op < 15:
+			m.refund(step)
+		case op < 17:
+			m.settle(step)
 		default:
-			time.Sleep(time.Duration(rng.IntN(2000)) * time.Microsecond)
+			time.Sleep(time.Duration(m.rng.IntN(2000)) * time.Microsecond)
 		}
 	}
-	t.Logf("%d steps: %v", steps, counts)
-	for _, kind := range []string{"granted", "refused", "refund-nothing", "refund-tail", "refund-gap", "settle-up", "settle-down"} {
-		if counts[kind] < 20 {
-			t.Errorf("only %d %s decisions: the sequence did not exercise the scripts", counts[kind], kind)
+	m.requireEach("granted", "refused", "refund-nothing", "refund-tail", "refund-gap", "settle-up", "settle-down")
+}
+
+// modelCheck drives the scripts of single buckets on a real Redis, and the
+// Go model, step by step, and fails at the first answer they differ on.
+type modelCheck struct {
+	t        *testing.T
+	limiters []*Redis // by key: "a" the first, "b" the second...
+	keys     []string
+	model    *bucketModel
+	rng      *rand.Rand
+	bookings []modelBooking // granted, and neither given back nor settled
+	holdEnds map[string]int64
+	counts   map[string]int
+	lastNow  int64 // the latest Redis TIME seen
+}
+
+type modelBooking struct {
+	key string
+	b   booking
+}
+
+func newModelCheck(t *testing.T, c redis.UniversalClient, seed uint64) *modelCheck {
+	return &modelCheck{t: t, keys: []string{"a", "b", "c", "d", "e"}, model: newBucketModel(),
+		rng: rand.New(rand.NewPCG(seed, 11)), counts: map[string]int{}, holdEnds: map[string]int64{},
+		limiters: []*Redis{
+			mustRedis(t, c, PerSecond(1000).WithBurst(5)), // 1000 µs a token
+			mustRedis(t, c, PerSecond(5000).WithBurst(3)), // 200 µs: refills between calls
+			mustRedis(t, c, PerSecond(3).WithBurst(2)),    // 333334 µs: rounded up
+		}}
+}
+
+// limiterOf returns the limiter of key, and its limit's interval and burst.
+func (m *modelCheck) limiterOf(key string) (*Redis, int64, int64) {
+	r := m.limiters[int(key[0]-'a')%len(m.limiters)]
+	return r, r.limits[0].intervalMicros(), int64(r.limits[0].burst)
+}
+
+// now notes a Redis TIME, which never goes back.
+func (m *modelCheck) now(step int, now int64) int64 {
+	if now < m.lastNow {
+		m.t.Fatalf("step %d: Redis TIME went back from %d to %d", step, m.lastNow, now)
+	}
+	m.lastNow = now
+	return now
+}
+
+// recent takes one of the latest bookings out of the list, if any.
+func (m *modelCheck) recent() (modelBooking, bool) {
+	if len(m.bookings) == 0 {
+		return modelBooking{}, false
+	}
+	i := len(m.bookings) - 1 - m.rng.IntN(min(len(m.bookings), 6))
+	bk := m.bookings[i]
+	m.bookings = slices.Delete(m.bookings, i, i+1)
+	return bk, true
+}
+
+func (m *modelCheck) reserve(step int) {
+	key := m.keys[m.rng.IntN(len(m.keys))]
+	r, a, burst := m.limiterOf(key)
+	cost := m.rng.Int64N(burst) + 1
+	budget := []time.Duration{MaxDelay, 0, time.Duration(m.rng.Int64N(5*a)) * time.Microsecond}[m.rng.IntN(3)]
+	notBefore := []time.Duration{0, 0, time.Duration(m.rng.Int64N(3*a)) * time.Microsecond}[m.rng.IntN(3)]
+	b, err := storeOf(r).reserve(context.Background(), key, uniform(int(cost)), budget, notBefore, true)
+	if err != nil {
+		m.t.Fatalf("step %d: %v", step, err)
+	}
+	now := m.now(step, b.now)
+	steer := m.model.steers[key]
+	granted, delay, finish, booked := m.model.reserve(key, a, burst, cost, budget.Microseconds(), notBefore.Microseconds(), now)
+	if b.granted != granted || b.delay != microseconds(delay) || b.finishes[0] != finish || b.booked[0] != booked {
+		m.t.Fatalf("step %d: reserve(%s, cost %d, budget %v, not before %v) at %d: script granted=%v delay=%v finish=%d booked=%d, model granted=%v delay=%dµs finish=%d booked=%d",
+			step, key, cost, budget, notBefore, now, b.granted, b.delay, b.finishes[0], b.booked[0], granted, delay, finish, booked)
+	}
+	if !granted {
+		m.counts["refused"]++
+		return
+	}
+	m.counts["granted"]++
+	m.bookings = append(m.bookings, modelBooking{key, b})
+	switch {
+	case steer != nil && steer.till > now && steer.spread > 0:
+		m.counts["granted-spread"]++
+	case steer != nil && steer.till > now:
+		m.counts["granted-held"]++
+	case steer != nil:
+		m.counts["granted-steered"]++
+	}
+}
+
+func (m *modelCheck) refund(step int) {
+	bk, ok := m.recent()
+	if !ok {
+		return
+	}
+	r, a, _ := m.limiterOf(bk.key)
+	results, now, err := storeOf(r).refund(context.Background(), bk.key, bk.b)
+	if err != nil {
+		m.t.Fatalf("step %d: %v", step, err)
+	}
+	got, finish := results[0], bk.b.finishes[0]
+	if want := m.model.refund(bk.key, finish, int64(bk.b.costs[0])*a, m.now(step, now)); got != want {
+		m.t.Fatalf("step %d: refund(%s, finish %d) at %d: script %d, model %d", step, bk.key, finish, now, got, want)
+	}
+	m.counts[[]string{"refund-nothing", "refund-tail", "refund-gap"}[got]]++
+}
+
+func (m *modelCheck) settle(step int) {
+	bk, ok := m.recent()
+	if !ok {
+		return
+	}
+	r, a, burst := m.limiterOf(bk.key)
+	actual := m.rng.Int64N(2*burst + 2)
+	settled, now, err := storeOf(r).settle(context.Background(), bk.key, bk.b, uniform(int(actual)))
+	if err != nil || !settled {
+		m.t.Fatalf("step %d: settle: %v, %v", step, settled, err)
+	}
+	m.model.settle(bk.key, a, burst, actual-int64(bk.b.costs[0]), m.now(step, now))
+	m.counts[map[bool]string{true: "settle-up", false: "settle-down"}[actual > int64(bk.b.costs[0])]]++
+}
+
+// sync steers the key of a recent booking (half the time the latest) with
+// a random reading (see randomSteering), of a request the upstream served
+// or, a quarter of the time, refused. The booking stays in the list, so
+// that a later reading may come for an older request.
+func (m *modelCheck) sync(step int) {
+	if len(m.bookings) == 0 {
+		return
+	}
+	bk := m.bookings[len(m.bookings)-1]
+	if m.rng.IntN(2) == 0 {
+		bk, _ = m.recent()
+		m.bookings = append(m.bookings, bk)
+	}
+	r, a, burst := m.limiterOf(bk.key)
+	st := randomSteering(m.rng, 0, a, burst)
+	refused := m.rng.IntN(4) == 0
+	reply, err := storeOf(r).sync(context.Background(), bk.key, bk.b, []steering{st}, refused, "pace-model-holds")
+	if err != nil {
+		m.t.Fatalf("step %d: sync: %v", step, err)
+	}
+	want := m.model.sync(bk.key, a, burst, bk.b, 0, st, refused, m.now(step, reply.now))
+	var synced int64
+	if s := m.model.steers[bk.key]; s != nil {
+		synced = s.synced
+	}
+	if reply.results[0] != want || reply.synced[0] != synced {
+		m.t.Fatalf("step %d: sync(%s, %+v) at %d: script %d (synced %d), model %d (synced %d)", step, bk.key, st, reply.now, reply.results[0], reply.synced[0], want, synced)
+	}
+	m.counts[[]string{"sync-stale", "sync-applied", "sync-learned"}[want]]++
+	if s := m.model.steers[bk.key]; s != nil && s.foreign != 0 {
+		m.counts["sync-foreign"]++
+	}
+}
+
+// randomSteering is a random reading for limit i of interval a and burst b:
+// of a quota that refills or of a window, with none, few or many units
+// left, resetting within 60 intervals, with or without a limit to learn.
+func randomSteering(rng *rand.Rand, i int, a, b int64) steering {
+	left := []int64{0, rng.Int64N(b + 1), rng.Int64N(3 * b)}[rng.IntN(3)]
+	return steering{limit: i, reading: Reading{Remaining: left, Refills: rng.IntN(2) == 0},
+		reset:   time.Duration(rng.Int64N(60*a)+1) * time.Microsecond,
+		learned: []int64{0, 0, a / 2, 2 * a}[rng.IntN(4)]}
+}
+
+// hold holds a random key for up to 10 intervals.
+func (m *modelCheck) hold(step int) {
+	key := m.keys[m.rng.IntN(len(m.keys))]
+	r, a, burst := m.limiterOf(key)
+	d := time.Duration(m.rng.Int64N(10*a)+1) * time.Microsecond
+	changed, end, err := storeOf(r).hold(context.Background(), key, d, "pace-model-holds")
+	if err != nil {
+		m.t.Fatalf("step %d: hold: %v", step, err)
+	}
+	now := m.now(step, end-d.Microseconds())
+	if changed != (end > m.holdEnds[key]) {
+		m.t.Fatalf("step %d: hold(%s, %v) at %d: changed=%v, but the last hold ended at %d", step, key, d, now, changed, m.holdEnds[key])
+	}
+	if changed {
+		m.holdEnds[key] = end
+		m.model.hold(key, a, burst, end, now)
+		m.counts["hold"]++
+	}
+}
+
+// requireEach fails the test if any kind of step happened fewer than 20
+// times: then the sequence did not exercise the scripts.
+func (m *modelCheck) requireEach(kinds ...string) {
+	m.t.Helper()
+	m.t.Logf("%v", m.counts)
+	for _, kind := range kinds {
+		if m.counts[kind] < 20 {
+			m.t.Errorf("only %d %s steps: the sequence did not exercise the scripts", m.counts[kind], kind)
 		}
 	}
 }

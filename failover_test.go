@@ -24,6 +24,7 @@ type fakeStore struct {
 	during          func()           // when set, runs once inside the next reserve, as another goroutine's failure would
 	reserves        int
 	refunds         int
+	syncs           int
 }
 
 func newFakeStore(clock *fakeClock, l Limit) *fakeStore {
@@ -40,9 +41,9 @@ func (s *fakeStore) reserve(_ context.Context, key string, costs limitCosts, bud
 		return booking{}, s.down
 	}
 	now := s.clock.Now().UnixMicro()
-	granted, delay, finish := s.model.reserve(key, s.interval, s.burst, int64(costs[0]), budget.Microseconds(), notBefore.Microseconds(), now)
+	granted, delay, finish, booked := s.model.reserve(key, s.interval, s.burst, int64(costs[0]), budget.Microseconds(), notBefore.Microseconds(), now)
 	b := booking{granted: granted, delay: microseconds(delay), now: now, costs: costs}
-	b.finishes[0] = finish
+	b.finishes[0], b.booked[0] = finish, booked
 	return b, nil
 }
 
@@ -62,16 +63,32 @@ func (s *fakeStore) settle(_ context.Context, key string, b booking, actual limi
 		return false, 0, s.down
 	}
 	now := s.clock.Now().UnixMicro()
-	s.model.settle(key, s.interval, int64(actual[0]-b.costs[0]), now)
+	s.model.settle(key, s.interval, s.burst, int64(actual[0]-b.costs[0]), now)
 	return true, now, nil
+}
+
+func (s *fakeStore) sync(_ context.Context, key string, b booking, steers []steering, refused bool, _ string) (syncReply, error) {
+	s.syncs++
+	if s.down != nil {
+		return syncReply{}, s.down
+	}
+	r := syncReply{now: s.clock.Now().UnixMicro()}
+	for i, st := range steers {
+		r.results[i] = s.model.sync(key, s.interval, s.burst, b, 0, st, refused, r.now)
+		if steer := s.model.steers[key]; steer != nil {
+			r.synced[i] = steer.synced
+		}
+	}
+	return r, nil
 }
 
 func (s *fakeStore) hold(_ context.Context, key string, d time.Duration, _ string) (bool, int64, error) {
 	if s.down != nil {
 		return false, 0, s.down
 	}
-	end := s.clock.Now().UnixMicro() + d.Microseconds()
-	s.model.tat[key] = max(s.model.tat[key], end+(s.burst-1)*s.interval)
+	now := s.clock.Now().UnixMicro()
+	end := now + d.Microseconds()
+	s.model.hold(key, s.interval, s.burst, end, now)
 	s.holds[key] = end
 	return true, end, nil
 }

@@ -36,7 +36,7 @@ const DefaultMaxHold = time.Hour
 // response arrived. It reads the status and headers only, never the body:
 //
 //   - 429, 503 or 403 with Retry-After, in seconds (whole or decimal) or as
-//     an HTTP-date;
+//     an HTTP-date, or with Azure's retry-after-ms or x-ms-retry-after-ms;
 //   - RateLimit with a quota whose remaining count is 0, in the IETF draft's
 //     structured form (`"default";r=0;t=30`: hold t seconds) or the older
 //     `limit=100, remaining=0, reset=30`, and RateLimit-Remaining with
@@ -73,6 +73,12 @@ func ParseHold(resp *http.Response, now time.Time, max time.Duration) (Hold, boo
 		if v := header.Get("Retry-After"); v != "" {
 			consider(retryAfterSeconds(v, now), status+"Retry-After: "+v)
 		}
+		for _, name := range []string{"Retry-After-Ms", "X-Ms-Retry-After-Ms"} { // Azure's, in milliseconds
+			if v := header.Get(name); v != "" {
+				ms, _ := strconv.ParseFloat(v, 64)
+				consider(ms/1000, status+name+": "+v)
+			}
+		}
 	}
 	if v := header.Get("RateLimit"); v != "" {
 		consider(rateLimitFieldSeconds(v), status+"RateLimit: "+v)
@@ -101,20 +107,10 @@ func retryAfterSeconds(v string, now time.Time) float64 {
 // the longest exhausted quota in it lasts, or 0.
 func rateLimitFieldSeconds(v string) float64 {
 	var longest float64
-	dictionary := map[string]string{} // the older form: limit=100, remaining=0, reset=30
-	for _, member := range strings.Split(v, ",") {
-		parts := strings.Split(strings.TrimSpace(member), ";")
-		if key, value, ok := strings.Cut(parts[0], "="); ok && len(parts) == 1 {
-			dictionary[strings.ToLower(strings.TrimSpace(key))] = strings.TrimSpace(value)
-			continue
-		}
-		params := map[string]string{}
-		for _, p := range parts[1:] {
-			key, value, _ := strings.Cut(strings.TrimSpace(p), "=")
-			params[key] = value
-		}
-		remaining, errR := strconv.ParseInt(params["r"], 10, 64)
-		reset, errT := strconv.ParseInt(params["t"], 10, 64)
+	items, dictionary := structuredField(v) // the draft's list, or the older dictionary: limit=100, remaining=0, reset=30
+	for _, item := range items {
+		remaining, errR := strconv.ParseInt(item.params["r"], 10, 64)
+		reset, errT := strconv.ParseInt(item.params["t"], 10, 64)
 		if errR == nil && errT == nil && remaining == 0 && reset > 0 {
 			longest = max(longest, float64(reset))
 		}

@@ -20,6 +20,7 @@ type Limit struct {
 	burst  int // for windows, count: the most one request may take
 	kind   limitKind
 	name   string // names the limit's Redis key; its String when empty
+	learn  bool   // adopts the limit the upstream advertises
 }
 
 // limitKind says how a Limit counts.
@@ -109,6 +110,17 @@ func (l Limit) Named(name string) Limit {
 	return l
 }
 
+// Learn returns a copy of l that adopts the limit the upstream advertises:
+// l's rate is the cautious one to start at, and from the first response
+// that says how large the quota is (see Reading's Limit and Window, its
+// window defaulting to l's period), the key paces at that rate instead, with
+// l's burst, in every process, until the key is idle long enough to expire.
+// It needs a Redis limiter and a token bucket.
+func (l Limit) Learn() Limit {
+	l.learn = true
+	return l
+}
+
 // Rate returns the sustained rate of l in events per second.
 func (l Limit) Rate() float64 { return l.count / l.period.Seconds() }
 
@@ -140,6 +152,8 @@ func (l Limit) problem() string {
 		return fmt.Sprintf("a window's count %v must be a whole number and its burst", l.count)
 	case strings.ContainsAny(l.name, reservedInNames):
 		return fmt.Sprintf("name %q may not contain '{', '}' or '#'", l.name)
+	case l.learn && l.kind != bucket:
+		return "a window cannot learn; Learn applies to token buckets"
 	case l.kind != bucket && l.period > maxRefill:
 		return fmt.Sprintf("window %v is longer than a year", l.period)
 	case l.kind == bucket && int64(l.burst) > maxRefill.Microseconds()/l.intervalMicros():
@@ -214,24 +228,32 @@ func (l Limit) String() string {
 	case l.burst != defaultBurst(l.count):
 		s += " burst " + strconv.Itoa(l.burst)
 	}
+	if l.learn {
+		s += " learn"
+	}
 	return s
 }
 
 // ParseLimit reads a Limit written as
 //
-//	COUNT/PERIOD [burst N | sliding | fixed]
+//	COUNT/PERIOD [burst N | sliding | fixed] [learn]
 //
 // COUNT is a positive number; PERIOD is s, m, h or d (second, minute, hour,
 // day), or a Go duration such as 15m or 500ms. Alone, or with a burst (which
 // defaults to COUNT rounded up), it is a token bucket; "sliding" makes it a
-// Window, "fixed" a FixedWindow (with a whole COUNT). Examples: "100/s",
-// "5000/h", "10/s burst 20", "900/15m sliding", "100/h fixed". Anything else
-// is an error that quotes the input.
+// Window, "fixed" a FixedWindow (with a whole COUNT); "learn" makes a bucket
+// Learn. Examples: "100/s", "5000/h", "10/s burst 20", "900/15m sliding",
+// "100/h fixed", "10/s learn". Anything else is an error that quotes the
+// input.
 func ParseLimit(s string) (Limit, error) {
 	bad := func(why string) (Limit, error) {
 		return Limit{}, fmt.Errorf("pace: invalid limit %q: %s (want COUNT/PERIOD [burst N], such as \"100/s\" or \"10/s burst 20\")", s, why)
 	}
 	fields := strings.Fields(s)
+	learn := len(fields) > 1 && fields[len(fields)-1] == "learn"
+	if learn {
+		fields = fields[:len(fields)-1]
+	}
 	windowed := len(fields) == 2 && (fields[1] == "sliding" || fields[1] == "fixed")
 	if len(fields) != 1 && !windowed && (len(fields) != 3 || fields[1] != "burst") {
 		return bad("want COUNT/PERIOD, then nothing, burst N, sliding or fixed")
@@ -260,6 +282,7 @@ func ParseLimit(s string) (Limit, error) {
 			return bad("burst " + strconv.Quote(fields[2]) + " is not a whole number")
 		}
 	}
+	l.learn = learn
 	if why := l.problem(); why != "" {
 		return bad(why)
 	}

@@ -33,6 +33,9 @@ func TestParseLimit(t *testing.T) {
 		"1/8760h": {1.0 / (365 * 24 * 3600), 1, 31_536_000_000_000, "1/8760h"},
 		// a count above 2^31 keeps its burst
 		"3000000000/d": {3e9 / 86400, 3_000_000_000, 29, "3e+09/d"},
+		// a bucket that learns the upstream's limit
+		"10/s learn":          {10, 10, 100_000, "10/s learn"},
+		"10/s burst 20 learn": {10, 20, 100_000, "10/s burst 20 learn"},
 	} {
 		l, err := ParseLimit(text)
 		if err != nil {
@@ -53,7 +56,8 @@ func TestParseLimitRejects(t *testing.T) {
 	for _, text := range []string{
 		"", "100", "100/", "/s", "abc/s", "100/x", "100/-5s", "10/s burst", "10/s burst x",
 		"10/s bust 20", "10/s burst 20 more", "-5/s", "0/s", "NaN/s", "Inf/s", "10/s burst 0",
-		"10/s burst -1", "10 / s", "2000000/s", "1/0s",
+		"10/s burst -1", "10 / s", "2000000/s", "1/0s", "learn", "10/s learn learn", "100/m sliding learn",
+		"100/m fixed learn", "10/s learn burst 20",
 	} {
 		_, err := ParseLimit(text)
 		if err == nil {

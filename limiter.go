@@ -116,6 +116,11 @@ func sleep(ctx context.Context, key string, delay time.Duration) error {
 	case <-timer.C:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("pace: key %s: wait of %v ended early: %w", quoteKey(key), delay, context.Cause(ctx))
+		return waitEnded(ctx, key, delay)
 	}
+}
+
+// waitEnded is the error of a wait of delay for key that ctx ended.
+func waitEnded(ctx context.Context, key string, delay time.Duration) error {
+	return fmt.Errorf("pace: key %s: wait of %v ended early: %w", quoteKey(key), delay, context.Cause(ctx))
 }

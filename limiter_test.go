@@ -195,12 +195,12 @@ func TestRedisOddReplies(t *testing.T) {
 	for name, val := range map[string]any{
 		"nil":          nil,
 		"string":       "OK",
-		"short":        []any{int64(1), int64(0), int64(0)},
-		"long":         []any{int64(1), int64(0), int64(0), int64(0), int64(0)},
-		"text inside":  []any{int64(1), "soon", int64(0), int64(0)},
-		"bad granted":  []any{int64(7), int64(0), int64(0), int64(0)},
-		"negative":     []any{int64(1), int64(-5), int64(0), int64(0)},
-		"nested table": []any{[]any{int64(1)}, int64(0), int64(0), int64(0)},
+		"short":        []any{int64(1), int64(0), int64(0), int64(0)},
+		"long":         []any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(0)},
+		"text inside":  []any{int64(1), "soon", int64(0), int64(0), int64(0)},
+		"bad granted":  []any{int64(7), int64(0), int64(0), int64(0), int64(0)},
+		"negative":     []any{int64(1), int64(-5), int64(0), int64(0), int64(0)},
+		"nested table": []any{[]any{int64(1)}, int64(0), int64(0), int64(0), int64(0)},
 	} {
 		t.Run(name, func(t *testing.T) {
 			r := mustRedis(t, scripterReplying{val: val}, PerSecond(10), WithFailurePolicy(FailClosed))

@@ -11,38 +11,57 @@ import (
 
 // bucketModel is a plain Go model of the two Redis scripts: the same GCRA
 // schedule and the same gaps, in integer microseconds, on a clock the caller
-// passes in. Property tests hold the scripts to it.
+// passes in, and the steering of the upstream's counters (steerModel).
+// Property tests hold the scripts to it.
 type bucketModel struct {
-	tat  map[string]int64
-	gaps map[string]map[int64]int64 // key → finish → size
+	tat    map[string]int64
+	gaps   map[string]map[int64]int64 // key → finish → size
+	steers map[string]*steerModel     // key → its steering, once steered
 }
 
 func newBucketModel() *bucketModel {
-	return &bucketModel{tat: make(map[string]int64), gaps: make(map[string]map[int64]int64)}
+	return &bucketModel{tat: make(map[string]int64), gaps: make(map[string]map[int64]int64), steers: make(map[string]*steerModel)}
 }
 
 // reserve is reserve.lua: the caller cannot go before now + notBefore.
-func (m *bucketModel) reserve(key string, interval, burst, cost, budget, notBefore, now int64) (granted bool, delay, finish int64) {
-	tat := max(m.tat[key], now+notBefore)
-	finish = tat + cost*interval
-	delay = max(finish-burst*interval-now, notBefore)
-	if delay > budget {
-		return false, delay, finish
+// booked is the steered bucket's count of units booked (else 0).
+func (m *bucketModel) reserve(key string, interval, burst, cost, budget, notBefore, now int64) (granted bool, delay, finish, booked int64) {
+	s, arrival := m.steers[key], now+notBefore
+	slot := max(arrival, s.allow(m.tat[key], interval, burst, cost, arrival, now))
+	finish = s.finish(m.tat[key], interval, burst, cost, slot, now)
+	if slot-now > budget {
+		return false, slot - now, finish, 0
 	}
-	m.tat[key] = finish
-	return true, delay, finish
+	return true, slot - now, finish, m.book(key, finish, cost, now)
 }
 
-// settle is settle.lua for a bucket: diff units more (or fewer) than booked
-// move the schedule forward (or back, never before now).
-func (m *bucketModel) settle(key string, interval, diff, now int64) {
+// book notes cost units booked, leaving the schedule at finish, and
+// returns the bucket's count of units booked (0 when not steered).
+func (m *bucketModel) book(key string, finish, cost, now int64) int64 {
+	s := m.steers[key]
+	m.tat[key] = finish
+	s.written(now)
+	return s.countBooked(cost)
+}
+
+// settle is settle.lua for a bucket of interval a and burst b: diff units
+// more (or fewer) than booked move the schedule forward (or back, never
+// before now), each as a booking's would.
+func (m *bucketModel) settle(key string, a, b, units, now int64) {
 	tat, ok := m.tat[key]
+	s := m.steers[key]
+	_, unit, _ := s.step(tat, a, b, now, now)
+	diff := units * unit
+	s.countBooked(units)
 	switch {
 	case diff > 0:
-		m.tat[key] = max(tat, now) + diff*interval
+		m.tat[key] = min(max(tat, now)+diff, now+horizon.Microseconds())
+		s.written(now)
 	case diff < 0 && ok && tat > now:
-		if tat += diff * interval; tat > now {
-			m.tat[key] = tat
+		s.movedBack(max(s.allow(tat, a, b, 1, now, now), now))
+		if tat += diff; tat > now || s != nil {
+			m.tat[key] = max(tat, now)
+			s.written(now)
 			for f := range m.gaps[key] {
 				if f > tat {
 					delete(m.gaps[key], f)
@@ -52,13 +71,40 @@ func (m *bucketModel) settle(key string, interval, diff, now int64) {
 			delete(m.tat, key)
 			delete(m.gaps, key)
 		}
+	case s != nil && units != 0:
+		s.written(now)
+	}
+}
+
+// sync is sync.lua for one bucket of interval a and burst b, for a reading
+// of a request booked as bk.
+func (m *bucketModel) sync(key string, a, b int64, bk booking, i int, st steering, refused bool, now int64) int64 {
+	s := m.steers[key]
+	tat, s, result := s.sync(m.tat[key], a, b, bk.finishes[i], bk.booked[i], bk.slot(), bk.delay == 0, int64(bk.costs[i]), refused,
+		st.reading.Remaining, st.reset.Microseconds(), st.reading.Refills, st.learned, now)
+	if result > 0 || (refused && s != nil) {
+		m.tat[key], m.steers[key] = tat, s
+		s.written(now)
+	}
+	return result
+}
+
+// hold is hold.lua for one bucket: no request before end.
+func (m *bucketModel) hold(key string, a, b, end, now int64) {
+	s := m.steers[key]
+	if target := end + (b-1)*s.fleetInterval(a); m.tat[key] < target {
+		if s != nil {
+			s.till, s.spread = 0, 0
+		}
+		m.tat[key] = target
+		s.written(now)
 	}
 }
 
 // refund is refund.lua.
 func (m *bucketModel) refund(key string, finish, size, now int64) refundResult {
 	tat, ok := m.tat[key]
-	if !ok || finish <= now || finish > tat {
+	if !ok || m.steers[key] != nil || finish <= now || finish > tat {
 		return refundNothing
 	}
 	if m.gaps[key] == nil {
@@ -112,7 +158,7 @@ func TestModelKeepsTheBound(t *testing.T) {
 			cost := rng.Int64N(burst) + 1
 			budget := []int64{math.MaxInt64, 0, rng.Int64N(10 * interval), rng.Int64N(10 * interval)}[rng.IntN(4)]
 			notBefore := []int64{0, 0, rng.Int64N(3 * interval)}[rng.IntN(3)]
-			if ok, delay, finish := m.reserve("k", interval, burst, cost, budget, notBefore, now); ok {
+			if ok, delay, finish, _ := m.reserve("k", interval, burst, cost, budget, notBefore, now); ok {
 				grants = append(grants, grant{now + delay, cost, finish})
 			}
 		case op < 8 && len(grants) > 0:
@@ -161,14 +207,15 @@ func windowGuard(length int64) int64 { return min(length-length%50, 2_500_000) /
 
 // reserve is quota.lua: limits[i] is kind, interval or length, burst or
 // count, keys[i] its key and costs[i] the request's cost under it.
-func (m *quotaModel) reserve(keys []string, limits [][3]int64, costs []int64, budget, notBefore int64, id string, now int64) (bool, int64, []int64) {
+// It returns whether the request was granted, its delay, each bucket's TAT
+// after it and each steered bucket's count of units booked (else 0).
+func (m *quotaModel) reserve(keys []string, limits [][3]int64, costs []int64, budget, notBefore int64, id string, now int64) (bool, int64, []int64, []int64) {
 	slot := now + notBefore
 	for i, l := range limits {
 		kind, a, b, cost := l[0], l[1], l[2], costs[i]
 		switch kind {
 		case 1:
-			tat := max(m.buckets.tat[keys[i]], now)
-			slot = max(slot, tat+cost*a-b*a)
+			slot = max(slot, m.buckets.steers[keys[i]].allow(m.buckets.tat[keys[i]], a, b, cost, now, now))
 		case 2:
 			var times []int64
 			for _, at := range m.grants[keys[i]] {
@@ -203,19 +250,19 @@ func (m *quotaModel) reserve(keys []string, limits [][3]int64, costs []int64, bu
 			windows[i] = w
 		}
 	}
-	finishes := make([]int64, len(limits))
+	finishes, booked := make([]int64, len(limits)), make([]int64, len(limits))
 	for i, l := range limits {
 		if l[0] == 1 {
-			finishes[i] = max(m.buckets.tat[keys[i]], slot) + costs[i]*l[1]
+			finishes[i] = m.buckets.steers[keys[i]].finish(m.buckets.tat[keys[i]], l[1], l[2], costs[i], slot, now)
 		}
 	}
 	if slot-now > budget {
-		return false, slot - now, finishes
+		return false, slot - now, finishes, booked
 	}
 	for i, l := range limits {
 		switch l[0] {
 		case 1:
-			m.buckets.tat[keys[i]] = finishes[i]
+			booked[i] = m.buckets.book(keys[i], finishes[i], costs[i], now)
 		case 2:
 			if m.grants[keys[i]] == nil {
 				m.grants[keys[i]] = map[string]int64{}
@@ -231,7 +278,7 @@ func (m *quotaModel) reserve(keys []string, limits [][3]int64, costs []int64, bu
 			m.counts[keys[i]][windows[i]] += costs[i]
 		}
 	}
-	return true, slot - now, finishes
+	return true, slot - now, finishes, booked
 }
 
 // trim keeps a sliding window's latest count grants, in Redis's order (by
@@ -288,7 +335,7 @@ func (m *quotaModel) settle(keys []string, limits [][3]int64, estimate, actual [
 		kind, a, b := l[0], l[1], l[2]
 		switch kind {
 		case 1:
-			m.buckets.settle(keys[i], a, actual[i]-estimate[i], now)
+			m.buckets.settle(keys[i], a, b, actual[i]-estimate[i], now)
 		case 2:
 			for j := actual[i] + 1; j <= estimate[i]; j++ {
 				delete(m.grants[keys[i]], fmt.Sprintf("%s:%d", id, j))

@@ -21,14 +21,9 @@ import (
 // heldKeys are the holds a process has heard of: when each ends, by
 // Redis's clock.
 type heldKeys struct {
-	n  atomic.Int32 // len(m), read without the lock on every wake
+	n  atomic.Int32 // how many, read without the lock on every wake
 	mu sync.Mutex
-	m  map[string]heldKey
-}
-
-type heldKey struct {
-	end    int64     // Redis's clock, in microseconds
-	forget time.Time // by this process's clock: when the hold is surely over
+	m  latestHeard
 }
 
 // add notes that key is held until end (Redis's clock, in microseconds), a
@@ -36,17 +31,7 @@ type heldKey struct {
 func (h *heldKeys) add(key string, end int64, d time.Duration, now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.m == nil {
-		h.m = make(map[string]heldKey)
-	}
-	for k, held := range h.m {
-		if now.After(held.forget) {
-			delete(h.m, k)
-		}
-	}
-	if held, ok := h.m[key]; !ok || end > held.end {
-		h.m[key] = heldKey{end: end, forget: now.Add(d + time.Second)}
-	}
+	h.m.note(key, end, now.Add(d+time.Second), now)
 	h.n.Store(int32(len(h.m)))
 }
 
@@ -59,7 +44,84 @@ func (h *heldKeys) before(key string, slot int64) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	held, ok := h.m[key]
-	return ok && slot < held.end
+	return ok && slot < held.at
+}
+
+// A retime (see lua/sync.lua: the interval a key learned changed) voids the
+// bookings made before it: their callers, asleep in any process, wake and
+// book anew, at the new pace. The sync script publishes "KEY\nretime AT"
+// on the hold channel (AT by Redis's clock, in microseconds); each limiter
+// notes when each key was retimed, and wakes its sleepers, which book anew
+// if theirs was.
+type retimes struct {
+	mu   sync.Mutex
+	wake chan struct{} // closed at the next retime
+	keys latestHeard
+}
+
+// signal returns a channel that is closed at the next retime of any key.
+func (r *retimes) signal() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.wake == nil {
+		r.wake = make(chan struct{})
+	}
+	return r.wake
+}
+
+// add notes that key was retimed at at, and wakes the sleepers.
+func (r *retimes) add(key string, at int64, now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.keys.note(key, at, now.Add(time.Minute), now)
+	if r.wake != nil {
+		close(r.wake)
+		r.wake = nil
+	}
+}
+
+// after reports whether key was retimed after a booking decided at booked
+// (Redis's clock, in microseconds).
+func (r *retimes) after(key string, booked int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	last, ok := r.keys[key]
+	return ok && last.at > booked
+}
+
+// latestHeard keeps, for each key, the latest of the times heard for it
+// (Redis's clock, in microseconds), until it may be forgotten (by this
+// process's clock).
+type latestHeard map[string]heard
+
+type heard struct {
+	at     int64
+	forget time.Time
+}
+
+// note notes at for key, to be forgotten at forget, and forgets the keys
+// whose time has come.
+func (l *latestHeard) note(key string, at int64, forget, now time.Time) {
+	if *l == nil {
+		*l = make(latestHeard)
+	}
+	for k, old := range *l {
+		if now.After(old.forget) {
+			delete(*l, k)
+		}
+	}
+	if old, ok := (*l)[key]; !ok || at > old.at {
+		(*l)[key] = heard{at: at, forget: forget}
+	}
+}
+
+// parseRetimeMessage reads what the sync script publishes on a retime: the
+// key, a newline, "retime" and its time, in microseconds of Redis's clock.
+func parseRetimeMessage(payload string) (key string, at int64, ok bool) {
+	key, rest, ok := strings.Cut(payload, "\n")
+	atText, found := strings.CutPrefix(rest, "retime ")
+	at, err := strconv.ParseInt(atText, 10, 64)
+	return key, at, ok && found && err == nil
 }
 
 // subscriber is a client that can listen on Pub/Sub channels.
@@ -135,6 +197,8 @@ func (r *Redis) receiveHolds(ctx context.Context, ps *redis.PubSub) {
 		case *redis.Message:
 			if key, end, d, ok := parseHoldMessage(m.Payload); ok {
 				r.heard(key, end, d)
+			} else if key, at, ok := parseRetimeMessage(m.Payload); ok {
+				r.retimes.add(key, at, r.now())
 			}
 		}
 	}

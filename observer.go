@@ -55,12 +55,23 @@ const (
 	EventHoldCapped
 	// EventHoldEnd: a hold this process set has run its course.
 	EventHoldEnd
+	// EventReading: a response's counters steered Key (see Redis.Sync):
+	// Cost units were left, for Delay, as Reason (the header) said.
+	EventReading
+	// EventStaleReading: a sync found that the counters of a request booked
+	// later had steered Key already, and ignored these. (Readings a
+	// process can tell are stale it drops unasked, and unheard.)
+	EventStaleReading
+	// EventLearned: Key's limit adopted the rate the upstream advertised, as
+	// Reason says.
+	EventLearned
 )
 
 var eventKindNames = [...]string{
 	EventWait: "wait", EventRefuse: "refuse", EventCancel: "cancel",
 	EventFallback: "fallback", EventProbe: "probe", EventRecover: "recover",
 	EventHold: "hold", EventHoldCapped: "hold-capped", EventHoldEnd: "hold-end",
+	EventReading: "reading", EventStaleReading: "stale-reading", EventLearned: "learned",
 }
 
 // String returns the kind's name, such as "wait" or "fallback".

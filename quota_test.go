@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,8 +63,8 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 	rng := rand.New(rand.NewPCG(3, 5))
 	counts := map[string]int{}
 	var lastNow int64 // the latest Redis TIME seen
-	for step := range 2500 {
-		switch op := rng.IntN(20); {
+	for step := range 3500 {
+		switch op := rng.IntN(24); {
 		case op < 11:
 			i := rng.IntN(len(keys))
 			r, key := limiters[i], keys[i]
@@ -79,10 +80,10 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 			if err != nil {
 				t.Fatalf("step %d: %v", step, err)
 			}
-			granted, delay, finishes := model.reserve(storeOf(r).keys(key, false), modelLimits(r), costs, budget.Microseconds(), notBefore.Microseconds(), b.id, b.now)
-			if b.granted != granted || b.delay.Microseconds() != delay || !slices.Equal(b.finishes[:len(finishes)], finishes) {
-				t.Fatalf("step %d: reserve(%s, costs %v, budget %v, not before %v) at %d: script granted=%v delay=%v finishes=%v, model granted=%v delay=%dµs finishes=%v",
-					step, key, costs, budget, notBefore, b.now, b.granted, b.delay, b.finishes[:len(finishes)], granted, delay, finishes)
+			granted, delay, finishes, units := model.reserve(storeOf(r).keys(key, false), modelLimits(r), costs, budget.Microseconds(), notBefore.Microseconds(), b.id, b.now)
+			if b.granted != granted || b.delay.Microseconds() != delay || !slices.Equal(b.finishes[:len(finishes)], finishes) || !slices.Equal(b.booked[:len(units)], units) {
+				t.Fatalf("step %d: reserve(%s, costs %v, budget %v, not before %v) at %d: script granted=%v delay=%v finishes=%v booked=%v, model granted=%v delay=%dµs finishes=%v booked=%v",
+					step, key, costs, budget, notBefore, b.now, b.granted, b.delay, b.finishes[:len(finishes)], b.booked[:len(units)], granted, delay, finishes, units)
 			}
 			lastNow = b.now
 			if granted {
@@ -131,16 +132,58 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 			}
 			model.settle(storeOf(r).keys(bk.key, false), modelLimits(r), int64s(bk.b.costs[:n]), int64s(actual[:n]), bk.b.id, bk.b.slot(), now)
 			counts[map[bool]string{true: "settle-up", false: "settle-down"}[actual[0] > bk.b.costs[0]]]++
+		case op < 21 && len(bookings) > 0:
+			// Steered buckets give nothing back: only q3's are steered,
+			// by the response to one of its latest bookings.
+			var q3 []booked
+			for _, bk := range bookings {
+				if bk.limiter == 3 {
+					q3 = append(q3, bk)
+				}
+			}
+			if len(q3) > 0 {
+				bk := q3[len(q3)-1-rng.IntN(min(len(q3), 2))]
+				counts[strings.TrimSuffix(syncQuota(t, step, limiters[bk.limiter], bk.key, bk.b, model.buckets, rng), "-learned")]++
+			}
 		default:
 			time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
 		}
 	}
-	t.Logf("2500 steps: %v", counts)
-	for kind, least := range map[string]int{"granted": 100, "refused": 100, "refund-tail": 50, "refund-gap": 20, "refund-nothing": 5, "settle-up": 50, "settle-down": 50} {
+	t.Logf("3500 steps: %v", counts)
+	for kind, least := range map[string]int{"granted": 100, "refused": 100, "refund-tail": 50, "refund-gap": 20, "refund-nothing": 5, "settle-up": 50, "settle-down": 50,
+		"sync-applied": 50, "sync-stale": 5} {
 		if counts[kind] < least {
 			t.Errorf("only %d %s decisions: the sequence did not exercise the scripts", counts[kind], kind)
 		}
 	}
+}
+
+// syncQuota steers a random bucket of r's quota for key with a random
+// reading for the request booked as b, and the model's too, and fails the
+// test unless they agree. It returns what became of the reading.
+func syncQuota(t *testing.T, step int, r *Redis, key string, b booking, model *bucketModel, rng *rand.Rand) string {
+	var buckets []int
+	for i, l := range r.limits {
+		if l.kind == bucket {
+			buckets = append(buckets, i)
+		}
+	}
+	if len(buckets) == 0 {
+		return "sync-none"
+	}
+	i := buckets[rng.IntN(len(buckets))]
+	a, burst := r.limits[i].intervalMicros(), int64(r.limits[i].burst)
+	st := randomSteering(rng, i, a, burst)
+	refused := rng.IntN(4) == 0
+	reply, err := storeOf(r).sync(context.Background(), key, b, []steering{st}, refused, "pace-model-holds")
+	if err != nil {
+		t.Fatalf("step %d: sync: %v", step, err)
+	}
+	want := model.sync(storeOf(r).keys(key, false)[i], a, burst, b, i, st, refused, reply.now)
+	if reply.results[0] != want {
+		t.Fatalf("step %d: sync(%s, limit %d, %+v) at %d: script %d, model %d", step, key, i, st, reply.now, reply.results[0], want)
+	}
+	return []string{"sync-stale", "sync-applied", "sync-applied-learned"}[want]
 }
 
 func TestQuotaAllOrNothing(t *testing.T) { checkAllOrNothing(t, newTestRedis(t)) }

@@ -94,6 +94,8 @@ var (
 	heldSource string
 	//go:embed lua/settle.lua
 	settleSource string
+	//go:embed lua/sync.lua
+	syncSource string
 
 	reserveScript = newScript(reserveSource)
 	quotaScript   = newScript(quotaSource)
@@ -101,6 +103,7 @@ var (
 	holdScript    = newScript(holdSource)
 	heldScript    = newScript(heldSource)
 	settleScript  = newScript(bookingSource, settleSource)
+	syncScript    = newScript(syncSource)
 )
 
 // newScript is a script of parts, after the common prelude.
@@ -133,6 +136,7 @@ type booking struct {
 	delay    time.Duration
 	now      int64            // the Redis TIME of the decision, in microseconds
 	finishes [maxLimits]int64 // each bucket's schedule time after the booking (0 for windows)
+	booked   [maxLimits]int64 // each steered bucket's count of units booked after the booking (else 0)
 	id       string           // the request's id: its grants in sliding windows, its settlement
 	costs    limitCosts
 }
@@ -151,7 +155,7 @@ func (s *store) reserve(ctx context.Context, key string, costs limitCosts, budge
 	if withID || s.sliding {
 		b.id = s.member + ":" + strconv.FormatUint(s.requestIDs.Add(1), 10)
 	}
-	var reply [3 + maxLimits]int64
+	var reply [3 + 2*maxLimits]int64
 	var cmd *redis.Cmd
 	budgetArg := maxDelayArg // a caller without a deadline: boxed once
 	if budget != MaxDelay {
@@ -166,15 +170,16 @@ func (s *store) reserve(ctx context.Context, key string, costs limitCosts, budge
 		}
 		cmd = s.calls.run(ctx, quotaScript, keys, args...)
 	}
-	err := int64Reply(cmd, reply[:3+n])
+	err := int64Reply(cmd, reply[:3+2*n])
 	if err == nil && (reply[0] < 0 || reply[0] > 1 || reply[1] < 0) {
-		err = fmt.Errorf("replied %v, want [granted delay now finish...]", append([]int64(nil), reply[:3+n]...))
+		err = fmt.Errorf("replied %v, want [granted delay now finish... booked...]", append([]int64(nil), reply[:3+2*n]...))
 	}
 	if err != nil {
 		return booking{}, s.fail(key, "reserve", keys, err)
 	}
 	b.granted, b.delay, b.now = reply[0] == 1, microseconds(reply[1]), reply[2]
 	copy(b.finishes[:], reply[3:3+n])
+	copy(b.booked[:], reply[3+n:3+2*n])
 	return b, nil
 }
 
@@ -229,6 +234,47 @@ func (s *store) settle(ctx context.Context, key string, b booking, actual limitC
 		return false, 0, s.fail(key, "settle", keys, err)
 	}
 	return reply[0] == 1, reply[1], nil
+}
+
+// syncReply is what the sync script replied: for each steering, what
+// became of it (0 stale, 1 applied, 2 applied and learned anew) and its
+// bucket's count of units booked at its last reading (SYNCED, 0 when not
+// steered); and the Redis TIME it used, in microseconds.
+type syncReply struct {
+	results, synced [maxLimits]int64
+	now             int64
+}
+
+// sync steers key's buckets by what a response said (see lua/sync.lua),
+// for the request booked as b. The upstream refused the request when
+// refused (a 429). When the pace changes, it tells the fleet on channel,
+// as of a hold.
+func (s *store) sync(ctx context.Context, key string, b booking, steers []steering, refused bool, channel string) (syncReply, error) {
+	keys := s.keys(key, false)
+	syncKeys := make([]string, 0, len(steers))
+	args := append(make([]any, 0, 3+11*len(steers)), channel, key, flag(refused))
+	for _, st := range steers {
+		syncKeys = append(syncKeys, keys[st.limit])
+		args = append(args, s.limitArgs[3*st.limit+1], s.limitArgs[3*st.limit+2], b.finishes[st.limit], b.booked[st.limit],
+			b.slot(), flag(b.delay == 0), b.costs[st.limit], st.reading.Remaining, st.reset.Microseconds(), flag(st.reading.Refills), st.learned)
+	}
+	var reply [1 + 2*maxLimits]int64
+	n := len(steers)
+	if err := int64Reply(s.calls.run(ctx, syncScript, syncKeys, args...), reply[:1+2*n]); err != nil {
+		return syncReply{}, s.fail(key, "sync", syncKeys, err)
+	}
+	r := syncReply{now: reply[0]}
+	copy(r.results[:], reply[1:1+n])
+	copy(r.synced[:], reply[1+n:1+2*n])
+	return r, nil
+}
+
+// flag is a script's argument for a truth: 1 or 0.
+func flag(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // hold holds key under every limit for d from now, by Redis's clock, and

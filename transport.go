@@ -13,6 +13,13 @@
 // For a limit of rate r and burst b, over any interval of length t the grants
 // for one key are at most b + r*t, summed over the whole fleet.
 //
+// A Transport on Redis also reads the upstream's counters in every response
+// (how much is left, when it resets: ParseReadings) and steers the key with
+// them for the whole fleet (Redis.Sync): it leaves others their share of a
+// quota pace does not see whole, spreads a window's rest instead of
+// bursting and stalling, and can learn the limit the upstream advertises
+// (Limit.Learn).
+//
 // When Redis fails, a Redis limiter decides by its FailurePolicy, by default
 // pacing locally at this process's share of the limit, leaves Redis alone for
 // a growing cool-down, and goes back to the shared limit by itself once a
@@ -67,6 +74,11 @@ type Transport struct {
 	// Holder). If zero, DefaultMaxHold is used.
 	MaxHold time.Duration
 
+	// IgnoreCounters stops the Transport from steering a Syncer (Redis)
+	// by the upstream's counters in each response (see ParseReadings and
+	// Redis.Sync), which it does by default.
+	IgnoreCounters bool
+
 	// Rules, if set, decide each request's limiter, key and cost, and
 	// Limiter, Key and Cost are not used.
 	Rules *Rules
@@ -79,7 +91,9 @@ var _ http.RoundTripper = (*Transport)(nil)
 // and error untouched. It never modifies the request, and closes its body on
 // every path where Base does not receive it. When the response says the
 // key's quota is spent (ParseHold) and the Limiter is a Holder, the key is
-// held for the whole fleet before RoundTrip returns.
+// held for the whole fleet before RoundTrip returns; when it states the
+// upstream's counters (ParseReadings) and the Limiter is a Redis, they steer
+// the key for the whole fleet (Redis.Sync), unless IgnoreCounters.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.Limiter == nil && t.Rules == nil {
 		return t.base().RoundTrip(req)
@@ -95,10 +109,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil || resp == nil {
 		return resp, err
 	}
+	arrival := time.Now()
 	if holder, ok := p.limiter.(Holder); ok {
-		if h, ok := ParseHold(resp, time.Now(), t.maxHold()); ok {
+		if h, ok := ParseHold(resp, arrival, t.maxHold()); ok {
 			holder.Hold(req.Context(), p.key, h) // a failure reaches the Limiter's observer
 		}
+	}
+	if p.steered {
+		p.steer(req.Context(), resp, arrival)
 	}
 	if p.res != nil && p.settle != nil {
 		resp.Body = p.settlingBody(req.Context(), resp)
@@ -108,12 +126,16 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // paced is how a Transport paced one request: by which limiter (nil when
 // none paces it), under which key, and, for a request whose costs are
-// estimated, its reservation and the Settler of its response.
+// estimated, its reservation and the Settler of its response. When the
+// response's counters steer the limiter (steered), booking is what the
+// request booked.
 type paced struct {
 	limiter Limiter
 	key     string
 	res     *Reservation
 	settle  Settler
+	steered bool
+	booking booking
 }
 
 // wait waits for the request's turn, and returns how it was paced.
@@ -126,7 +148,7 @@ func (t *Transport) wait(req *http.Request) (paced, error) {
 		if err != nil || rule.Unlimited {
 			return paced{key: key}, err
 		}
-		return waitFor(req, paced{limiter: rule.Limiter, key: key, settle: rule.Settle}, cost, rule.Estimate)
+		return t.waitFor(req, paced{limiter: rule.Limiter, key: key, settle: rule.Settle}, cost, rule.Estimate)
 	}
 	if t.Settle != nil && t.Estimate == nil {
 		return paced{}, errors.New("pace: Transport.Settle without an Estimate: nothing would be reserved to settle")
@@ -139,12 +161,19 @@ func (t *Transport) wait(req *http.Request) (paced, error) {
 	if t.Cost != nil && t.Estimate == nil {
 		cost = t.Cost(req)
 	}
-	return waitFor(req, paced{limiter: t.Limiter, key: keyOf(req), settle: t.Settle}, cost, t.Estimate)
+	return t.waitFor(req, paced{limiter: t.Limiter, key: keyOf(req), settle: t.Settle}, cost, t.Estimate)
 }
 
 // waitFor waits on p's limiter for req: cost under every limit, or, with an
 // estimate, a reservation of the estimated costs.
-func waitFor(req *http.Request, p paced, cost int, estimate func(*http.Request) Costs) (paced, error) {
+func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(*http.Request) Costs) (paced, error) {
+	s, steered := p.limiter.(steerable)
+	p.steered = steered && !t.IgnoreCounters
+	if estimate == nil && p.steered {
+		var err error
+		p.booking, err = s.waitBooked(req.Context(), p.key, cost)
+		return p, err
+	}
 	if estimate == nil {
 		return p, p.limiter.Wait(req.Context(), p.key, cost)
 	}
@@ -153,8 +182,20 @@ func waitFor(req *http.Request, p paced, cost int, estimate func(*http.Request) 
 		return p, fmt.Errorf("pace: key %s: an Estimate needs a Limiter that is a Reserver, such as Local or Redis, not a %T", quoteKey(p.key), p.limiter)
 	}
 	var err error
-	p.res, err = reserver.Reserve(req.Context(), p.key, estimate(req))
+	if p.res, err = reserver.Reserve(req.Context(), p.key, estimate(req)); err == nil {
+		p.booking = p.res.ticket.booking
+	}
 	return p, err
+}
+
+// steer syncs p's key with the counters of resp, which arrived at arrival.
+// The sync runs past the request's context: the response has been counted
+// already.
+func (p paced) steer(ctx context.Context, resp *http.Response, arrival time.Time) {
+	if readings := ParseReadings(resp, arrival); len(readings) > 0 {
+		refused := resp.StatusCode == http.StatusTooManyRequests
+		p.limiter.(steerable).sync(context.WithoutCancel(ctx), p.key, p.booking, readings, refused, arrival) // a failure reaches the Limiter's observer
+	}
 }
 
 // settlingBody wraps resp's body so that, once it ends, its reservation is

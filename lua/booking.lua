@@ -2,14 +2,21 @@
 -- (refund.lua, settle.lua), whose KEYS hold each limit's key and its gaps
 -- (KEYS[2i-1], KEYS[2i]).
 
+-- unit is how far one unit moves the schedule of a bucket of configured
+-- interval a and burst b at now (see bucket_step).
+local function unit(steer, tat, a, b)
+  local _, i = bucket_step(tat, steer, a, b, now)
+  return i
+end
+
 -- read_booking reads, and checks, limit i's keys for a booking at slot: a
--- bucket's schedule (TAT); or, for a fixed window of length a when
--- with_count, the field of the booking's window and its count.
+-- bucket's schedule (TAT) and steering; or, for a fixed window of length a
+-- when with_count, the field of the booking's window and its count.
 local function read_booking(i, kind, a, slot, with_count)
   if kind == 1 then
-    local tat = time(2 * i - 1, read(2 * i - 1, 'GET'))
+    local tat, steer = read_bucket(2 * i - 1)
     read(2 * i, 'ZCARD')
-    return tat
+    return tat, nil, nil, steer
   elseif kind == 2 then
     read(2 * i - 1, 'ZCARD')
   elseif with_count then

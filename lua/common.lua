@@ -29,16 +29,17 @@ local function read(i, command, ...)
 end
 
 -- number is the number that text, read at KEYS[i], stands for (nil for
--- no text): a whole number from 0 to at most, else foreign. Whatever the
--- form of the text (Lua reads "0x10" and "1e3" too), what passes can neither
--- overflow nor move a schedule beyond what pace books.
-local function number(i, text, at_most)
+-- no text): a whole number from 0 (or at_least, when given) to at_most,
+-- else foreign. Whatever the form of the text (Lua reads "0x10" and "1e3"
+-- too), what passes can neither overflow nor move a schedule beyond what
+-- pace books.
+local function number(i, text, at_most, at_least)
   if not text then return nil end
   local n = tonumber(text)
-  if not n or n ~= n or n < 0 or n % 1 ~= 0 then
+  if not n or n ~= n or n % 1 ~= 0 or (n < 0 and not at_least) then
     foreign(i, 'holds a value that is not a whole number')
   end
-  if n > at_most then
+  if n > at_most or n < (at_least or 0) then
     foreign(i, 'holds a number beyond any pace writes there')
   end
   return n
@@ -67,4 +68,125 @@ end
 -- window, at most 50 ms.
 local function guard(length)
   return math.min(length - length % 50, 2500000) / 50
+end
+
+-- A bucket's value is its schedule, the theoretical arrival time (TAT), or,
+-- once the upstream's counters have steered it, eleven whole numbers,
+-- "TAT SEEN TILL SPREAD LEARNED LEFT BASE SYNCED BOOKED FOREIGN ORDER":
+--   SEEN     the slot of the request whose response steered it last (0
+--            after the first)
+--   TILL     until when the units a window has left are spread (0: none)
+--   SPREAD   how far apart they go, in microseconds (0: none are left)
+--   LEARNED  the interval the upstream advertised (0: none)
+--   LEFT     the units that response said were left, less those booked
+--            after its request (below 0 when more were)
+--   BASE     the count of units booked (BOOKED) after that request
+--   SYNCED   the count of units booked (BOOKED) then: a response to a
+--            request booked before it is stale
+--   BOOKED   the units booked since the bucket was first steered: a
+--            booking's count after it tells the units booked after it
+--   FOREIGN  an estimate of the rate at which others spend the quota, in
+--            units per 10^6 s (below 0 when the fleet's own bookings
+--            overstate what it spent)
+--   ORDER    the next free slot before the schedule last moved back: a
+--            request booked since but slotted before it went out of order
+-- A steered bucket is kept for a minute after its last steering at least.
+
+-- read_bucket reads the bucket at KEYS[i]: its TAT and its steering (nil
+-- when none), or nothing for an empty key.
+local function read_bucket(i)
+  local v = read(i, 'GET')
+  if not v or not string.find(v, ' ', 1, true) then
+    return time(i, v), nil
+  end
+  local f = {}
+  for field in string.gmatch(v, '%S+') do f[#f + 1] = field end
+  if #f ~= 11 then
+    foreign(i, 'holds a value that is not a whole number')
+  end
+  return time(i, f[1]), {seen = time(i, f[2]), till = time(i, f[3]), spread = number(i, f[4], horizon),
+    learned = number(i, f[5], horizon), left = number(i, f[6], 2^53, -2^53), base = number(i, f[7], 2^53),
+    synced = number(i, f[8], 2^53), booked = number(i, f[9], 2^53), foreign = number(i, f[10], 1e15, -1e15),
+    order = time(i, f[11])}
+end
+
+-- write_bucket sets the bucket at key to the TAT and steering given.
+local function write_bucket(key, tat, steer)
+  if not steer then
+    redis.call('SET', key, string.format('%d', tat), 'PXAT', full_expiry(tat))
+    return
+  end
+  if steer.till <= now then
+    steer.till, steer.spread = 0, 0
+  end
+  local value = string.format('%d %d %d %d %d %d %d %d %d %d %d', tat, steer.seen, steer.till, steer.spread,
+    steer.learned, steer.left, steer.base, steer.synced, steer.booked, steer.foreign, steer.order)
+  redis.call('SET', key, value, 'PXAT', math.max(full_expiry(tat), ms_expiry(steer.till), ms_expiry(now + 60000000)))
+end
+
+-- moved_back notes that a steered bucket's next free slot moved back from
+-- free: bookings to come may go before some made already (see ORDER).
+local function moved_back(steer, free)
+  if steer then
+    steer.order = math.max(steer.order, free)
+  end
+end
+
+-- count_booked adds units (fewer, when negative) to a steered bucket's
+-- count of units booked, and returns the count (0 for a bucket not
+-- steered).
+local function count_booked(steer, units)
+  if not steer then return 0 end
+  steer.booked = math.max(math.min(steer.booked + units, 2^53), 0)
+  return steer.booked
+end
+
+-- interval is the upstream's interval for a bucket of configured interval
+-- a: the learned one, if any.
+local function interval(steer, a)
+  if steer and steer.learned > 0 then return steer.learned end
+  return a
+end
+
+-- fleet_interval is the interval the fleet books a bucket at: the
+-- upstream's, slowed by the share others spend (at most 99% of it).
+local function fleet_interval(steer, a)
+  local i = interval(steer, a)
+  if not steer or steer.foreign <= 0 then return i end
+  return math.ceil(i / (1 - math.min(steer.foreign * i / 1e12, 0.99)))
+end
+
+-- bucket_step returns, for a booking at slot, the TAT a bucket books from,
+-- the microseconds a unit takes, and whether its units are spread: while a
+-- window's units are spread and some are left before its reset, one at a
+-- time, at the spread, from the TAT; once none are left, as if held until
+-- the reset (the first request then, the next at the fleet's interval);
+-- else at the fleet's interval, as the burst allows.
+local function bucket_step(tat, steer, a, b, slot)
+  local i = fleet_interval(steer, a)
+  if steer and steer.till > now then
+    if steer.spread > 0 and math.max(tat or slot, slot) < steer.till then
+      return tat, math.max(steer.spread, i), true
+    end
+    local held = steer.till + (b - 1) * i
+    if not tat or tat < held then tat = held end
+  end
+  return tat, i, false
+end
+
+-- bucket_allow is the earliest time a bucket allows cost units for a
+-- request that cannot go before arrival.
+local function bucket_allow(tat, steer, a, b, cost, arrival)
+  local base, i, spread = bucket_step(tat, steer, a, b, arrival)
+  local t = arrival
+  if base and base > t then t = base end
+  if spread then return t end
+  return t + cost * i - b * i
+end
+
+-- bucket_finish is a bucket's TAT after cost units booked at slot.
+local function bucket_finish(tat, steer, a, b, cost, slot)
+  local base, i = bucket_step(tat, steer, a, b, slot)
+  if not base or base < slot then base = slot end
+  return base + cost * i
 end

@@ -19,11 +19,11 @@ local marker = #KEYS
 local n = marker - 1
 
 -- Read and check every key before writing any.
-local reads = {}
+local reads, steers = {}, {}
 for i = 1, n do
   local kind = tonumber(ARGV[3 * i + 1])
   if kind == 1 then
-    reads[i] = time(i, read(i, 'GET'))
+    reads[i], steers[i] = read_bucket(i)
   elseif kind == 2 then
     reads[i] = time(i, read(i, 'ZREVRANGE', 0, 0, 'WITHSCORES')[2])
   else
@@ -38,9 +38,12 @@ end
 for i = 1, n do
   local kind, a, b = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]), tonumber(ARGV[3 * i + 3])
   if kind == 1 then
-    local target = hold_end + (b - 1) * a
+    local target = hold_end + (b - 1) * fleet_interval(steers[i], a)
     if not reads[i] or reads[i] < target then
-      redis.call('SET', KEYS[i], string.format('%d', target), 'PXAT', full_expiry(target))
+      if steers[i] then -- the spread of a window's units: the hold says none are left
+        steers[i].till, steers[i].spread = 0, 0
+      end
+      write_bucket(KEYS[i], target, steers[i])
     end
   else
     if kind == 2 and (not reads[i] or reads[i] < hold_end) then

@@ -17,11 +17,13 @@
 --           request's cost under it
 --
 -- All times are integer microseconds of Redis's clock. Returns {granted (1
--- or 0), delay, now, finish_1, ..., finish_n}: the wait, the TIME the
--- decision used (the request goes at now + delay), and each bucket's TAT
--- after the booking (0 for windows). reserve.lua is the same for one bucket.
+-- or 0), delay, now, finish_1, ..., finish_n, booked_1, ..., booked_n}: the
+-- wait, the TIME the decision used (the request goes at now + delay), each
+-- bucket's TAT after the booking (0 for windows), and each steered bucket's
+-- count of units booked after it (else 0). reserve.lua is the same for one
+-- bucket.
 local n = #KEYS
-local kinds, as, bs, costs, stored = {}, {}, {}, {}, {}
+local kinds, as, bs, costs, stored, steers = {}, {}, {}, {}, {}, {}
 local slot = now + tonumber(ARGV[2])
 
 -- Every bucket and sliding window allows any time from a threshold on.
@@ -29,10 +31,8 @@ for i = 1, n do
   local kind, a, b, cost = tonumber(ARGV[4 * i]), tonumber(ARGV[4 * i + 1]), tonumber(ARGV[4 * i + 2]), tonumber(ARGV[4 * i + 3])
   kinds[i], as[i], bs[i], costs[i] = kind, a, b, cost
   if kind == 1 then
-    stored[i] = time(i, read(i, 'GET'))
-    local tat = now
-    if stored[i] and stored[i] > now then tat = stored[i] end
-    local allow = tat + cost * a - b * a
+    stored[i], steers[i] = read_bucket(i)
+    local allow = bucket_allow(stored[i], steers[i], a, b, cost, now)
     if allow > slot then slot = allow end
   elseif kind == 2 then
     local latest = time(i, read(i, 'ZREVRANGE', 0, 0, 'WITHSCORES')[2])
@@ -78,11 +78,9 @@ end
 -- Each bucket books as if the request arrived at the slot.
 local reply = {0, slot - now, now}
 for i = 1, n do
-  reply[3 + i] = 0
+  reply[3 + i], reply[3 + n + i] = 0, 0
   if kinds[i] == 1 then
-    local base = slot
-    if stored[i] and stored[i] > base then base = stored[i] end
-    reply[3 + i] = base + costs[i] * as[i]
+    reply[3 + i] = bucket_finish(stored[i], steers[i], as[i], bs[i], costs[i], slot)
   end
 end
 if slot - now > tonumber(ARGV[1]) then
@@ -96,10 +94,11 @@ for i = 1, n do
     local finish = reply[3 + i]
     -- KEEPTTL while the TAT stays within one second, as in reserve.lua.
     local second = finish - finish % 1000000
-    if stored[i] and stored[i] - stored[i] % 1000000 == second then
+    if not steers[i] and stored[i] and stored[i] - stored[i] % 1000000 == second then
       redis.call('SET', KEYS[i], string.format('%d', finish), 'KEEPTTL')
     else
-      redis.call('SET', KEYS[i], string.format('%d', finish), 'PXAT', full_expiry(finish))
+      reply[3 + n + i] = count_booked(steers[i], costs[i])
+      write_bucket(KEYS[i], finish, steers[i])
     end
   elseif kinds[i] == 2 then
     for j = 1, costs[i] do

@@ -19,14 +19,15 @@
 --
 -- Returns {now, result_1, ..., result_n}: for a bucket, 1 when the tokens
 -- went back, 2 when the booking was kept as a gap, 0 when there was nothing
--- to give back (its time has passed, or the bucket is no longer the one it
--- was booked in); for a window, 1 when the booking was taken out, else 0.
+-- to give back (its time has passed, the bucket is no longer the one it was
+-- booked in, or the upstream's counters steer it); for a window, 1 when the
+-- booking was taken out, else 0.
 local slot = tonumber(ARGV[2])
 local n = #KEYS / 2
 
-local function refund_bucket(key, gaps, tat, finish, size)
-  if not tat or finish <= now or finish > tat then
-    return 0
+local function refund_bucket(key, gaps, tat, steer, finish, size)
+  if not tat or steer or finish <= now or finish > tat then
+    return 0 -- a steered bucket keeps it: its schedule is the upstream's
   end
   if finish < tat then
     redis.call('ZADD', gaps, finish, string.format('%d:%d', finish, size))
@@ -52,10 +53,10 @@ end
 
 -- Read and check every key before writing any: each bucket's TAT, and
 -- the count of a fixed window's booked window while it is still ahead.
-local kinds, tats, fields, used = {}, {}, {}, {}
+local kinds, tats, fields, used, steers = {}, {}, {}, {}, {}
 for i = 1, n do
   kinds[i] = tonumber(ARGV[4 * i - 1])
-  tats[i], fields[i], used[i] = read_booking(i, kinds[i], tonumber(ARGV[4 * i]), slot, slot > now)
+  tats[i], fields[i], used[i], steers[i] = read_booking(i, kinds[i], tonumber(ARGV[4 * i]), slot, slot > now)
 end
 
 local reply = {now}
@@ -64,7 +65,7 @@ for i = 1, n do
   local key = KEYS[2 * i - 1]
   local result = 0
   if kinds[i] == 1 then
-    result = refund_bucket(key, KEYS[2 * i], tats[i], finish, cost * a)
+    result = refund_bucket(key, KEYS[2 * i], tats[i], steers[i], finish, cost * a)
   elseif kinds[i] == 2 then
     for j = 1, cost do
       result = math.max(result, redis.call('ZREM', key, ARGV[1] .. ':' .. j))

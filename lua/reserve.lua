@@ -13,12 +13,26 @@
 -- ARGV[5]  not before: the caller cannot go sooner than this many
 --          microseconds from now; the bucket books it as arriving then
 --
--- Returns {granted (1 or 0), delay, now, finish}: the wait in microseconds,
--- the TIME the decision used, and the TAT the booking leaves (or would have
--- left). All are whole numbers, which Redis replies exactly.
+-- Returns {granted (1 or 0), delay, now, finish, booked}: the wait in
+-- microseconds, the TIME the decision used, the TAT the booking leaves (or
+-- would have left), and, for a bucket the upstream's counters steer, its
+-- count of units booked after the booking (else 0). All are whole numbers,
+-- which Redis replies exactly.
 local interval = tonumber(ARGV[1])
 local arrival = now + tonumber(ARGV[5])
-local stored = time(1, read(1, 'GET'))
+local stored, steer = read_bucket(1)
+if steer then -- the upstream's counters steer it: the general way
+  local burst, cost = tonumber(ARGV[2]), tonumber(ARGV[3])
+  local slot = math.max(arrival, bucket_allow(stored, steer, interval, burst, cost, arrival))
+  local finish = bucket_finish(stored, steer, interval, burst, cost, slot)
+  if slot - now > tonumber(ARGV[4]) then
+    return {0, slot - now, now, finish, 0}
+  end
+  local booked = count_booked(steer, cost)
+  write_bucket(KEYS[1], finish, steer)
+  return {1, slot - now, now, finish, booked}
+end
+
 local tat = arrival
 if stored and stored > arrival then tat = stored end
 
@@ -26,7 +40,7 @@ local finish = tat + ARGV[3] * interval
 local delay = finish - ARGV[2] * interval - now
 if delay < arrival - now then delay = arrival - now end
 if delay > tonumber(ARGV[4]) then
-  return {0, delay, now, finish}
+  return {0, delay, now, finish, 0}
 end
 
 -- While the TAT stays within one second the expiry stands, and KEEPTTL
@@ -37,4 +51,4 @@ if stored and stored - stored % 1000000 == second then
 else
   redis.call('SET', KEYS[1], string.format('%d', finish), 'PXAT', full_expiry(finish))
 end
-return {1, delay, now, finish}
+return {1, delay, now, finish, 0}

@@ -5,7 +5,8 @@
 --
 -- A bucket's schedule moves by the difference: forward for a debt, which
 -- later callers wait for (a debt beyond the burst is paid off at the rate),
--- back for a credit, never before now. A sliding window gains or loses the
+-- back for a credit, never before now; a unit moves it as a booking would
+-- (see bucket_step in common.lua). A sliding window gains or loses the
 -- units at the booking's slot (no more than a window's count are added, and
 -- none once the slot has left the window). A fixed window's count of the
 -- booking's window changes by the difference, never below zero.
@@ -25,21 +26,25 @@ local id, slot = ARGV[1], tonumber(ARGV[2])
 local mark = #KEYS
 local n = (mark - 1) / 2
 
-local function settle_bucket(key, gaps, tat, diff)
+local function settle_bucket(key, gaps, tat, steer, units, unit, free)
+  local diff = units * unit
+  count_booked(steer, units)
   if diff > 0 then
     local base = now
     if tat and tat > now then base = tat end
-    tat = math.min(base + diff, now + horizon)
-    redis.call('SET', key, string.format('%d', tat), 'PXAT', full_expiry(tat))
+    write_bucket(key, math.min(base + diff, now + horizon), steer)
   elseif diff < 0 and tat and tat > now then
+    moved_back(steer, free)
     tat = tat + diff
-    if tat > now then
-      redis.call('SET', key, string.format('%d', tat), 'PXAT', full_expiry(tat))
+    if tat > now or steer then
+      write_bucket(key, math.max(tat, now), steer)
       -- Gaps beyond the new tail no longer stand for anything.
       redis.call('ZREMRANGEBYSCORE', gaps, '(' .. string.format('%d', tat), '+inf')
     else
       redis.call('DEL', key, gaps)
     end
+  elseif steer and units ~= 0 then -- its count of units booked changed
+    write_bucket(key, tat, steer)
   end
 end
 
@@ -61,10 +66,10 @@ end
 
 -- Read and check every key before writing any: each bucket's TAT, and the
 -- count of a fixed window's booked window.
-local kinds, tats, fields, used = {}, {}, {}, {}
+local kinds, tats, fields, used, steers = {}, {}, {}, {}, {}
 for i = 1, n do
   kinds[i] = tonumber(ARGV[5 * i - 2])
-  tats[i], fields[i], used[i] = read_booking(i, kinds[i], tonumber(ARGV[5 * i - 1]), slot, true)
+  tats[i], fields[i], used[i], steers[i] = read_booking(i, kinds[i], tonumber(ARGV[5 * i - 1]), slot, true)
 end
 if not redis.call('SET', KEYS[mark], '1', 'NX', 'PX', 60000) then
   return {0, now}
@@ -75,7 +80,8 @@ for i = 1, n do
   local estimate, actual = tonumber(ARGV[5 * i + 1]), tonumber(ARGV[5 * i + 2])
   local key = KEYS[2 * i - 1]
   if kinds[i] == 1 then
-    settle_bucket(key, KEYS[2 * i], tats[i], (actual - estimate) * a)
+    local free = math.max(bucket_allow(tats[i], steers[i], a, b, 1, now), now)
+    settle_bucket(key, KEYS[2 * i], tats[i], steers[i], actual - estimate, unit(steers[i], tats[i], a, b), free)
   elseif kinds[i] == 2 then
     settle_sliding(key, a, b, estimate, actual)
   elseif used[i] then

@@ -1,13 +1,15 @@
 // Command fleet shows a fleet of processes sharing one API quota through
 // pace. With no flags it starts everything it needs on loopback: an embedded
 // Redis-protocol store, an upstream API that enforces the quota strictly
-// (429 beyond it), and several copies of itself as worker processes, each
-// with its own pace Transport. After a few seconds it prints what the fleet
-// achieved.
+// (429 beyond it) and states its counters as OpenAI does, and several
+// copies of itself as worker processes, each with its own pace Transport.
+// After a few seconds it prints what the fleet achieved.
 //
 //	go run ./examples/fleet                    # 4 processes x 2 workers at 200/s burst 10
 //	go run ./examples/fleet -idle 6            # only 2 of the 8 workers busy: the quota is still used
 //	go run ./examples/fleet -local -idle 6     # each process alone at 1/4 of the quota: what a static split costs
+//	go run ./examples/fleet -foreign 50        # a client without pace takes 50/s: the fleet takes the rest
+//	go run ./examples/fleet -foreign 50 -headers github  # the same, over a fixed window with GitHub's headers
 //	go run ./examples/fleet -redis redis://127.0.0.1:6379/0 -json -plot fleet.svg
 package main
 
@@ -20,6 +22,7 @@ import (
 
 	"github.com/fleetpace/pace"
 	"github.com/fleetpace/pace/internal/exampleproc"
+	"github.com/fleetpace/pace/internal/quotaapi"
 )
 
 // config is what the demo runs, from its flags; workers get it too.
@@ -36,6 +39,8 @@ type config struct {
 	Plot       string        // an SVG file for requests per second over time
 	KillRedis  time.Duration // stop the embedded store this far in, for a second
 	RetryAfter bool          // the built-in upstream answers one 429 with Retry-After: 1
+	Foreign    float64       // a foreign client's rate on the built-in upstream, without pace
+	Headers    string        // the dialect of the built-in upstream's counters
 }
 
 func main() {
@@ -53,6 +58,8 @@ func main() {
 	flag.StringVar(&c.Plot, "plot", "", "write requests per second over time to this SVG file")
 	flag.DurationVar(&c.KillRedis, "kill-redis-at", 0, "stop the embedded store this far into the run, for a second")
 	flag.BoolVar(&c.RetryAfter, "retry-after", false, "the built-in upstream answers one 429 with Retry-After: 1, a third into the run")
+	flag.Float64Var(&c.Foreign, "foreign", 0, "a foreign client spends this many requests a second of the built-in upstream's quota, without pace")
+	flag.StringVar(&c.Headers, "headers", "openai", "the built-in upstream states its counters as github, ietf (a fixed window ten times as long as the run), openai (a token bucket) or \"\" (none) does")
 	flag.Parse()
 	if err := c.check(); err != nil {
 		fmt.Fprintln(os.Stderr, "fleet:", err)
@@ -83,9 +90,18 @@ func (c config) check() error {
 		return fmt.Errorf("-duration %v: want a positive duration", c.Duration)
 	case c.KillRedis != 0 && (c.Redis != "" || c.Local):
 		return fmt.Errorf("-kill-redis-at works on the embedded store only")
-	case c.RetryAfter && c.Target != "":
-		return fmt.Errorf("-retry-after works with the built-in upstream only")
+	case (c.RetryAfter || c.Foreign != 0) && c.Target != "":
+		return fmt.Errorf("-retry-after and -foreign work with the built-in upstream only")
 	}
-	_, err := pace.ParseLimit(c.Limit)
-	return err
+	limit, err := pace.ParseLimit(c.Limit)
+	if err != nil {
+		return err
+	}
+	if !(c.Foreign >= 0 && c.Foreign < limit.Rate()) {
+		return fmt.Errorf("-foreign %v: want 0 or more, and less than the limit's %v/s", c.Foreign, limit.Rate())
+	}
+	if _, err := quotaapi.ParseDialect(c.Headers); err != nil {
+		return fmt.Errorf("-headers: %w", err)
+	}
+	return nil
 }

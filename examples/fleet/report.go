@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fleetpace/pace"
+	"github.com/fleetpace/pace/internal/quotaapi"
 )
 
 // summary is what the demo reports, as a table or as JSON.
@@ -21,10 +22,15 @@ type summary struct {
 	Requests    int       `json:"requests"`
 	OK          int       `json:"ok"`
 	TooMany     int       `json:"too_many_requests"`
-	Rate        float64   `json:"rate"`                    // 200s per second
-	LimitRate   float64   `json:"limit_rate"`              // the limit's rate
-	Utilisation float64   `json:"utilisation"`             // OK / (burst + rate*seconds)
+	Rate        float64   `json:"rate"`         // 200s per second
+	LimitRate   float64   `json:"limit_rate"`   // the limit's rate
+	Utilisation float64   `json:"utilisation"`  // OK / (burst + rate*seconds - ForeignOK)
+	Headers     string    `json:"headers"`      // the dialect of the built-in upstream's counters
+	ForeignRate float64   `json:"foreign_rate"` // the foreign client's requests per second
+	ForeignOK   int       `json:"foreign_ok"`   // 200s to the foreign client
+	Foreign429  int       `json:"foreign_too_many_requests"`
 	ScriptCalls *float64  `json:"redis_calls_per_request"` // EVALSHA and EVAL round trips per request; null without Redis
+	SyncCalls   *float64  `json:"sync_calls_per_request"`  // of them, those that synced the upstream's counters
 	PerProcess  []process `json:"per_process"`
 }
 
@@ -34,18 +40,22 @@ type process struct {
 	WaitP99  float64 `json:"wait_p99_ms"`
 }
 
-func summarize(c config, limit pace.Limit, reports []report) summary {
+// summarize sums up the workers' reports and what the built-in upstream
+// answered the foreign client.
+func summarize(c config, limit pace.Limit, reports []report, upstream quotaapi.Counts) summary {
 	s := summary{Limit: limit.String(), Mode: "shared through Redis", Processes: c.Procs, Workers: c.Procs * c.Workers,
-		Busy: c.Procs*c.Workers - c.Idle, Seconds: c.Duration.Seconds(), LimitRate: limit.Rate()}
+		Busy: c.Procs*c.Workers - c.Idle, Seconds: c.Duration.Seconds(), LimitRate: limit.Rate(),
+		Headers: c.Headers, ForeignRate: c.Foreign, ForeignOK: upstream.ForeignOK, Foreign429: upstream.ForeignRefused}
 	switch {
 	case c.Local:
 		s.Mode = "each process alone at 1/" + fmt.Sprint(c.Procs) + " of the limit (pace.Local)"
 	case c.Redis == "":
 		s.Mode += " (embedded store)"
 	}
-	var scriptCalls int64
+	var scriptCalls, syncCalls int64
 	for _, r := range reports {
 		scriptCalls += r.ScriptCalls
+		syncCalls += r.SyncCalls
 		var waits []time.Duration
 		for _, q := range r.Requests {
 			s.Requests++
@@ -60,10 +70,10 @@ func summarize(c config, limit pace.Limit, reports []report) summary {
 		s.PerProcess = append(s.PerProcess, process{Requests: len(r.Requests), WaitP50: percentile(waits, 0.50), WaitP99: percentile(waits, 0.99)})
 	}
 	s.Rate = float64(s.OK) / s.Seconds
-	s.Utilisation = float64(s.OK) / (float64(limit.Burst()) + limit.Rate()*s.Seconds)
+	s.Utilisation = float64(s.OK) / (float64(limit.Burst()) + limit.Rate()*s.Seconds - float64(s.ForeignOK))
 	if !c.Local && s.Requests > 0 {
-		perRequest := float64(scriptCalls) / float64(s.Requests)
-		s.ScriptCalls = &perRequest
+		perRequest, syncs := float64(scriptCalls)/float64(s.Requests), float64(syncCalls)/float64(s.Requests)
+		s.ScriptCalls, s.SyncCalls = &perRequest, &syncs
 	}
 	return s
 }
@@ -80,10 +90,16 @@ func (s summary) print(w io.Writer) {
 	fmt.Fprintf(w, "limit           %s (%.4g/s), %v\n", s.Limit, s.LimitRate, s.Mode)
 	fmt.Fprintf(w, "fleet           %d processes, %d workers, %d busy, %.1fs\n", s.Processes, s.Workers, s.Busy, s.Seconds)
 	fmt.Fprintf(w, "achieved        %.1f/s: %d answered 200 of %d requests\n", s.Rate, s.OK, s.Requests)
-	fmt.Fprintf(w, "utilisation     %.1f%% of what the limit allows (burst + rate x time)\n", 100*s.Utilisation)
+	fmt.Fprintf(w, "utilisation     %.1f%% of what the limit allows (burst + rate x time, less the foreign client's)\n", 100*s.Utilisation)
 	fmt.Fprintf(w, "429s            %d\n", s.TooMany)
+	if s.ForeignRate > 0 {
+		fmt.Fprintf(w, "foreign client  %d answered 200 at %.4g/s, %d 429s\n", s.ForeignOK, s.ForeignRate, s.Foreign429)
+	}
+	if s.Headers != "" {
+		fmt.Fprintf(w, "counters        the upstream speaks %s\n", s.Headers)
+	}
 	if s.ScriptCalls != nil {
-		fmt.Fprintf(w, "Redis calls     %.2f per request (EVALSHA and EVAL round trips)\n", *s.ScriptCalls)
+		fmt.Fprintf(w, "Redis calls     %.2f per request (EVALSHA and EVAL round trips), %.2f of them to sync the upstream's counters\n", *s.ScriptCalls, *s.SyncCalls)
 	}
 	fmt.Fprintf(w, "\nprocess  requests  wait p50  wait p99\n")
 	for i, p := range s.PerProcess {

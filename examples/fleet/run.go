@@ -9,13 +9,15 @@ import (
 
 	"github.com/fleetpace/pace"
 	"github.com/fleetpace/pace/internal/exampleproc"
+	"github.com/fleetpace/pace/internal/quotaapi"
 )
 
 // run starts the store, the upstream and the worker processes, waits for
 // them, writes the plot if asked, and returns what they achieved.
 func run(c config) (summary, error) {
 	limit, _ := pace.ParseLimit(c.Limit)
-	start := time.Now().Add(time.Second) // time for the processes to start
+	// Time for the processes to start; a whole second, as GitHub's resets are.
+	start := time.Now().Add(2 * time.Second).Truncate(time.Second)
 	var store *miniredis.Miniredis
 	redisURL := c.Redis
 	if redisURL == "" && !c.Local {
@@ -26,18 +28,14 @@ func run(c config) (summary, error) {
 		defer store.Close()
 		redisURL = "redis://" + store.Addr()
 	}
-	target, up := c.Target, (*upstream)(nil)
+	target, up := c.Target, (*quotaapi.Server)(nil)
 	var err error
 	if target == "" {
-		var retryAt time.Time
-		if c.RetryAfter {
-			retryAt = start.Add(c.Duration / 3)
-		}
-		if up, err = startUpstream(limit, retryAt); err != nil {
+		if up, err = startUpstream(c, limit, start); err != nil {
 			return summary{}, err
 		}
-		defer up.close()
-		target = "http://" + up.addr + "/"
+		defer up.Close()
+		target = up.URL()
 	}
 
 	var jobs []job
@@ -69,11 +67,15 @@ func run(c config) (summary, error) {
 			return summary{}, err
 		}
 	}
-	return summarize(c, limit, reports), nil
+	var foreign quotaapi.Counts
+	if up != nil {
+		foreign = up.Counts()
+	}
+	return summarize(c, limit, reports, foreign), nil
 }
 
 // progress writes a line on stderr while the fleet runs, until done.
-func progress(c config, start time.Time, up *upstream, done <-chan struct{}) {
+func progress(c config, start time.Time, up *quotaapi.Server, done <-chan struct{}) {
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -90,7 +92,8 @@ func progress(c config, start time.Time, up *upstream, done <-chan struct{}) {
 			elapsed := time.Since(start).Truncate(100 * time.Millisecond)
 			line := fmt.Sprintf("elapsed %v of %v", elapsed, c.Duration)
 			if up != nil {
-				line += fmt.Sprintf(", %.0f req/s so far, %d refused", float64(up.served.Load())/elapsed.Seconds(), up.refused.Load())
+				n := up.Counts()
+				line += fmt.Sprintf(", %.0f req/s so far, %d refused", float64(n.OK)/elapsed.Seconds(), n.Refused)
 			}
 			fmt.Fprint(os.Stderr, "\r\033[K"+line)
 		}

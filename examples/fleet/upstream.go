@@ -1,62 +1,40 @@
 package main
 
 import (
-	"net"
+	"math"
 	"net/http"
-	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	"golang.org/x/time/rate"
-
 	"github.com/fleetpace/pace"
+	"github.com/fleetpace/pace/internal/quotaapi"
 )
 
-// upstream is the built-in API: it enforces the quota strictly with a token
-// bucket of the same rate and one token of slack (the jitter between a grant
-// in Redis and the request's arrival here could otherwise cost one 429 at
-// the very start), and answers 429 beyond it.
-type upstream struct {
-	bucket     *rate.Limiter
-	retryAt    time.Time // when to answer one 429 with Retry-After: 1; zero for never
-	served     atomic.Int64
-	refused    atomic.Int64
-	retryAfter sync.Once
-	server     *http.Server
-	addr       string
-}
-
-func startUpstream(limit pace.Limit, retryAt time.Time) (*upstream, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
+// startUpstream starts the built-in API of c's run, which starts at start.
+// It enforces the quota strictly and answers 429 beyond it: without
+// -headers or with -headers openai, a token bucket of the limit's rate and
+// burst, and one token of slack (the jitter between a grant in Redis and
+// the request's arrival here could otherwise cost one 429 at the very
+// start); with -headers github or ietf, a fixed window ten times as long as
+// the run (whole seconds), of the limit's rate times its length, from the
+// start on. With -headers, it
+// states its counters in that dialect; with -retry-after, it answers one
+// 429 with Retry-After: 1, a third into the run; with -foreign, a foreign
+// client spends the same quota, without pace, from start on.
+func startUpstream(c config, limit pace.Limit, start time.Time) (*quotaapi.Server, error) {
+	dialect, _ := quotaapi.ParseDialect(c.Headers)
+	q := quotaapi.Config{Dialect: dialect, Rate: limit.Rate(), Burst: limit.Burst() + 1}
+	if dialect.Windowed() {
+		q.Window = 10 * max(c.Duration.Round(time.Second), time.Second)
+		q.Count = int(math.Round(limit.Rate() * q.Window.Seconds()))
+		q.WindowsFrom = start
 	}
-	u := &upstream{bucket: rate.NewLimiter(rate.Limit(limit.Rate()), limit.Burst()+1), retryAt: retryAt, addr: ln.Addr().String()}
-	u.server = &http.Server{Handler: u, ReadHeaderTimeout: 5 * time.Second}
-	go u.server.Serve(ln)
-	return u, nil
-}
-
-func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !u.retryAt.IsZero() && time.Now().After(u.retryAt) {
-		spoke := false
-		u.retryAfter.Do(func() { spoke = true })
-		if spoke {
-			u.refused.Add(1)
-			w.Header().Set("Retry-After", "1")
-			w.WriteHeader(http.StatusTooManyRequests)
-			return
-		}
+	if c.RetryAfter {
+		q.Once = quotaapi.Once{At: start.Add(c.Duration / 3), Status: http.StatusTooManyRequests, Header: "Retry-After", Value: "1"}
 	}
-	if !u.bucket.Allow() {
-		u.refused.Add(1)
-		w.WriteHeader(http.StatusTooManyRequests)
-		return
+	api, err := quotaapi.Start(q)
+	if err != nil || c.Foreign == 0 {
+		return api, err
 	}
-	n := u.served.Add(1)
-	w.Header().Set("Content-Type", "text/plain")
-	w.Write([]byte("ok " + strconv.FormatInt(n, 10) + "\n"))
+	time.AfterFunc(time.Until(start), func() { api.StartForeign(c.Foreign) })
+	return api, nil
 }
-
-func (u *upstream) close() { u.server.Close() }

@@ -37,6 +37,7 @@ type request struct {
 type report struct {
 	Requests    []request
 	ScriptCalls int64 // EVALSHA and EVAL round trips to Redis
+	SyncCalls   int64 // of them, those that synced the upstream's counters
 }
 
 // scriptCounter is a go-redis hook that counts script calls: each is one
@@ -77,6 +78,7 @@ func (j job) run() (report, error) {
 		return report{}, err
 	}
 	var scripts scriptCounter
+	var syncs atomic.Int64
 	var limiter pace.Limiter
 	if c.Local {
 		share := pace.PerSecond(limit.Rate() / float64(c.Procs)).WithBurst(max(limit.Burst()/c.Procs, 1))
@@ -92,7 +94,11 @@ func (j job) run() (report, error) {
 		client := redis.NewClient(options)
 		defer client.Close()
 		client.AddHook(&scripts)
-		r, err := pace.NewRedis(client, limit)
+		r, err := pace.NewRedis(client, limit, pace.WithObserver(func(_ context.Context, e pace.Event) {
+			if e.Kind == pace.EventReading || e.Kind == pace.EventStaleReading {
+				syncs.Add(1) // one a sync: the limit is one bucket
+			}
+		}))
 		if err != nil {
 			return report{}, err
 		}
@@ -143,5 +149,5 @@ func (j job) run() (report, error) {
 		})
 	}
 	wg.Wait()
-	return report{Requests: requests, ScriptCalls: scripts.calls.Load()}, nil
+	return report{Requests: requests, ScriptCalls: scripts.calls.Load(), SyncCalls: syncs.Load()}, nil
 }

@@ -37,6 +37,7 @@ type config struct {
 	Tokens   string        // tokens a minute, likewise
 	Duration time.Duration // how long the batch sends
 	Settle   bool          // settle each reservation at the answer's usage
+	Counters bool          // steer the fleet by the API's x-ratelimit headers
 	JSON     bool          // one JSON object on stdout instead of the table
 }
 
@@ -50,6 +51,7 @@ func main() {
 	flag.StringVar(&c.Tokens, "tokens", "30000/m", "the API's tokens quota, as pace.ParseLimit reads it")
 	flag.DurationVar(&c.Duration, "duration", 5*time.Second, "how long the batch sends")
 	flag.BoolVar(&c.Settle, "settle", true, "settle each reservation at the tokens the answer used (false: keep max_tokens)")
+	flag.BoolVar(&c.Counters, "counters", true, "steer the fleet by the API's x-ratelimit headers (false: pace.Transport.IgnoreCounters)")
 	flag.BoolVar(&c.JSON, "json", false, "print one JSON object instead of the table")
 	flag.Parse()
 	if err := c.check(); err != nil {

@@ -32,6 +32,9 @@ func summarize(c config, limits pace.AllOf, upstream *api, reports []report) sum
 	if !c.Settle {
 		s.Mode = "reserved at max_tokens, never settled"
 	}
+	if c.Counters {
+		s.Mode += ", steered by the API's x-ratelimit headers"
+	}
 	for _, r := range reports {
 		s.Answered += r.Statuses[200]
 	}

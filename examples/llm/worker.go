@@ -56,7 +56,7 @@ func (j job) run() (report, error) {
 	defer closeLimiter()
 	base := &http.Transport{MaxIdleConnsPerHost: j.Config.Workers}
 	defer base.CloseIdleConnections()
-	transport := &pace.Transport{Base: base, Limiter: limiter, Estimate: estimate}
+	transport := &pace.Transport{Base: base, Limiter: limiter, Estimate: estimate, IgnoreCounters: !j.Config.Counters}
 	if j.Config.Settle {
 		transport.Settle = pace.OpenAIUsage("tokens")
 	}

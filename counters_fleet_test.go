@@ -1,0 +1,200 @@
+package pace
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetpace/pace/internal/quotaapi"
+	"github.com/fleetpace/pace/internal/redistest"
+)
+
+// The fleet tests of the upstream's counters: 4 processes of 8 goroutines
+// send GETs through a Transport on one real Redis to an upstream
+// (quotaapi) that enforces its quota strictly and states its counters in
+// a real service's dialect. Each test reads what arrived at the upstream.
+
+func startQuotaAPI(t *testing.T, c quotaapi.Config) *quotaapi.Server {
+	t.Helper()
+	api, err := quotaapi.Start(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(api.Close)
+	return api
+}
+
+// tally counts the arrivals from..to: the fleet's answered 200 and 429,
+// and the foreign client's.
+type tally struct{ ok, refused, foreignOK, foreignRefused int }
+
+func tallyOf(arrivals []quotaapi.Arrival, from, to time.Time) tally {
+	var c tally
+	for _, a := range arrivals {
+		if a.At.Before(from) || !a.At.Before(to) {
+			continue
+		}
+		switch {
+		case a.Foreign && a.Status == http.StatusOK:
+			c.foreignOK++
+		case a.Foreign:
+			c.foreignRefused++
+		case a.Status == http.StatusOK:
+			c.ok++
+		default:
+			c.refused++
+		}
+	}
+	return c
+}
+
+// logSeconds logs the tally of each second from start to end.
+func logSeconds(t *testing.T, arrivals []quotaapi.Arrival, start, end time.Time) {
+	t.Helper()
+	var lines []string
+	for from := start; from.Before(end); from = from.Add(time.Second) {
+		c := tallyOf(arrivals, from, from.Add(time.Second))
+		lines = append(lines, fmt.Sprintf("%v: fleet %d (%d 429s), foreign %d (%d 429s)", from.Sub(start), c.ok, c.refused, c.foreignOK, c.foreignRefused))
+	}
+	t.Log("each second:\n" + strings.Join(lines, "\n"))
+}
+
+// TestFleetLeavesTheForeignShare: an upstream of 200/s burst 10 (and one of
+// slack for the jitter of arrivals) that states its counters as OpenAI
+// does also serves a foreign client at 50/s, for the first 3 s of the run.
+// The fleet, configured at 200/s, takes what the foreign client leaves:
+// at least 97% of the 150/s from the second second on, with at most 2 429s
+// after the first second (and at most 10 for the foreign client); once
+// the foreign client stops, the fleet is back at 194/s or more within 2 s
+// (over the second about that mark, from 1.5 s to 2.5 s).
+func TestFleetLeavesTheForeignShare(t *testing.T) {
+	srv := redistest.Start(t)
+	warmScript(t, srv)
+	api := startQuotaAPI(t, quotaapi.Config{Dialect: quotaapi.OpenAI, Rate: 200, Burst: 11})
+	start := time.Now().Add(time.Second)
+	var stopForeign func()
+	const stopAt = 3 * time.Second
+	runFleet(t, 4, fleetWorker{
+		Addr: srv.Addr, Limit: "200/s burst 10", Goroutines: 8, URL: api.URL(),
+		Start: start, End: start.Add(stopAt + 3*time.Second),
+	}, fault{0, func() { stopForeign = api.StartForeign(50) }}, fault{stopAt, func() { stopForeign() }})
+
+	arrivals := api.Arrivals()
+	logSeconds(t, arrivals, start, start.Add(stopAt+3*time.Second))
+	sharing := tallyOf(arrivals, start.Add(time.Second), start.Add(stopAt))
+	after := tallyOf(arrivals, start.Add(time.Second), start.Add(stopAt+3*time.Second))
+	back := tallyOf(arrivals, start.Add(stopAt+1500*time.Millisecond), start.Add(stopAt+2500*time.Millisecond))
+	t.Logf("while shared (1 s to 3 s): fleet %d, %.1f%% of the 150/s left; foreign %d; after the first second, %d 429s for the fleet, %d for the foreign client; after the foreign client stopped (1.5 s to 2.5 s): fleet %d/s",
+		sharing.ok, 100*float64(sharing.ok)/300, sharing.foreignOK, after.refused, after.foreignRefused, back.ok)
+	if sharing.ok < 291 {
+		t.Errorf("while shared, the fleet got %d, less than 97%% of the 300 the foreign client left in 2 s", sharing.ok)
+	}
+	if after.refused > 2 || after.foreignRefused > 10 {
+		t.Errorf("after the first second, %d 429s for the fleet and %d for the foreign client, want at most 2 and 10", after.refused, after.foreignRefused)
+	}
+	if back.ok < 194 {
+		t.Errorf("from 1.5 s to 2.5 s after the foreign client stopped, the fleet got %d, want at least 194", back.ok)
+	}
+}
+
+// TestFleetSpreadsAWindow: GitHub's quota, shortened: 600 per 20 s window,
+// stated in GitHub's headers; the fleet (configured at 100/s, which would
+// spend the window in seconds and then stall) starts 12 s into a window of
+// which a foreign consumer spent 300. It spreads what is left: no 429; the
+// fleet's gaps between requests as pace lets them go (over 4 in a row, for
+// the jitter of timers on a busy machine), p99, within 1.2 times the time
+// left in the window over the units left; the window spent to 97% or more;
+// no gap beyond 0.5 s; and, in the next window, on at its pace.
+func TestFleetSpreadsAWindow(t *testing.T) {
+	srv := redistest.Start(t)
+	warmScript(t, srv)
+	start := time.Now().Add(1500 * time.Millisecond).Truncate(time.Second)
+	const window = 20 * time.Second
+	from := start.Add(-12 * time.Second)
+	api := startQuotaAPI(t, quotaapi.Config{Dialect: quotaapi.GitHub, Window: window, Count: 600, WindowsFrom: from})
+	api.Spend(300)
+	end := start.Add(10 * time.Second)
+	reset := from.Add(window)
+	runFleet(t, 4, fleetWorker{
+		Addr: srv.Addr, Limit: "100/s burst 10", Goroutines: 8, URL: api.URL(), Start: start, End: end,
+	})
+
+	var fleet []quotaapi.Arrival
+	for _, a := range api.Arrivals() {
+		if !a.Foreign {
+			fleet = append(fleet, a)
+		}
+	}
+	logSeconds(t, api.Arrivals(), start, end)
+	slices.SortFunc(fleet, func(a, b quotaapi.Arrival) int { return a.Granted.Compare(b.Granted) })
+	var ratios []float64
+	var longest time.Duration
+	const run = 4
+	for i := run; i < len(fleet); i++ {
+		prev, a := fleet[i-run], fleet[i]
+		longest = max(longest, a.Granted.Sub(fleet[i-1].Granted))
+		if prev.At.Before(reset) != a.At.Before(reset) || prev.Left < run {
+			continue // across the reset, or after the window's last units
+		}
+		windowEnd := reset
+		if !prev.At.Before(reset) {
+			windowEnd = reset.Add(window)
+		}
+		ideal := windowEnd.Sub(prev.At).Seconds() / float64(prev.Left)
+		ratios = append(ratios, a.Granted.Sub(prev.Granted).Seconds()/run/ideal)
+	}
+	slices.Sort(ratios)
+	first, next := tallyOf(fleet, start, reset), tallyOf(fleet, reset.Add(500*time.Millisecond), end)
+	p99 := ratios[len(ratios)*99/100]
+	t.Logf("%d requests, %d 429s; of the window's 300 left, the fleet spent %d; gaps over (time left / units left): p50 %.2f, p99 %.2f, max %.2f; longest gap %v; in the next window, %.1f/s (600 per 20 s is 30/s)",
+		len(fleet), first.refused+next.refused, first.ok, ratios[len(ratios)/2], p99, ratios[len(ratios)-1], longest, float64(next.ok)/end.Sub(reset.Add(500*time.Millisecond)).Seconds())
+	if first.refused+next.refused != 0 {
+		t.Errorf("%d 429s, want none", first.refused+next.refused)
+	}
+	if p99 > 1.2 {
+		t.Errorf("p99 of gaps over (time left / units left) %.2f, want at most 1.2", p99)
+	}
+	if first.ok < 291 || longest > 500*time.Millisecond {
+		t.Errorf("the fleet spent %d of the 300 left before the reset, with a longest gap of %v: want at least 291, and no gap beyond 0.5 s", first.ok, longest)
+	}
+	if rate := float64(next.ok) / end.Sub(reset.Add(500*time.Millisecond)).Seconds(); rate < 27 || rate > 33 {
+		t.Errorf("in the next window, %.1f/s, want about 30/s (600 per 20 s)", rate)
+	}
+}
+
+// TestFleetLearnsTheLimit: a fleet configured at 10/s, learning, against
+// an upstream of 200/s burst 10 (and one of slack) that advertises its
+// limit as OpenAI does: it reaches 97% of 200/s within 2 s, with at most 2
+// 429s after the first second; when the upstream drops to 100/s 3 s in, at
+// most 5 429s follow, and the fleet goes at 100/s.
+func TestFleetLearnsTheLimit(t *testing.T) {
+	srv := redistest.Start(t)
+	warmScript(t, srv)
+	api := startQuotaAPI(t, quotaapi.Config{Dialect: quotaapi.OpenAI, Rate: 200, Burst: 11})
+	start := time.Now().Add(time.Second)
+	const drop = 3 * time.Second
+	end := start.Add(drop + 2*time.Second)
+	runFleet(t, 4, fleetWorker{
+		Addr: srv.Addr, Limit: "10/s learn", Goroutines: 8, URL: api.URL(), Start: start, End: end,
+	}, fault{drop, func() { api.SetRate(100) }})
+
+	arrivals := api.Arrivals()
+	logSeconds(t, arrivals, start, end)
+	second := tallyOf(arrivals, start.Add(time.Second), start.Add(2*time.Second))
+	before := tallyOf(arrivals, start.Add(time.Second), start.Add(drop))
+	after := tallyOf(arrivals, start.Add(drop), end)
+	settled := tallyOf(arrivals, start.Add(drop+time.Second), end)
+	t.Logf("second second: %d/s; 429s from 1 s to the drop: %d; after the drop: %d 429s, then %.1f/s", second.ok, before.refused, after.refused, float64(settled.ok))
+	if second.ok < 194 {
+		t.Errorf("in the second second, %d, want at least 97%% of 200", second.ok)
+	}
+	if before.refused > 2 || after.refused > 5 {
+		t.Errorf("%d 429s before the drop (after the first second) and %d after, want at most 2 and 5", before.refused, after.refused)
+	}
+	if settled.ok < 95 || settled.ok > 100+11 {
+		t.Errorf("from 1 s after the drop, %d in 1 s, want the new limit's 100 (at least 95, at most 100 + its burst)", settled.ok)
+	}
+}

@@ -1,0 +1,141 @@
+package pace
+
+import (
+	"net/http"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// want is a reading as the tests expect it.
+type want struct {
+	name             string
+	limit, remaining int64
+	reset, window    time.Duration
+	refills          bool
+}
+
+// epoch is a Unix time s seconds after holdNow, as GitHub writes it.
+func epoch(s int64) string { return strconv.FormatInt(holdNow.Unix()+s, 10) }
+
+// at is an RFC 3339 time s seconds after holdNow, as Anthropic writes it.
+func at(s int64) string {
+	return holdNow.Add(time.Duration(s) * time.Second).UTC().Format(time.RFC3339)
+}
+
+// dated adds the Date header of holdNow to headers.
+func dated(header ...string) []string {
+	return append([]string{"Date", holdNow.UTC().Format(http.TimeFormat)}, header...)
+}
+
+func TestParseReadings(t *testing.T) {
+	policy := `"burst";q=100;w=60,"daily";q=1000;w=86400`
+	for name, tc := range map[string]struct {
+		header []string
+		want   []want
+	}{
+		// GitHub: a resource a quota, reset as a Unix time.
+		"GitHub core": {dated("X-RateLimit-Limit", "5000", "X-RateLimit-Remaining", "4999", "X-RateLimit-Used", "1",
+			"X-RateLimit-Reset", epoch(600), "X-RateLimit-Resource", "core"), []want{{"core", 5000, 4999, 10 * time.Minute, 0, false}}},
+		"GitHub search": {dated("X-RateLimit-Limit", "30", "X-RateLimit-Remaining", "18", "X-RateLimit-Used", "12",
+			"X-RateLimit-Reset", epoch(42), "X-RateLimit-Resource", "search"), []want{{"search", 30, 18, 42 * time.Second, 0, false}}},
+		"GitHub graphql": {dated("X-RateLimit-Limit", "5000", "X-RateLimit-Remaining", "4990", "X-RateLimit-Used", "10",
+			"X-RateLimit-Reset", epoch(3599), "X-RateLimit-Resource", "graphql"), []want{{"graphql", 5000, 4990, 3599 * time.Second, 0, false}}},
+		"GitHub without a Date header": {[]string{"X-RateLimit-Limit", "60", "X-RateLimit-Remaining", "59",
+			"X-RateLimit-Reset", epoch(300), "X-RateLimit-Resource", "core"}, []want{{"core", 60, 59, 5 * time.Minute, 0, false}}},
+		"GitHub, a Date a second behind the arrival: from the arrival": {[]string{"Date", holdNow.Add(-time.Second).UTC().Format(http.TimeFormat),
+			"X-RateLimit-Remaining", "10", "X-RateLimit-Reset", epoch(30)}, []want{{"", 0, 10, 30 * time.Second, 0, false}}},
+		"GitHub, a Date an hour behind the arrival: from the Date": {[]string{"Date", holdNow.Add(-time.Hour).UTC().Format(http.TimeFormat),
+			"X-RateLimit-Remaining", "10", "X-RateLimit-Reset", epoch(30 - 3600)}, []want{{"", 0, 10, 30 * time.Second, 0, false}}},
+		"GitHub, used and remaining do not add up": {dated("X-RateLimit-Limit", "5000", "X-RateLimit-Remaining", "4999",
+			"X-RateLimit-Used", "5", "X-RateLimit-Reset", epoch(600)), nil},
+		"GitHub, reset in the past": {dated("X-RateLimit-Limit", "5000", "X-RateLimit-Remaining", "4999",
+			"X-RateLimit-Reset", epoch(-60)), nil},
+		"X's X-Rate-Limit": {dated("X-Rate-Limit-Limit", "900", "X-Rate-Limit-Remaining", "850",
+			"X-Rate-Limit-Reset", epoch(840)), []want{{"", 900, 850, 14 * time.Minute, 0, false}}},
+		"a small reset is seconds":   {[]string{"X-RateLimit-Remaining", "7", "X-RateLimit-Reset", "20"}, []want{{"", 0, 7, 20 * time.Second, 0, false}}},
+		"remaining above the limit":  {dated("X-RateLimit-Limit", "10", "X-RateLimit-Remaining", "11", "X-RateLimit-Reset", epoch(60)), nil},
+		"remaining negative":         {dated("X-RateLimit-Limit", "10", "X-RateLimit-Remaining", "-1", "X-RateLimit-Reset", epoch(60)), nil},
+		"remaining overflows":        {dated("X-RateLimit-Remaining", "99999999999999999999", "X-RateLimit-Reset", epoch(60)), nil},
+		"reset is garbage":           {dated("X-RateLimit-Remaining", "5", "X-RateLimit-Reset", "soon"), nil},
+		"reset beyond MaxDelay":      {dated("X-RateLimit-Remaining", "5", "X-RateLimit-Reset", "9999999999999"), nil},
+		"limit is garbage":           {dated("X-RateLimit-Limit", "lots", "X-RateLimit-Remaining", "5", "X-RateLimit-Reset", "60"), nil},
+		"the older RateLimit fields": {[]string{"RateLimit-Limit", "100", "RateLimit-Remaining", "20", "RateLimit-Reset", "10"}, []want{{"", 100, 20, 10 * time.Second, 0, false}}},
+
+		// The IETF draft: policies, with their quota and window.
+		"IETF, one policy of two": {[]string{"RateLimit-Policy", policy, "RateLimit", `"burst";r=50;t=30`},
+			[]want{{"burst", 100, 50, 30 * time.Second, time.Minute, false}}},
+		"IETF, two policies": {[]string{"RateLimit-Policy", policy, "RateLimit", `"burst";r=50;t=30, "daily";r=900;t=3600`},
+			[]want{{"burst", 100, 50, 30 * time.Second, time.Minute, false}, {"daily", 1000, 900, time.Hour, 24 * time.Hour, false}}},
+		"IETF, a token for a name":        {[]string{"RateLimit", `default;r=5;t=1`}, []want{{"default", 0, 5, time.Second, 0, false}}},
+		"IETF, without a policy":          {[]string{"RateLimit", `"default";r=10;t=5`}, []want{{"default", 0, 10, 5 * time.Second, 0, false}}},
+		"IETF, the older dictionary":      {[]string{"RateLimit", "limit=100, remaining=50, reset=30"}, []want{{"", 100, 50, 30 * time.Second, 0, false}}},
+		"IETF, garbage":                   {[]string{"RateLimit", `;;,=,"x";r=;t=-3,"y";r=0;t=abc`}, nil},
+		"IETF, remaining negative":        {[]string{"RateLimit", `"default";r=-5;t=30`}, nil},
+		"IETF, a reset of zero":           {[]string{"RateLimit", `"default";r=5;t=0`}, nil},
+		"IETF, remaining above the quota": {[]string{"RateLimit-Policy", `"default";q=10;w=1`, "RateLimit", `"default";r=11;t=1`}, nil},
+
+		// OpenAI: requests and tokens, resets as durations, quotas that refill.
+		"OpenAI": {[]string{"x-ratelimit-limit-requests", "10000", "x-ratelimit-remaining-requests", "9999", "x-ratelimit-reset-requests", "6ms",
+			"x-ratelimit-limit-tokens", "2000000", "x-ratelimit-remaining-tokens", "1999976", "x-ratelimit-reset-tokens", "0s"},
+			[]want{{"requests", 10000, 9999, 6 * time.Millisecond, time.Minute, true}}}, // a reset of 0s says nothing
+		"OpenAI, minutes": {[]string{"x-ratelimit-limit-tokens", "40000", "x-ratelimit-remaining-tokens", "18000", "x-ratelimit-reset-tokens", "6m0s"},
+			[]want{{"tokens", 40000, 18000, 6 * time.Minute, time.Minute, true}}},
+		"OpenAI, a limit of -1 is not reported": {[]string{"x-ratelimit-limit-requests", "-1", "x-ratelimit-remaining-requests", "40", "x-ratelimit-reset-requests", "1h2m3.5s"},
+			[]want{{"requests", 0, 40, time.Hour + 2*time.Minute + 3500*time.Millisecond, time.Minute, true}}},
+		"OpenAI, a reset that is not a duration": {[]string{"x-ratelimit-remaining-requests", "40", "x-ratelimit-reset-requests", "tomorrow"}, nil},
+		"OpenAI, remaining negative":             {[]string{"x-ratelimit-remaining-tokens", "-5", "x-ratelimit-reset-tokens", "1s"}, nil},
+
+		// Anthropic: four quotas, resets as RFC 3339 times.
+		"Anthropic requests": {dated("anthropic-ratelimit-requests-limit", "50", "anthropic-ratelimit-requests-remaining", "49",
+			"anthropic-ratelimit-requests-reset", at(10)), []want{{"requests", 50, 49, 10 * time.Second, time.Minute, true}}},
+		"Anthropic, tokens rounded to thousands": {dated("anthropic-ratelimit-tokens-limit", "80000", "anthropic-ratelimit-tokens-remaining", "79000",
+			"anthropic-ratelimit-tokens-reset", at(1)), []want{{"tokens", 80000, 79000, time.Second, time.Minute, true}}},
+		"Anthropic input and output": {dated("anthropic-ratelimit-input-tokens-limit", "40000", "anthropic-ratelimit-input-tokens-remaining", "38000",
+			"anthropic-ratelimit-input-tokens-reset", at(3), "anthropic-ratelimit-output-tokens-limit", "8000",
+			"anthropic-ratelimit-output-tokens-remaining", "7000", "anthropic-ratelimit-output-tokens-reset", at(8)),
+			[]want{{"input-tokens", 40000, 38000, 3 * time.Second, time.Minute, true}, {"output-tokens", 8000, 7000, 8 * time.Second, time.Minute, true}}},
+		"Anthropic, a reset that is not RFC 3339": {dated("anthropic-ratelimit-requests-remaining", "49", "anthropic-ratelimit-requests-reset", "12s"), nil},
+		"Anthropic, remaining above the limit": {dated("anthropic-ratelimit-requests-limit", "50", "anthropic-ratelimit-requests-remaining", "51",
+			"anthropic-ratelimit-requests-reset", at(10)), nil},
+
+		// Several dialects at once.
+		"of two readings of one quota, the one with fewer left": {[]string{"X-RateLimit-Remaining", "9", "X-RateLimit-Reset", "30",
+			"RateLimit", "limit=100, remaining=5, reset=20"}, []want{{"", 100, 5, 20 * time.Second, 0, false}}},
+		"no headers": {nil, nil},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var got []want
+			for _, r := range ParseReadings(response(200, tc.header...), holdNow) {
+				got = append(got, want{r.Name, r.Limit, r.Remaining, r.Reset, r.Window, r.Refills})
+				if r.Header == "" {
+					t.Errorf("reading %+v does not say which header said so", r)
+				}
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("readings %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// FuzzParseReadings: whatever the headers, ParseReadings never panics, and
+// every reading it returns is sound: units left not below zero nor above the
+// limit, a reset ahead and within MaxDelay.
+func FuzzParseReadings(f *testing.F) {
+	f.Add("4999", epoch(600), "5000", "1", `"burst";r=50;t=30`, `"burst";q=100;w=60`, "6m0s", at(10))
+	f.Add("0", "20", "-1", "", "limit=100, remaining=0, reset=50", "", "12ms", "garbage")
+	f.Fuzz(func(t *testing.T, remaining, reset, limit, used, rateLimit, policy, duration, rfc3339 string) {
+		resp := response(200, "Date", holdNow.UTC().Format(http.TimeFormat),
+			"X-RateLimit-Remaining", remaining, "X-RateLimit-Reset", reset, "X-RateLimit-Limit", limit, "X-RateLimit-Used", used,
+			"RateLimit", rateLimit, "RateLimit-Policy", policy, "RateLimit-Remaining", remaining, "RateLimit-Reset", reset,
+			"x-ratelimit-remaining-tokens", remaining, "x-ratelimit-reset-tokens", duration, "x-ratelimit-limit-tokens", limit,
+			"anthropic-ratelimit-requests-remaining", remaining, "anthropic-ratelimit-requests-reset", rfc3339)
+		for _, r := range ParseReadings(resp, holdNow) {
+			if r.Remaining < 0 || (r.Limit > 0 && r.Remaining > r.Limit) || r.Limit < 0 || r.Reset <= 0 || r.Reset > MaxDelay || r.Window < 0 {
+				t.Fatalf("unsound reading %+v", r)
+			}
+		}
+	})
+}

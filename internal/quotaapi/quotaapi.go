@@ -1,0 +1,288 @@
+// Package quotaapi is an API on loopback for pace's tests and examples: it
+// enforces one quota strictly, answers 429 beyond it, states its counters
+// in every response in the dialect of a real service, serves a foreign
+// client that spends the same quota without pace, and notes every arrival.
+package quotaapi
+
+import (
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// A Dialect is how the server states its counters.
+type Dialect string
+
+const (
+	// Silent states none.
+	Silent Dialect = ""
+	// GitHub states x-ratelimit-limit, -remaining, -used, -reset (a Unix
+	// time) and -resource ("core") of a fixed window.
+	GitHub Dialect = "github"
+	// IETF states RateLimit-Policy ("default";q=COUNT;w=SECONDS) and
+	// RateLimit ("default";r=LEFT;t=SECONDS) of a fixed window.
+	IETF Dialect = "ietf"
+	// OpenAI states x-ratelimit-limit-requests (a minute's worth),
+	// -remaining-requests and -reset-requests (until the bucket is full,
+	// as a Go duration) of a token bucket.
+	OpenAI Dialect = "openai"
+)
+
+// ParseDialect reads a dialect's name: "github", "ietf", "openai" or "".
+func ParseDialect(s string) (Dialect, error) {
+	switch d := Dialect(s); d {
+	case Silent, GitHub, IETF, OpenAI:
+		return d, nil
+	}
+	return Silent, fmt.Errorf("dialect %q: want github, ietf or openai", s)
+}
+
+// Windowed reports whether the dialect counts a fixed window, rather than a
+// token bucket.
+func (d Dialect) Windowed() bool { return d == GitHub || d == IETF }
+
+// Config is what a server enforces and says.
+type Config struct {
+	Dialect Dialect
+	// Rate and Burst are the token bucket that Silent and OpenAI enforce;
+	// a Rate of 0 enforces none.
+	Rate  float64
+	Burst int
+	// Count per Window is the fixed window that GitHub and IETF enforce;
+	// windows follow each other from WindowsFrom on (the Unix epoch when
+	// zero).
+	Window      time.Duration
+	Count       int
+	WindowsFrom time.Time
+	// Once, when its At is set, is the answer the server gives its first
+	// request after At instead of the quota's, such as a 429 with
+	// Retry-After: 1.
+	Once Once
+}
+
+// Once is one answer: its status and one header.
+type Once struct {
+	At            time.Time
+	Status        int
+	Header, Value string
+}
+
+// GrantedAtHeader carries, in a request, the UnixNano time pace granted it;
+// the server notes it in the request's Arrival.
+const GrantedAtHeader = "X-Granted-At"
+
+// An Arrival is a request the server answered.
+type Arrival struct {
+	At      time.Time
+	Granted time.Time // from GrantedAtHeader; zero without one
+	Status  int
+	Foreign bool // from the foreign client
+	Left    int  // the units left after it
+}
+
+// Server is the API. Its methods are safe for concurrent use.
+type Server struct {
+	config Config
+	server *http.Server
+	addr   string
+
+	mu       sync.Mutex
+	bucket   *rate.Limiter
+	window   int64 // the fixed window counted, from the Unix epoch
+	used     int   // in that window
+	spoke    bool  // Once was said
+	arrivals []Arrival
+	counts   Counts
+	foreign  sync.WaitGroup
+	closed   chan struct{} // closed by Close: the foreign clients stop
+}
+
+// Start starts a server of c on loopback.
+func Start(c Config) (*Server, error) {
+	switch {
+	case c.Dialect.Windowed() && (c.Window <= 0 || c.Count <= 0):
+		return nil, fmt.Errorf("dialect %s counts a window: want a positive Window and Count, not %v and %d", c.Dialect, c.Window, c.Count)
+	case !c.Dialect.Windowed() && (c.Rate < 0 || (c.Rate > 0 && c.Burst <= 0)):
+		return nil, fmt.Errorf("dialect %q paces a bucket: want a Rate of 0 or more and a positive Burst, not %v and %d", c.Dialect, c.Rate, c.Burst)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	if c.WindowsFrom.IsZero() {
+		c.WindowsFrom = time.Unix(0, 0)
+	}
+	s := &Server{config: c, addr: ln.Addr().String(), window: -1, closed: make(chan struct{})}
+	if c.Rate > 0 && !c.Dialect.Windowed() {
+		s.bucket = rate.NewLimiter(rate.Limit(c.Rate), c.Burst)
+	}
+	s.server = &http.Server{Handler: s, ReadHeaderTimeout: 5 * time.Second}
+	go s.server.Serve(ln)
+	return s, nil
+}
+
+// URL is the server's URL.
+func (s *Server) URL() string { return "http://" + s.addr + "/" }
+
+// Close stops the server and the foreign clients, and waits for them.
+func (s *Server) Close() {
+	close(s.closed)
+	s.server.Close()
+	s.foreign.Wait()
+}
+
+// ServeHTTP answers a request: 200 within the quota, else 429, with the
+// counters of the dialect.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var a Arrival
+	if granted, err := strconv.ParseInt(r.Header.Get(GrantedAtHeader), 10, 64); err == nil {
+		a.Granted = time.Unix(0, granted)
+	}
+	a = s.take(a, w.Header())
+	w.WriteHeader(a.Status)
+	if a.Status == http.StatusOK {
+		fmt.Fprintf(w, "ok, %d left\n", a.Left)
+	}
+}
+
+// Spend makes the foreign client spend n units now, as it can.
+func (s *Server) Spend(n int) {
+	for range n {
+		s.take(Arrival{Foreign: true}, nil)
+	}
+}
+
+// StartForeign starts a foreign client that spends one unit every 1/perSecond,
+// until stop is called (which waits for it).
+func (s *Server) StartForeign(perSecond float64) (stop func()) {
+	done := make(chan struct{})
+	tick := time.NewTicker(time.Duration(float64(time.Second) / perSecond))
+	s.foreign.Go(func() {
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-s.closed:
+				return
+			case <-tick.C:
+				s.take(Arrival{Foreign: true}, nil)
+			}
+		}
+	})
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(done) })
+		s.foreign.Wait()
+	}
+}
+
+// SetRate changes the bucket's rate from now on, and what the OpenAI
+// dialect advertises.
+func (s *Server) SetRate(perSecond float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.config.Rate = perSecond
+	if s.bucket != nil {
+		s.bucket.SetLimit(rate.Limit(perSecond))
+	}
+}
+
+// Counts are the requests a server answered, by client and answer.
+type Counts struct {
+	OK, Refused, ForeignOK, ForeignRefused int
+}
+
+// Counts returns the requests answered so far.
+func (s *Server) Counts() Counts {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.counts
+}
+
+// Arrivals returns every arrival so far, in order.
+func (s *Server) Arrivals() []Arrival {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Arrival(nil), s.arrivals...)
+}
+
+// take spends a unit for the arrival a, if the quota has one, notes it with
+// its time, status and the units left, and writes the dialect's counters to
+// h (when not nil). The time is taken under the lock, so that arrivals are
+// counted in the order of their times.
+func (s *Server) take(a Arrival, h http.Header) Arrival {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a.At = time.Now()
+	now, c := a.At, s.config
+	a.Status = http.StatusOK
+	switch {
+	case !c.Once.At.IsZero() && !s.spoke && now.After(c.Once.At) && !a.Foreign:
+		s.spoke, a.Status = true, c.Once.Status
+		if h != nil {
+			h.Set(c.Once.Header, c.Once.Value)
+		}
+	case c.Dialect.Windowed():
+		if w := int64(now.Sub(c.WindowsFrom) / c.Window); w != s.window {
+			s.window, s.used = w, 0
+		}
+		if s.used < c.Count {
+			s.used++
+		} else {
+			a.Status = http.StatusTooManyRequests
+		}
+		a.Left = c.Count - s.used
+	case s.bucket != nil:
+		if !s.bucket.AllowN(now, 1) {
+			a.Status = http.StatusTooManyRequests
+		}
+		a.Left = int(max(s.bucket.TokensAt(now), 0))
+	}
+	if h != nil {
+		s.state(now, a.Left, h)
+	}
+	s.arrivals = append(s.arrivals, a)
+	switch ok := a.Status == http.StatusOK; {
+	case a.Foreign && ok:
+		s.counts.ForeignOK++
+	case a.Foreign:
+		s.counts.ForeignRefused++
+	case ok:
+		s.counts.OK++
+	default:
+		s.counts.Refused++
+	}
+	return a
+}
+
+// state writes the counters of the dialect, left units left at now.
+func (s *Server) state(now time.Time, left int, h http.Header) {
+	c := s.config
+	end := c.WindowsFrom.Add(time.Duration(s.window+1) * c.Window)
+	switch c.Dialect {
+	case GitHub:
+		h.Set("X-RateLimit-Limit", strconv.Itoa(c.Count))
+		h.Set("X-RateLimit-Remaining", strconv.Itoa(left))
+		h.Set("X-RateLimit-Used", strconv.Itoa(c.Count-left))
+		h.Set("X-RateLimit-Reset", strconv.FormatInt(int64(math.Ceil(float64(end.UnixNano())/1e9)), 10))
+		h.Set("X-RateLimit-Resource", "core")
+	case IETF:
+		h.Set("RateLimit-Policy", fmt.Sprintf(`"default";q=%d;w=%d`, c.Count, int64(math.Ceil(c.Window.Seconds()))))
+		h.Set("RateLimit", fmt.Sprintf(`"default";r=%d;t=%d`, left, int64(math.Ceil(end.Sub(now).Seconds()))))
+	case OpenAI:
+		if s.bucket == nil {
+			return
+		}
+		full := time.Duration((float64(c.Burst) - s.bucket.TokensAt(now)) / c.Rate * float64(time.Second))
+		h.Set("X-Ratelimit-Limit-Requests", strconv.Itoa(int(math.Round(c.Rate*60))))
+		h.Set("X-Ratelimit-Remaining-Requests", strconv.Itoa(left))
+		h.Set("X-Ratelimit-Reset-Requests", full.Round(time.Millisecond).String())
+	}
+}

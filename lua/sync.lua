@@ -1,0 +1,206 @@
+-- Steers buckets by what a response said of the upstream's quotas: for each,
+-- how many units are left, and when the window resets or (a quota that
+-- refills) the quota is full again.
+--
+-- The units the fleet booked after the request of the response are taken
+-- off what is left: the upstream had not counted them. What is left beyond
+-- that, less what the fleet's own bookings explain since the last reading,
+-- others spent: the bucket keeps an estimate of their rate (an average over
+-- about half a second), and the fleet books at the upstream's rate less
+-- theirs, leaving them what they spend over the next 100 ms, or, for a
+-- window, until its reset. A quota that refills sets the bucket's level to
+-- what is left for the fleet, which then refills at the fleet's interval; a
+-- window's units left for the fleet are spread evenly until it resets. An
+-- advertised limit may be learned: its interval replaces the bucket's.
+--
+-- A reading applies only if its request was booked after the last reading
+-- was applied, and in order (see ORDER in common.lua): an older reading,
+-- come late, never loosens what a newer one set, readings from many
+-- processes converge, and the units the upstream had not counted are those
+-- booked after the request. Only a slower limit advertised is
+-- learned from a stale reading too. When the limit learned changes, the
+-- requests booked ahead book anew, at the new pace (see retime).
+--
+-- KEYS[i]   a bucket (see reserve.lua and common.lua)
+-- ARGV[1]   the Pub/Sub channel of holds; ARGV[2] the key, as the fleet
+--           names it (see hold.lua); ARGV[3] 1 when the upstream refused
+--           the request (a 429), else 0
+-- ARGV[11i-7], ..., ARGV[11i+3]   for bucket i: its configured interval
+--           and burst; the bucket's TAT and count of units booked after the
+--           request's booking (see reserve.lua), the request's slot,
+--           whether it went without waiting (1) or not (0), and its cost
+--           under the bucket; the units left,
+--           the microseconds until the reset or refill, whether the quota
+--           refills (1) or is a window (0); and the interval advertised, or
+--           0 when not learning
+--
+-- Returns {now, result_1, ..., result_n, synced_1, ..., synced_n}: 0 when
+-- the reading was stale, 1 when it was applied, 2 when it was applied and
+-- changed the interval learned; and each bucket's SYNCED (0 when not
+-- steered), by which a process can tell stale readings without asking.
+local tau = 500000 -- the time constant of the estimate of others' rate
+
+-- since is how many units the upstream had not counted of a bucket stored
+-- as tat and steer when it counted a request of cost units, booked with
+-- booked units counted (0: not steered then), at slot, leaving the bucket
+-- at finish: those booked after it. Before the bucket was steered, a
+-- request that went without waiting (burst) may have gone with others of
+-- its burst, booked before it (after slot, on the schedule), that arrived
+-- after it: they count too.
+local function since(tat, steer, a, finish, booked, slot, burst, cost)
+  if steer then
+    return math.max(steer.booked - booked, 0)
+  end
+  local n = 0
+  if tat and tat > finish then n = math.ceil((tat - finish) / a) end
+  if burst then n = n + math.max(math.ceil((finish - cost * a - slot) / a), 0) end
+  return n
+end
+
+-- estimate_foreign updates the estimate of others' rate by what they spent
+-- from the last reading's request to this one's at slot: what the last
+-- reading left, refilled meanwhile, less the fleet's bookings since, less
+-- what is left now. It tells only while the fleet waits for its turns, as
+-- both requests did: the quota, in use all along, never filled up (and
+-- refills were not lost). A window's count of a window that has reset
+-- since tells nothing either, nor does a reading with no baseline (SEEN 0:
+-- the first reading, or one of a request that did not wait, whose burst
+-- may have arrived in any order).
+local function estimate_foreign(steer, a, left, slot, refills)
+  local dt = slot - steer.seen
+  if steer.seen == 0 or dt <= 0 or (refills and steer.till > 0) or (not refills and steer.till <= now) then
+    return
+  end
+  local expected = steer.left
+  if refills then
+    expected = expected + dt / interval(steer, a)
+  end
+  local units = expected - (steer.booked - steer.synced) - left
+  local f
+  if dt >= tau or steer.foreign == 0 then -- a long span, or a first estimate
+    f = units * 1e12 / dt
+  else
+    f = steer.foreign - steer.foreign * dt / tau + units * 1e12 / tau
+  end
+  steer.foreign = math.max(math.min(math.floor(f), 1e15), -1e15)
+end
+
+-- spend applies a reading's units left (less those booked since its
+-- request, which cost cost) to a bucket stored as tat and steer, until its
+-- reset or refill, and returns the bucket's new TAT: a quota that refills
+-- gets that level, less a request's cost for the jitter of arrivals and
+-- what others spend in 100 ms (half the burst at most; until their rate is
+-- estimated, what the bucket refills in 50 ms);
+-- a window's units, less what others spend until its reset, are spread
+-- from free, the next slot free after those booked already (none left
+-- before the reset: the schedule stands, held until it).
+local function spend(tat, free, steer, a, b, cost, left, reset, refills)
+  local others = math.max(steer.foreign, 0)
+  if refills then
+    local spare = math.ceil(50000 / fleet_interval(steer, a))
+    if steer.foreign ~= 0 then spare = math.ceil(others / 1e7) end
+    local mine = left - cost - math.min(spare, math.floor(b / 2))
+    steer.till, steer.spread = 0, 0
+    return math.min(now + (b - math.min(mine, b)) * fleet_interval(steer, a), now + horizon)
+  end
+  local mine = left - math.ceil(others * reset / 1e12)
+  steer.till, steer.spread = now + reset, 0
+  if mine > 0 and free < steer.till then
+    steer.spread = math.ceil((steer.till - free) / mine)
+    return free
+  end
+  return tat or now
+end
+
+-- retime voids the bookings made until now of a bucket whose interval
+-- learned changed while ahead units were booked to go after now: their
+-- callers, asleep in any process, wake and book anew, at the new pace
+-- (the fleet hears "KEY\nretime NOW" on the channel of holds).
+local function retime(ahead)
+  if ahead > 0 then
+    redis.call('PUBLISH', ARGV[1], ARGV[2] .. '\nretime ' .. string.format('%d', now))
+  end
+end
+
+-- queued is how many units of a bucket stored as tat and steer are booked
+-- to go after now.
+local function queued(tat, steer, a, b)
+  if not tat or tat <= now then return 0 end
+  local _, unit = bucket_step(tat, steer, a, b, now)
+  return math.max(math.ceil((tat - now) / unit) - b, 0)
+end
+
+-- refuse accounts for a request the upstream refused (a 429), booked with
+-- booked units counted, at cost: it spent nothing. Booked since the last
+-- reading, it is not among the fleet's bookings since; booked before, but
+-- after that reading's request, that reading's units left were short of it.
+local function refuse(steer, booked, cost)
+  if booked > steer.synced then
+    steer.synced = steer.synced + cost
+  elseif booked > steer.base then
+    steer.left = steer.left + cost
+  end
+end
+
+-- reading is what ARGV says of bucket i (see above).
+local function reading(i)
+  local o = 11 * i - 7
+  return {a = tonumber(ARGV[o]), b = tonumber(ARGV[o + 1]), finish = tonumber(ARGV[o + 2]),
+    booked = tonumber(ARGV[o + 3]), slot = tonumber(ARGV[o + 4]), burst = ARGV[o + 5] == '1',
+    cost = tonumber(ARGV[o + 6]), left = tonumber(ARGV[o + 7]), reset = tonumber(ARGV[o + 8]),
+    refills = ARGV[o + 9] == '1', learned = tonumber(ARGV[o + 10])}
+end
+
+-- take_in takes a fresh reading r into the steering of a bucket stored as
+-- tat and steer (nil: not steered yet): the estimate of others' rate, and
+-- the reading as the baseline of the next. It returns the steering and the
+-- units left, less those booked after the request.
+local function take_in(tat, steer, r)
+  local left = r.left - since(tat, steer, r.a, r.finish, r.booked, r.slot, r.burst, r.cost)
+  local first = not steer
+  steer = steer or {seen = 0, till = 0, spread = 0, learned = 0, left = 0, base = 0, synced = 0, booked = 0, foreign = 0, order = 0}
+  if not first and not r.burst then estimate_foreign(steer, r.a, left, r.slot, r.refills) end
+  steer.seen, steer.left, steer.base, steer.synced = r.slot, math.max(left, -2^53), r.booked, steer.booked
+  if first or r.burst then steer.seen = 0 end
+  return steer, left
+end
+
+-- steer_bucket applies reading r, of a request the upstream refused when
+-- refused, to bucket i. It returns 0, 1 or 2 (see above) and the bucket's
+-- SYNCED.
+local function steer_bucket(i, r, refused)
+  local a, b = r.a, r.b
+  local tat, steer = read_bucket(i)
+  local fresh = not steer or (r.booked > steer.synced and r.slot >= steer.order)
+  local slower = r.learned > interval(steer, a)
+  local _, unit = bucket_step(tat, steer, a, b, now)
+  local waiting = queued(tat, steer, a, b)
+  local free = math.max(bucket_allow(tat, steer, a, b, 1, now), now)
+  if refused and steer then refuse(steer, r.booked, r.cost) end
+  if not fresh and not slower then
+    if refused and steer then write_bucket(KEYS[i], tat, steer) end
+    return 0, steer and steer.synced or 0
+  end
+  local old, left, result, ahead = tat, r.left, 1, 0
+  if fresh then steer, left = take_in(tat, steer, r) end
+  if r.learned > 0 and r.learned ~= steer.learned then
+    -- The units booked to go after now book anew, at the new pace, and the
+    -- bookings to come are not all new: no baseline.
+    steer.learned, steer.seen, result, ahead = r.learned, 0, 2, waiting
+  end
+  if fresh then
+    tat = spend(tat, free, steer, a, b, r.cost, left + ahead, r.reset, r.refills)
+    if ahead == 0 and math.max(bucket_allow(tat, steer, a, b, 1, now), now) < free then moved_back(steer, free) end
+  elseif ahead > 0 then -- an older reading, of a slower limit: the units ahead, at the new pace
+    tat = now + math.max(math.ceil((old - now) / unit) - ahead, 0) * fleet_interval(steer, a)
+  end
+  retime(ahead)
+  write_bucket(KEYS[i], tat, steer)
+  return result, steer.synced
+end
+
+local reply = {now}
+for i = 1, #KEYS do
+  reply[i + 1], reply[1 + #KEYS + i] = steer_bucket(i, reading(i), ARGV[3] == '1')
+end
+return reply

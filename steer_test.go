@@ -1,0 +1,263 @@
+package pace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// TestSteeringMatchesModel: the scripts and the Go model agree to the
+// microsecond with the upstream's counters in play: random readings (of
+// quotas that refill and of windows, stale and fresh, learning limits,
+// implying others' spending) between bookings, refunds, settlements and
+// holds.
+func TestSteeringMatchesModel(t *testing.T) {
+	m := newModelCheck(t, newTestRedis(t), 13)
+	for step := range 3000 {
+		switch op := m.rng.IntN(24); {
+		case op < 12:
+			m.reserve(step)
+		case op < 13:
+			m.refund(step)
+		case op < 15:
+			m.settle(step)
+		case op < 20:
+			m.sync(step)
+		case op < 21:
+			m.hold(step)
+		default:
+			time.Sleep(time.Duration(m.rng.IntN(2000)) * time.Microsecond)
+		}
+	}
+	m.requireEach("granted", "refused", "granted-spread", "granted-held", "granted-steered", "refund-nothing",
+		"settle-up", "settle-down", "sync-stale", "sync-applied", "sync-learned", "sync-foreign", "hold")
+}
+
+// count returns how many events of kind the log holds.
+func (l *eventLog) count(kind EventKind) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, e := range l.events {
+		if e.Kind == kind {
+			n++
+		}
+	}
+	return n
+}
+
+// refillReading is a reading of an upstream's bucket: left units, full
+// again in reset.
+func refillReading(left int64, reset time.Duration) []Reading {
+	return []Reading{{Name: "requests", Remaining: left, Reset: reset, Refills: true, Header: "x-ratelimit-remaining-requests: " + strconv.FormatInt(left, 10)}}
+}
+
+// TestSyncTransitions: on an injected clock and a store that can fail, with
+// the default options: a reading steers the key, and the next booking
+// follows it; a reading of an older booking is dropped unasked, as stale; a
+// sync that meets a failure begins the outage,
+// and none is attempted during it, nor for a booking the outage decided;
+// once Redis is back, readings steer again.
+func TestSyncTransitions(t *testing.T) {
+	f := newFailoverTest(t, PerSecond(100).WithBurst(10), 1)
+	ctx := context.Background()
+	first, second := f.grant("k", 0), f.grant("k", 0)
+	if err := f.r.sync(ctx, "k", second.booking, refillReading(0, time.Second), false, f.clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if f.store.syncs != 1 || f.log.count(EventReading) != 1 || f.store.model.steers["k"] == nil {
+		t.Fatalf("%d syncs, %d EventReadings, steered %v: want the reading applied", f.store.syncs, f.log.count(EventReading), f.store.model.steers["k"] != nil)
+	}
+	// Nothing left: the next booking waits for the bucket to refill its own
+	// unit, the unit booked before the reading's request in its burst (which
+	// may have arrived after it), a request's cost for the jitter of
+	// arrivals, and what others may spend in 50 ms before their rate is
+	// estimated (5): 10 ms x (1 + 1 + 1 + 5).
+	f.checkDelay("after a reading of none left", f.grant("k", 0).delay, 80*time.Millisecond, 80*time.Millisecond)
+	if err := f.r.sync(ctx, "k", first.booking, refillReading(9, time.Second), false, f.clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if f.store.syncs != 1 {
+		t.Fatalf("a reading of a booking older than the last applied: %d syncs; want it dropped as stale, unasked", f.store.syncs)
+	}
+
+	f.clock.Advance(syncEvery)
+	third, fresh := f.grant("k", 0), f.grant("k", 0) // decided before the failure
+	f.store.down = errConnRefused
+	if err := f.r.sync(ctx, "k", fresh.booking, refillReading(5, time.Second), false, f.clock.Now()); !errors.Is(err, errConnRefused) {
+		t.Fatalf("sync against a failed Redis: %v, want the failure", err)
+	}
+	if _, ok := f.log.last(EventFallback); !ok {
+		t.Fatal("no EventFallback: a failed sync did not begin the outage")
+	}
+	syncs := f.store.syncs
+	local := f.grant("k", 0)
+	for _, b := range []booking{third.booking, local.booking} {
+		f.clock.Advance(syncEvery)
+		if err := f.r.sync(ctx, "k", b, refillReading(5, time.Second), false, f.clock.Now()); err != nil || f.store.syncs != syncs {
+			t.Fatalf("sync during the outage: %v, %d store calls; want none", err, f.store.syncs-syncs)
+		}
+	}
+
+	f.recover()
+	f.clock.Advance(syncEvery)
+	if err := f.r.sync(ctx, "k", f.grant("k", 0).booking, refillReading(8, time.Second), false, f.clock.Now()); err != nil || f.log.count(EventReading) != 2 {
+		t.Fatalf("sync after the outage: %v, %d EventReadings; want a second one", err, f.log.count(EventReading))
+	}
+}
+
+// TestSyncBadInput: Sync refuses a reservation it did not make, and ignores
+// readings that steer none of the quota's limits.
+func TestSyncBadInput(t *testing.T) {
+	c := newTestRedis(t)
+	ctx := context.Background()
+	r, other := mustRedis(t, c, PerSecond(10)), mustRedis(t, c, PerSecond(10))
+	res, err := other.Reserve(ctx, "k", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []*Reservation{nil, res} {
+		if err := r.Sync(ctx, bad, refillReading(1, time.Second), false); err == nil || !strings.Contains(err.Error(), "did not make") {
+			t.Errorf("Sync(%v): %v, want an error that says the limiter did not make it", bad, err)
+		}
+	}
+	quota := mustRedis(t, c, AllOf{PerSecond(10).Named("requests"), PerSecond(1000).Named("tokens")})
+	if res, err = quota.Reserve(ctx, "q", nil); err != nil {
+		t.Fatal(err)
+	}
+	unnamed := []Reading{{Name: "search", Remaining: 1, Reset: time.Second}, {Remaining: 1, Reset: time.Second}}
+	if err := quota.Sync(ctx, res, unnamed, false); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := c.Get(ctx, storeOf(quota).keys("q", false)[0]).Result(); err != nil || strings.Contains(v, " ") {
+		t.Errorf("the requests bucket after readings of other quotas: %q, %v; want it not steered", v, err)
+	}
+}
+
+// TestTransportFollowsCounters: a Transport on Redis reads each response's
+// counters (here OpenAI's) and steers the key with them, the observer
+// hearing the reading and the limit learned, with the header; with
+// IgnoreCounters it does not.
+func TestTransportFollowsCounters(t *testing.T) {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("X-Ratelimit-Limit-Requests", "6000") // a minute's: 100/s
+		w.Header().Set("X-Ratelimit-Remaining-Requests", "3")
+		w.Header().Set("X-Ratelimit-Reset-Requests", "70ms")
+	}))
+	defer api.Close()
+	c := newTestRedis(t)
+	log := &eventLog{}
+	r := mustRedis(t, c, mustParseLimit(t, "10/s learn"), WithObserver(log.observe))
+	for _, ignore := range []bool{false, true} {
+		key := fmt.Sprintf("ignore=%v", ignore)
+		client := &http.Client{Transport: &Transport{Limiter: r, IgnoreCounters: ignore, Key: func(*http.Request) string { return key }}}
+		resp, err := client.Get(api.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		v, err := c.Get(context.Background(), storeOf(r).bucketKey(key)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fields := strings.Fields(v); ignore != (len(fields) == 1) || (!ignore && fields[4] != "10000") {
+			t.Errorf("IgnoreCounters %v: the bucket holds %q; want it steered (and a learned interval of 10000 µs) unless ignored", ignore, v)
+		}
+	}
+	reading, ok := log.last(EventReading)
+	if !ok || log.count(EventReading) != 1 || !strings.Contains(reading.Reason, "x-ratelimit-remaining-requests: 3") || reading.Cost != 3 {
+		t.Errorf("EventReading %+v (%d of them); want one, of 3 left, with the header", reading, log.count(EventReading))
+	}
+	if learned, ok := log.last(EventLearned); !ok || learned.Key != "ignore=false" {
+		t.Errorf("EventLearned %+v, %v; want one for the key steered", learned, ok)
+	}
+}
+
+// TestRetimeWakesSleepers: a caller asleep for its turn at a cautious pace
+// (1/s) wakes and books anew when the key learns a faster one (100/s), and
+// goes at once instead of a second later.
+func TestRetimeWakesSleepers(t *testing.T) {
+	ctx := context.Background()
+	c := newTestRedis(t)
+	booked := make(chan time.Duration, 8)
+	r := mustRedis(t, c, mustParseLimit(t, "1/s burst 1 learn"), WithObserver(func(_ context.Context, e Event) {
+		if e.Kind == EventWait {
+			booked <- e.Delay
+		}
+	}))
+	res, err := r.Reserve(ctx, "k", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-booked
+	done := make(chan time.Time, 1)
+	go func() {
+		r.Wait(ctx, "k", 1)
+		done <- time.Now()
+	}()
+	if d := <-booked; d < 900*time.Millisecond {
+		t.Fatalf("the second caller was booked %v ahead, want about 1s", d)
+	}
+	waitForSubscriber(t, c, r.holdChannel())
+	synced := time.Now()
+	learn := []Reading{{Limit: 100, Window: time.Second, Remaining: 90, Reset: 100 * time.Millisecond, Refills: true, Header: "test"}}
+	if err := r.Sync(ctx, res, learn, false); err != nil {
+		t.Fatal(err)
+	}
+	if went := (<-done).Sub(synced); went > 500*time.Millisecond {
+		t.Errorf("the sleeper went %v after the key learned 100/s, want at once, not at its booked slot a second on", went)
+	}
+	if len(booked) != 1 {
+		t.Errorf("%d more bookings, want the sleeper's one anew", len(booked))
+	}
+}
+
+// waitForSubscriber waits, for at most a second, until a client listens on
+// channel.
+func waitForSubscriber(t *testing.T, c *redis.Client, channel string) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if n, err := c.PubSubNumSub(context.Background(), channel).Result(); err == nil && n[channel] > 0 {
+			return
+		}
+	}
+	t.Fatalf("nobody listens on %s", channel)
+}
+
+// TestStaleReadingAcrossProcesses: two processes' limiters on one key; the
+// counters of a request booked later steer it first, and those of the
+// earlier one, come late to the other process, are stale: Redis ignores
+// them, and that process's observer hears so.
+func TestStaleReadingAcrossProcesses(t *testing.T) {
+	ctx := context.Background()
+	c := newTestRedis(t)
+	logA, logB := &eventLog{}, &eventLog{}
+	a := mustRedis(t, c, PerSecond(100), WithObserver(logA.observe))
+	b := mustRedis(t, c, PerSecond(100), WithObserver(logB.observe))
+	older, err := b.Reserve(ctx, "k", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newer, err := a.Reserve(ctx, "k", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Sync(ctx, newer, refillReading(40, time.Second), false); err != nil || logA.count(EventReading) != 1 {
+		t.Fatalf("the newer reading: %v, %d EventReadings; want it applied", err, logA.count(EventReading))
+	}
+	before, _ := c.Get(ctx, storeOf(a).bucketKey("k")).Result()
+	if err := b.Sync(ctx, older, refillReading(99, time.Second), false); err != nil || logB.count(EventStaleReading) != 1 || logB.count(EventReading) != 0 {
+		t.Fatalf("the older reading: %v, %d EventStaleReadings, %d EventReadings; want it ignored as stale", err, logB.count(EventStaleReading), logB.count(EventReading))
+	}
+	if after, _ := c.Get(ctx, storeOf(a).bucketKey("k")).Result(); after != before {
+		t.Errorf("the stale reading changed the bucket from %q to %q", before, after)
+	}
+}

@@ -1,0 +1,204 @@
+package pace
+
+import "math"
+
+// steerModel is a steered bucket's state in the Go model, as lua/common.lua
+// keeps it after the TAT: all whole microseconds or units.
+type steerModel struct {
+	seen, till, spread, learned, left, base, synced, booked, foreign, order int64
+}
+
+// fleetInterval is fleet_interval: the upstream's interval (the learned one,
+// or a), slowed by the share others spend.
+func (s *steerModel) fleetInterval(a int64) int64 {
+	i := s.interval(a)
+	if s == nil || s.foreign <= 0 {
+		return i
+	}
+	return int64(math.Ceil(float64(i) / (1 - math.Min(float64(s.foreign)*float64(i)/1e12, 0.99))))
+}
+
+// interval is interval: the learned one, or a.
+func (s *steerModel) interval(a int64) int64 {
+	if s != nil && s.learned > 0 {
+		return s.learned
+	}
+	return a
+}
+
+// step is bucket_step: the TAT a booking at slot books from, the
+// microseconds a unit takes, and whether units are spread.
+func (s *steerModel) step(tat, a, b, slot, now int64) (int64, int64, bool) {
+	i := s.fleetInterval(a)
+	if s != nil && s.till > now {
+		if s.spread > 0 && max(tat, slot) < s.till {
+			return tat, max(s.spread, i), true
+		}
+		tat = max(tat, s.till+(b-1)*i)
+	}
+	return tat, i, false
+}
+
+// allow is bucket_allow.
+func (s *steerModel) allow(tat, a, b, cost, arrival, now int64) int64 {
+	base, i, spread := s.step(tat, a, b, arrival, now)
+	t := max(arrival, base)
+	if spread {
+		return t
+	}
+	return t + cost*i - b*i
+}
+
+// finish is bucket_finish.
+func (s *steerModel) finish(tat, a, b, cost, slot, now int64) int64 {
+	base, i, _ := s.step(tat, a, b, slot, now)
+	return max(base, slot) + cost*i
+}
+
+// movedBack is moved_back.
+func (s *steerModel) movedBack(free int64) {
+	if s != nil {
+		s.order = max(s.order, free)
+	}
+}
+
+// countBooked is count_booked.
+func (s *steerModel) countBooked(units int64) int64 {
+	if s == nil {
+		return 0
+	}
+	s.booked = min(max(s.booked+units, 0), 1<<53)
+	return s.booked
+}
+
+// syncTau is sync.lua's tau.
+const syncTau = 500000.0
+
+// sync is sync.lua for one bucket stored as tat and s (nil when not
+// steered): it returns the bucket's new TAT and steering, and 0 (stale), 1
+// (applied) or 2 (applied, and learned anew).
+func (s *steerModel) sync(tat, a, b, finish, booked, slot int64, burst bool, cost int64, refused bool, left, reset int64, refills bool, learned, now int64) (int64, *steerModel, int64) {
+	fresh := s == nil || (booked > s.synced && slot >= s.order)
+	slower := learned > s.interval(a)
+	_, unit, _ := s.step(tat, a, b, now, now)
+	waiting := s.queued(tat, a, b, now)
+	free := max(s.allow(tat, a, b, 1, now, now), now)
+	if refused && s != nil {
+		s.refuse(booked, cost)
+	}
+	if !fresh && !slower {
+		return tat, s, 0
+	}
+	old, result, ahead := tat, int64(1), int64(0)
+	if fresh {
+		s, left = s.takeIn(tat, a, finish, booked, slot, burst, cost, left, refills, now)
+	}
+	if learned > 0 && learned != s.learned {
+		s.learned, s.seen, result, ahead = learned, 0, 2, waiting
+	}
+	switch {
+	case fresh:
+		tat = s.spend(tat, free, a, b, cost, left+ahead, reset, refills, now)
+		if ahead == 0 && max(s.allow(tat, a, b, 1, now, now), now) < free {
+			s.movedBack(free)
+		}
+	case ahead > 0:
+		tat = now + max(int64(math.Ceil(float64(old-now)/float64(unit)))-ahead, 0)*s.fleetInterval(a)
+	}
+	return tat, s, result
+}
+
+// takeIn is take_in: it returns the steering and the units left.
+func (s *steerModel) takeIn(tat, a, finish, booked, slot int64, burst bool, cost, left int64, refills bool, now int64) (*steerModel, int64) {
+	switch {
+	case s != nil:
+		left -= max(s.booked-booked, 0)
+	case tat > finish:
+		left -= int64(math.Ceil(float64(tat-finish) / float64(a)))
+	}
+	if s == nil && burst {
+		left -= max(int64(math.Ceil(float64(finish-cost*a-slot)/float64(a))), 0)
+	}
+	first := s == nil
+	if first {
+		s = &steerModel{}
+	} else if !burst {
+		s.estimateForeign(a, left, slot, refills, now)
+	}
+	s.seen, s.left, s.base, s.synced = slot, max(left, -1<<53), booked, s.booked
+	if first || burst {
+		s.seen = 0
+	}
+	return s, left
+}
+
+// refuse is refuse.
+func (s *steerModel) refuse(booked, cost int64) {
+	if booked > s.synced {
+		s.synced += cost
+	} else if booked > s.base {
+		s.left += cost
+	}
+}
+
+// spend is spend.
+func (s *steerModel) spend(tat, free, a, b, cost, left, reset int64, refills bool, now int64) int64 {
+	others := float64(max(s.foreign, 0))
+	if refills {
+		spare := int64(math.Ceil(50000 / float64(s.fleetInterval(a))))
+		if s.foreign != 0 {
+			spare = int64(math.Ceil(others / 1e7))
+		}
+		mine := left - cost - min(spare, b/2)
+		s.till, s.spread = 0, 0
+		return min(now+(b-min(mine, b))*s.fleetInterval(a), now+horizon.Microseconds())
+	}
+	mine := left - int64(math.Ceil(others*float64(reset)/1e12))
+	s.till, s.spread = now+reset, 0
+	if mine > 0 && free < s.till {
+		s.spread = int64(math.Ceil(float64(s.till-free) / float64(mine)))
+		return free
+	}
+	if tat == 0 {
+		return now
+	}
+	return tat
+}
+
+// queued is queued: the units booked to go after now (of a bucket stored
+// as tat and s, nil when not steered).
+func (s *steerModel) queued(tat, a, b, now int64) int64 {
+	if tat <= now {
+		return 0
+	}
+	_, unit, _ := s.step(tat, a, b, now, now)
+	return max(int64(math.Ceil(float64(tat-now)/float64(unit)))-b, 0)
+}
+
+// estimateForeign is estimate_foreign.
+func (s *steerModel) estimateForeign(a, left, slot int64, refills bool, now int64) {
+	dt := slot - s.seen
+	if s.seen == 0 || dt <= 0 || (refills && s.till > 0) || (!refills && s.till <= now) {
+		return
+	}
+	expected := float64(s.left)
+	if refills {
+		expected += float64(dt) / float64(s.interval(a))
+	}
+	units := expected - float64(s.booked-s.synced) - float64(left)
+	var f float64
+	if float64(dt) >= syncTau || s.foreign == 0 {
+		f = units * 1e12 / float64(dt)
+	} else {
+		f = float64(s.foreign) - float64(s.foreign)*float64(dt)/syncTau + units*1e12/syncTau
+	}
+	s.foreign = int64(max(min(math.Floor(f), 1e15), -1e15))
+}
+
+// written is write_bucket's effect on a steering: a spread that has ended
+// is forgotten.
+func (s *steerModel) written(now int64) {
+	if s != nil && s.till <= now {
+		s.till, s.spread = 0, 0
+	}
+}
