@@ -106,6 +106,33 @@ func BenchmarkSettle(b *testing.B) {
 	}
 }
 
+// BenchmarkSlots: a wait under a cap of requests in flight that is never
+// full (a slot taken and freed, two script calls, beside the rate wait's
+// one), beside a plain wait under the same rate limit in the same run.
+func BenchmarkSlots(b *testing.B) {
+	ctx := context.Background()
+	_, c := benchRedis(b)
+	plain := mustRedis(b, c, unlimited)
+	capped := mustRedis(b, c, AllOf{unlimited, Concurrent(maxSlots)})
+	for _, mode := range benchModes {
+		var base float64
+		b.Run(mode.name+"/wait", func(b *testing.B) {
+			loop(b, mode.parallel, func() error { return plain.Wait(ctx, "api.example.com:443", 1) })
+			base = perOp(b)
+		})
+		b.Run(mode.name+"/acquire-release", func(b *testing.B) {
+			loop(b, mode.parallel, func() error {
+				slot, err := capped.Acquire(ctx, "api.example.com:443", 1)
+				if err != nil {
+					return err
+				}
+				return slot.Release()
+			})
+			b.ReportMetric(perOp(b)/base, "x-wait")
+		})
+	}
+}
+
 // BenchmarkTransportCounters: a request through a Transport on Redis, to
 // an in-process upstream (no network) whose response states OpenAI's
 // counters, read and synced at most every 50 ms; beside the same response

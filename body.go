@@ -4,34 +4,41 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"time"
 )
 
-// settlingBody passes a response body through as it comes, keeping its
-// first and last BodyEndSize bytes, and calls settle once, with them, when
-// the body reaches EOF or is closed, whichever comes first. It holds no
-// data back: each Read returns what the body's Read returned.
-type settlingBody struct {
+// endingBody passes a response body through as it comes and, once, when the
+// body reaches EOF or is closed, whichever comes first: calls settle (when
+// set) with its first and last BodyEndSize bytes, and frees slot (when
+// set). Each Read is a sign of life of slot's request. It holds no data
+// back: each Read returns what the body's Read returned.
+type endingBody struct {
 	body   io.ReadCloser
-	settle func(BodyEnds)
+	settle func(BodyEnds) // nil: nothing to settle, and no bytes kept
+	slot   *Slot          // nil: no slot to free
 
-	mu      sync.Mutex // Close may come while a Read runs
-	head    []byte
-	tail    []byte // the last bytes read, at most 2*BodyEndSize, trimmed to BodyEndSize when full
-	settled bool
+	mu    sync.Mutex // Close may come while a Read runs
+	head  []byte
+	tail  []byte // the last bytes read, at most 2*BodyEndSize, trimmed to BodyEndSize when full
+	ended bool
 }
 
-func (b *settlingBody) Read(p []byte) (int, error) {
+func (b *endingBody) Read(p []byte) (int, error) {
+	b.slot.use(true, time.Now())
 	n, err := b.body.Read(p)
+	b.slot.use(false, time.Now())
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.keep(p[:n])
+	if b.settle != nil {
+		b.keep(p[:n])
+	}
 	if errors.Is(err, io.EOF) {
 		b.end(true)
 	}
 	return n, err
 }
 
-func (b *settlingBody) Close() error {
+func (b *endingBody) Close() error {
 	err := b.body.Close()
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -40,7 +47,7 @@ func (b *settlingBody) Close() error {
 }
 
 // keep notes the bytes just read. The caller holds b.mu.
-func (b *settlingBody) keep(p []byte) {
+func (b *endingBody) keep(p []byte) {
 	if len(b.head) < BodyEndSize {
 		b.head = append(b.head, p[:min(len(p), BodyEndSize-len(b.head))]...)
 	}
@@ -54,12 +61,15 @@ func (b *settlingBody) keep(p []byte) {
 	b.tail = append(b.tail, p...)
 }
 
-// end settles, once: complete says the body was read to its end. The caller
-// holds b.mu.
-func (b *settlingBody) end(complete bool) {
-	if b.settled {
+// end settles and frees the slot, once: complete says the body was read to
+// its end. The caller holds b.mu.
+func (b *endingBody) end(complete bool) {
+	if b.ended {
 		return
 	}
-	b.settled = true
-	b.settle(BodyEnds{Head: b.head, Tail: b.tail[max(len(b.tail)-BodyEndSize, 0):], Complete: complete})
+	b.ended = true
+	if b.settle != nil {
+		b.settle(BodyEnds{Head: b.head, Tail: b.tail[max(len(b.tail)-BodyEndSize, 0):], Complete: complete})
+	}
+	b.slot.Release() // a failure reaches the Limiter's observer
 }

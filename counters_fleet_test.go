@@ -80,7 +80,7 @@ func TestFleetLeavesTheForeignShare(t *testing.T) {
 	runFleet(t, 4, fleetWorker{
 		Addr: srv.Addr, Limit: "200/s burst 10", Goroutines: 8, URL: api.URL(),
 		Start: start, End: start.Add(stopAt + 3*time.Second),
-	}, fault{0, func() { stopForeign = api.StartForeign(50) }}, fault{stopAt, func() { stopForeign() }})
+	}, fault{at: 0, act: func() { stopForeign = api.StartForeign(50) }}, fault{at: stopAt, act: func() { stopForeign() }})
 
 	arrivals := api.Arrivals()
 	logSeconds(t, arrivals, start, start.Add(stopAt+3*time.Second))
@@ -179,7 +179,7 @@ func TestFleetLearnsTheLimit(t *testing.T) {
 	end := start.Add(drop + 2*time.Second)
 	runFleet(t, 4, fleetWorker{
 		Addr: srv.Addr, Limit: "10/s learn", Goroutines: 8, URL: api.URL(), Start: start, End: end,
-	}, fault{drop, func() { api.SetRate(100) }})
+	}, fault{at: drop, act: func() { api.SetRate(100) }})
 
 	arrivals := api.Arrivals()
 	logSeconds(t, arrivals, start, end)

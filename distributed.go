@@ -43,6 +43,9 @@ type Redis struct {
 	failover *failover
 	fleet    *fleet
 
+	cap           slotCap      // the quota's cap in flight, if any
+	slotWaiters   slotWaiters  // this process's requests in line for a slot
+	fallbackSlots *semaphore   // slots of this process's share of the cap while Redis is away
 	held          heldKeys     // the fleet's holds this process heard of
 	retimes       retimes      // the fleet's retimes this process heard of
 	syncs         throttle     // when each key may be steered next
@@ -56,6 +59,7 @@ var (
 	_ Holder   = (*Redis)(nil)
 	_ Reserver = (*Redis)(nil)
 	_ Syncer   = (*Redis)(nil)
+	_ Slotter  = (*Redis)(nil)
 )
 
 // sharedStore is what a Redis limiter asks of Redis: a *store, or a test's
@@ -66,6 +70,8 @@ type sharedStore interface {
 	settle(ctx context.Context, key string, b booking, actual limitCosts) (settled bool, now int64, err error)
 	sync(ctx context.Context, key string, b booking, steers []steering, refused bool, channel string) (syncReply, error)
 	hold(ctx context.Context, key string, d time.Duration, channel string) (changed bool, end int64, err error)
+	slots(ctx context.Context, key string, c slotCall) (slotsReply, error)
+	line(ctx context.Context, key string, earliest, turn time.Duration) (time.Duration, error)
 	heldUntil(ctx context.Context, key string) (int64, error)
 }
 
@@ -91,14 +97,12 @@ func NewRedis(client redis.Scripter, q Quota, opts ...RedisOption) (*Redis, erro
 // newRedis returns a Redis limiter on the clock now, without its client and
 // store: NewRedis adds them, a test its fakes.
 func newRedis(q Quota, now func() time.Time, opts ...RedisOption) (*Redis, error) {
-	limits, err := checkQuota(q)
+	all, err := checkQuota(q)
 	if err != nil {
 		return nil, err
 	}
-	r := &Redis{namedLimits: newNamedLimits(limits), config: defaultRedisConfig(), now: now, costCap: limits[0].burst}
-	for _, l := range limits[1:] {
-		r.costCap = min(r.costCap, l.burst)
-	}
+	limits, c := newSlotCap(all)
+	r := &Redis{namedLimits: newNamedLimits(limits), config: defaultRedisConfig(), now: now, costCap: smallestBurst(limits), cap: c}
 	for _, o := range opts {
 		o.applyRedis(&r.config)
 	}
@@ -106,6 +110,7 @@ func newRedis(q Quota, now func() time.Time, opts ...RedisOption) (*Redis, error
 		return nil, err
 	}
 	r.fleet = newFleet(r.config.prefix, r.config.fleetName, r.config.fleetSize)
+	r.fallbackSlots = newSemaphore(r.lease(), now, r.config.observer, "local")
 	r.failover = &failover{
 		policy:      r.config.policy,
 		minCooldown: r.config.minCooldown,
@@ -138,30 +143,51 @@ func (r *Redis) waitBooked(ctx context.Context, key string, cost int) (booking, 
 	if err := checkWait(ctx, r.costCap, key, cost); err != nil {
 		return booking{}, err
 	}
-	t, err := r.wait(ctx, request{key: key, costs: uniform(cost)})
+	if err := r.cap.check(ctx, key); err != nil || !r.cap.rated {
+		return booking{}, err
+	}
+	q := request{key: key, costs: uniform(cost)}
+	q.horizon = horizonOf(ctx, r.config.commonConfig, r.limits, &q.costs)
+	t, err := r.wait(ctx, q)
 	return t.booking, err
+}
+
+// Acquire implements Slotter: it takes one of the slots of the quota's
+// cap in Redis, first come first served across the fleet, then waits for
+// cost as Wait does. While Redis is away, the FailurePolicy decides:
+// FallbackLocal takes a slot of this process's share of the cap.
+func (r *Redis) Acquire(ctx context.Context, key string, cost int) (*Slot, error) {
+	if err := checkWait(ctx, r.costCap, key, cost); err != nil {
+		return nil, err
+	}
+	return acquire(ctx, r, key, cost)
 }
 
 // Reserve implements Reserver: it waits as Wait does, for the estimated
 // costs under each limit, all booked in one script call.
 func (r *Redis) Reserve(ctx context.Context, key string, estimate Costs) (*Reservation, error) {
 	costs, err := r.checkReserve(ctx, key, estimate)
+	if err == nil {
+		err = r.cap.check(ctx, key)
+	}
 	if err != nil {
 		return nil, err
 	}
-	t, err := r.wait(ctx, request{key: key, costs: costs, settled: true})
+	t, err := r.wait(ctx, request{key: key, costs: costs, settled: true, horizon: horizonOf(ctx, r.config.commonConfig, r.limits, &costs)})
 	if err != nil {
 		return nil, err
 	}
 	return &Reservation{limiter: r, key: key, estimate: costs, ticket: t}, nil
 }
 
-// request is one wait: its key, its cost under each limit, and whether it
-// will be settled.
+// request is one wait: its key, its cost under each limit, whether it will
+// be settled, and the horizon of its class (0 for none; see Class).
 type request struct {
 	key     string
 	costs   limitCosts
 	settled bool
+	horizon time.Duration
+	own     time.Duration // the caller's budget, before its class narrowed it
 }
 
 // wait books the wait of q and sleeps until it is due, booking anew after a
@@ -169,8 +195,14 @@ type request struct {
 // booking, and returns what it booked.
 func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 	r.listen()
-	for {
-		t, err := r.decide(ctx, q, r.now())
+	for turn := false; ; turn = true {
+		qt := atTurn(q, turn)
+		t, err := r.decide(ctx, qt, r.now())
+		if d, ok := asDeferral(err); ok {
+			if err = r.deferred(ctx, qt, d.delay-qt.horizon); err == nil {
+				continue // its turn has come
+			}
+		}
 		if err != nil {
 			return ticket{}, err
 		}
@@ -231,12 +263,14 @@ type ticket struct {
 }
 
 // decide books the wait of a request that begins at now, by Redis or,
-// while the failover says so, without it. It does not sleep.
+// while the failover says so, without it. It does not sleep. A wait beyond
+// the horizon of the request's class is a *deferral.
 func (r *Redis) decide(ctx context.Context, q request, now time.Time) (ticket, error) {
-	budget := waitBudget(ctx, r.config.maxWait, now)
+	q.own = waitBudget(ctx, r.config.maxWait, now)
+	budget := classBudget(q.own, q.horizon)
 	route, local, cause := r.failover.route(now)
 	if route == withoutRedis {
-		return r.decideWithout(ctx, q, local, cause)
+		return r.decideWithout(ctx, q, local, cause, budget)
 	}
 	// While returning, the outage's share decides first, and Redis books the
 	// request for the time it will go: booked sooner, its tokens would seem
@@ -260,7 +294,7 @@ func (r *Redis) decide(ctx context.Context, q request, now time.Time) (ticket, e
 func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budget time.Duration, route route, first ticket) (ticket, error) {
 	b, err := r.store.reserve(ctx, q.key, q.costs, budget, first.delay, q.settled)
 	if isOutage(err) {
-		return r.decideWithout(ctx, q, r.failed(ctx, q, route == viaProbe, err), err)
+		return r.decideWithout(ctx, q, r.failed(ctx, q, route == viaProbe, err), err, budget)
 	}
 	if route == viaProbe {
 		r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: q.key, Cost: q.costs[0], Delay: r.failover.recover(r.now())})
@@ -270,7 +304,7 @@ func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budg
 	}
 	r.beat(ctx, b.now, now)
 	if !b.granted {
-		return ticket{}, refuse(ctx, r.config.observer, "redis", q.key, q.costs[0], b.delay, budget)
+		return ticket{}, r.refuse(ctx, q, "redis", b.delay, budget)
 	}
 	return r.pass(ctx, q, now, b, first)
 }
@@ -307,7 +341,7 @@ func (r *Redis) pass(ctx context.Context, q request, start time.Time, b booking,
 
 // decideWithout decides a request by the failure policy while Redis is
 // away; local is the outage's local limiter, cause the failure.
-func (r *Redis) decideWithout(ctx context.Context, q request, local *Local, cause error) (ticket, error) {
+func (r *Redis) decideWithout(ctx context.Context, q request, local *Local, cause error, budget time.Duration) (ticket, error) {
 	now := r.now()
 	switch r.config.policy {
 	case FailOpen:
@@ -315,7 +349,7 @@ func (r *Redis) decideWithout(ctx context.Context, q request, local *Local, caus
 	case FailClosed:
 		return ticket{}, fmt.Errorf("pace: key %s: %w: %w", quoteKey(q.key), ErrUnavailable, cause)
 	}
-	return r.decideLocally(ctx, q, local, now, waitBudget(ctx, r.config.maxWait, now))
+	return r.decideLocally(ctx, q, local, now, budget)
 }
 
 // decideLocally books the wait on local, the outage's local limiter.
@@ -323,10 +357,49 @@ func (r *Redis) decideLocally(ctx context.Context, q request, local *Local, now 
 	t := ticket{limiter: "local", start: now, local: local}
 	delay, ok := local.reserve(q.key, &q.costs, now, now, budget, &t.res)
 	if !ok {
-		return ticket{}, refuse(ctx, r.config.observer, "local", q.key, q.costs[0], delay, budget)
+		return ticket{}, r.refuse(ctx, q, "local", delay, budget)
 	}
 	t.delay = delay
 	return t, nil
+}
+
+// refuse refuses q's wait of delay, beyond budget, as limiter decided: a
+// *deferral when it is beyond the horizon of q's class only.
+func (r *Redis) refuse(ctx context.Context, q request, limiter string, delay, budget time.Duration) error {
+	if defers(delay, q.own, q.horizon) {
+		return &deferral{delay: delay}
+	}
+	return refuse(ctx, r.config.observer, limiter, q.key, q.costs[0], delay, budget)
+}
+
+// atTurn is q, with twice the horizon of its class when its turn has come
+// (see Class).
+func atTurn(q request, turn bool) request {
+	if turn {
+		q.horizon *= 2
+	}
+	return q
+}
+
+// deferred waits for the turn of a request q its class kept out of the
+// schedule, whose wait comes within its horizon after earliest: in the
+// line of the key's deferred requests (see lua/line.lua), or, while Redis
+// is away, at earliest. A request whose turn came, but found the schedule
+// beyond its horizon still, lines up again: every booking of the class is
+// a turn of the line, which so spaces them. A turn past the caller's budget
+// is refused at once.
+func (r *Redis) deferred(ctx context.Context, q request, earliest time.Duration) error {
+	retry := earliest
+	if down, _ := r.failover.down(); !down {
+		refill := refillOf(r.limits, &q.costs)
+		if lined, err := r.store.line(ctx, q.key, earliest, refill); err == nil {
+			retry = lined // else the line is a courtesy lost
+		}
+	}
+	if own := waitBudget(ctx, r.config.maxWait, r.now()); retry+q.horizon > own {
+		return refuse(ctx, r.config.observer, "redis", q.key, q.costs[0], retry+q.horizon, own)
+	}
+	return deferred(ctx, r.config.observer, "redis", q.key, q.costs[0], retry)
 }
 
 // giveBack returns what ticket t booked, for a caller whose wait ended

@@ -38,18 +38,20 @@ func TestRedisMatchesModel(t *testing.T) { checkMatchesModel(t, newTestRedis(t))
 func checkMatchesModel(t *testing.T, c redis.UniversalClient) {
 	m := newModelCheck(t, c, 7)
 	for step := range 2500 {
-		switch op := m.rng.IntN(20); {
+		switch op := m.rng.IntN(21); {
 		case op < 13:
 			m.reserve(step)
 		case op < 15:
 			m.refund(step)
 		case op < 17:
 			m.settle(step)
+		case op < 18:
+			m.line(step)
 		default:
 			time.Sleep(time.Duration(m.rng.IntN(2000)) * time.Microsecond)
 		}
 	}
-	m.requireEach("granted", "refused", "refund-nothing", "refund-tail", "refund-gap", "settle-up", "settle-down")
+	m.requireEach("granted", "refused", "refund-nothing", "refund-tail", "refund-gap", "settle-up", "settle-down", "line-first", "line-behind")
 }
 
 // modelCheck drives the scripts of single buckets on a real Redis, and the
@@ -63,7 +65,8 @@ type modelCheck struct {
 	bookings []modelBooking // granted, and neither given back nor settled
 	holdEnds map[string]int64
 	counts   map[string]int
-	lastNow  int64 // the latest Redis TIME seen
+	lastNow  int64            // the latest Redis TIME seen
+	lines    map[string]int64 // key → when its line of deferred requests ends (lua/line.lua)
 }
 
 type modelBooking struct {
@@ -73,7 +76,7 @@ type modelBooking struct {
 
 func newModelCheck(t *testing.T, c redis.UniversalClient, seed uint64) *modelCheck {
 	return &modelCheck{t: t, keys: []string{"a", "b", "c", "d", "e"}, model: newBucketModel(),
-		rng: rand.New(rand.NewPCG(seed, 11)), counts: map[string]int{}, holdEnds: map[string]int64{},
+		rng: rand.New(rand.NewPCG(seed, 11)), counts: map[string]int{}, holdEnds: map[string]int64{}, lines: map[string]int64{},
 		limiters: []*Redis{
 			mustRedis(t, c, PerSecond(1000).WithBurst(5)), // 1000 µs a token
 			mustRedis(t, c, PerSecond(5000).WithBurst(3)), // 200 µs: refills between calls
@@ -155,6 +158,34 @@ func (m *modelCheck) refund(step int) {
 		m.t.Fatalf("step %d: refund(%s, finish %d) at %d: script %d, model %d", step, bk.key, finish, now, got, want)
 	}
 	m.counts[[]string{"refund-nothing", "refund-tail", "refund-gap"}[got]]++
+}
+
+// line puts two requests its class deferred in a key's line, each as one
+// whose wait comes within its horizon from 0 to 5 intervals from now, and
+// whose turn takes 1 to 3 intervals. The line is lua/line.lua; a class's
+// deferral is a refusal (a reserve whose budget is the horizon), which
+// reserve covers: the rate bound over all classes is the bucket's.
+func (m *modelCheck) line(step int) {
+	key := m.keys[m.rng.IntN(len(m.keys))]
+	for range 2 {
+		m.lineOne(step, key)
+	}
+}
+
+func (m *modelCheck) lineOne(step int, key string) {
+	r, a, _ := m.limiterOf(key)
+	earliest, turn := m.rng.Int64N(5*a), (m.rng.Int64N(3)+1)*a
+	now, got, err := storeOf(r).lineAt(context.Background(), key, microseconds(earliest), microseconds(turn))
+	if err != nil {
+		m.t.Fatalf("step %d: line: %v", step, err)
+	}
+	now = m.now(step, now)
+	want := max(now+earliest, m.lines[key]) - now
+	if got != microseconds(want) {
+		m.t.Fatalf("step %d: line(%s, earliest %d, turn %d) at %d: script %v, model %dµs", step, key, earliest, turn, now, got, want)
+	}
+	m.counts[map[bool]string{true: "line-first", false: "line-behind"}[want == earliest]]++
+	m.lines[key] = now + want + turn
 }
 
 func (m *modelCheck) settle(step int) {

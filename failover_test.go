@@ -25,6 +25,7 @@ type fakeStore struct {
 	reserves        int
 	refunds         int
 	syncs           int
+	slotHolders     map[string]bool // ids holding a slot
 }
 
 func newFakeStore(clock *fakeClock, l Limit) *fakeStore {
@@ -91,6 +92,36 @@ func (s *fakeStore) hold(_ context.Context, key string, d time.Duration, _ strin
 	s.model.hold(key, s.interval, s.burst, end, now)
 	s.holds[key] = end
 	return true, end, nil
+}
+
+// slots keeps holders without leases or a line: a request that finds the
+// cap full is told it waits, and is never told its slot.
+func (s *fakeStore) slots(_ context.Context, _ string, c slotCall) (slotsReply, error) {
+	if s.down != nil {
+		return slotsReply{}, s.down
+	}
+	if s.slotHolders == nil {
+		s.slotHolders = map[string]bool{}
+	}
+	reply := slotsReply{now: s.clock.Now().UnixMicro(), state: slotHeld}
+	switch {
+	case c.op == slotRelease:
+		delete(s.slotHolders, c.id)
+		reply.state = slotNone
+	case c.op == slotRenew || s.slotHolders[c.id] || len(s.slotHolders) < c.limit:
+		s.slotHolders[c.id] = true
+	default:
+		reply.state = slotWaiting
+	}
+	return reply, nil
+}
+
+// line keeps no line: each deferred request's turn is its earliest.
+func (s *fakeStore) line(_ context.Context, _ string, earliest, _ time.Duration) (time.Duration, error) {
+	if s.down != nil {
+		return 0, s.down
+	}
+	return earliest, nil
 }
 
 func (s *fakeStore) heldUntil(_ context.Context, key string) (int64, error) {

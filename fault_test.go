@@ -60,7 +60,7 @@ func runFault(t *testing.T, addr string, procs int, length time.Duration, defaul
 		Addr: addr, Limit: faultLimit, Goroutines: 8, URL: api.URL, DefaultClient: defaultClient,
 		Start: start, End: start.Add(faultAt + length + faultAfter), Work: time.Millisecond,
 	}
-	reports, done := runFleet(t, procs, w, fault{faultAt, breakIt}, fault{faultAt + length, healIt})
+	reports, done := runFleet(t, procs, w, fault{at: faultAt, act: breakIt}, fault{at: faultAt + length, act: healIt})
 	return faultRun{procs: procs, length: length, broke: done[0], healed: done[1], reports: reports, up: up}
 }
 
@@ -280,7 +280,7 @@ func TestFaultPolicies(t *testing.T) {
 				Addr: srv.Addr, Limit: faultLimit, Key: "api.example.com:443", Goroutines: 8, Policy: policy, Work: 5 * time.Millisecond,
 				Start: start, End: start.Add(faultAt + length + DefaultMaxCooldown + time.Second),
 			}
-			reports, done := runFleet(t, 4, w, fault{faultAt, srv.Kill}, fault{faultAt + length, srv.Restart})
+			reports, done := runFleet(t, 4, w, fault{at: faultAt, act: srv.Kill}, fault{at: faultAt + length, act: srv.Restart})
 			f := faultRun{procs: 4, length: length, broke: done[0], healed: done[1], reports: reports}
 			checkWaits(t, reports)
 			f.checkRecovery(t)

@@ -57,6 +57,8 @@ type fleetWorker struct {
 	// requests and tokens, reserved and settled (see tokenRun); Limit is
 	// not used.
 	Tokens *tokenRun
+	// Lease is the lease of slots (WithLease); 0 for the default.
+	Lease time.Duration
 }
 
 // tokenRun makes each request of a worker an LLM call under the quota
@@ -268,6 +270,9 @@ func (w fleetWorker) run() (fleetReport, error) {
 	if w.MaxCooldown > 0 {
 		opts = append(opts, WithCooldown(w.MinCooldown, w.MaxCooldown))
 	}
+	if w.Lease > 0 {
+		opts = append(opts, WithLease(w.Lease))
+	}
 	r, err = NewRedis(client, quota, opts...)
 	if err != nil {
 		return fleetReport{}, err
@@ -286,7 +291,7 @@ func (w fleetWorker) run() (fleetReport, error) {
 		wait = func(ctx context.Context) error { return w.Tokens.wait(ctx, r, w.Key) }
 	}
 	if w.URL != "" {
-		base := &http.Transport{}
+		base := &http.Transport{MaxIdleConnsPerHost: w.Goroutines}
 		defer base.CloseIdleConnections()
 		client := &http.Client{Transport: &Transport{Base: stampGrant{base}, Limiter: r}}
 		wait = func(ctx context.Context) error {
@@ -347,14 +352,19 @@ func runFleet(t *testing.T, procs int, w fleetWorker, faults ...fault) ([]fleetR
 	defer cancel()
 	reports := make([]fleetReport, procs)
 	errs := make([]error, procs)
+	cmds := make([]*exec.Cmd, procs)
+	killed := make([]bool, procs)
 	var wg sync.WaitGroup
 	for i := range procs {
+		cmds[i] = exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+		cmds[i].Env = append(os.Environ(), fleetWorkerEnv+"="+string(config))
+		var stdout, stderr bytes.Buffer
+		cmds[i].Stdout, cmds[i].Stderr = &stdout, &stderr
+		if err := cmds[i].Start(); err != nil {
+			t.Fatal(err)
+		}
 		wg.Go(func() {
-			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), fleetWorkerEnv+"="+string(config))
-			var stdout, stderr bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &stdout, &stderr
-			runErr := cmd.Run()
+			runErr := cmds[i].Wait()
 			if err := json.Unmarshal(stdout.Bytes(), &reports[i]); err != nil || runErr != nil || reports[i].Err != "" {
 				errs[i] = fmt.Errorf("worker %d: %v %s; stderr: %s", i, runErr, reports[i].Err, stderr.String())
 			}
@@ -363,23 +373,37 @@ func runFleet(t *testing.T, procs int, w fleetWorker, faults ...fault) ([]fleetR
 	done := make([]time.Time, len(faults))
 	for i, f := range faults {
 		time.Sleep(time.Until(w.Start.Add(f.at)))
-		f.act()
+		if f.kill > 0 {
+			victim := cmds[f.kill-1].Process
+			for deadline := time.Now().Add(time.Second); f.ready != nil && !f.ready(victim.Pid) && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
+			killed[f.kill-1] = true
+			victim.Kill()
+		}
+		if f.act != nil {
+			f.act()
+		}
 		done[i] = time.Now()
 	}
 	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
+	for i, err := range errs {
+		if err != nil && !killed[i] {
 			t.Fatal(err)
 		}
 	}
 	return reports, done
 }
 
-// A fault is something done to Redis during a fleet run, at a time after its
-// start.
+// A fault is something done during a fleet run, at a time after its start:
+// kill, when set, SIGKILLs that worker (counted from 1), whose report is then
+// empty, once ready (when set) says so of its pid, within a second; act,
+// when set, runs next.
 type fault struct {
-	at  time.Duration
-	act func()
+	at    time.Duration
+	act   func()
+	kill  int
+	ready func(pid int) bool
 }
 
 // TestRedisFleet: 4 processes of 8 goroutines each share one key at 200/s

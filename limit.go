@@ -30,6 +30,7 @@ const (
 	bucket        limitKind = iota // a token bucket
 	slidingWindow                  // count per period, in every period wherever it starts
 	fixedWindow                    // count per period, in periods aligned to the clock
+	concurrent                     // count requests in flight at once
 )
 
 // Window returns a sliding window quota: in no period of length per,
@@ -48,6 +49,15 @@ func Window(n int, per time.Duration) Limit {
 // finds its window full waits for the next one. It needs Redis.
 func FixedWindow(n int, per time.Duration) Limit {
 	return Limit{count: float64(n), period: per, burst: n, kind: fixedWindow}
+}
+
+// Concurrent returns a cap of n requests in flight at once: a request holds
+// one of n slots from its grant until its response ends (see Slotter). It
+// stands alone or in an AllOf beside rate limits (at most one cap a quota).
+// A slot is a lease that its holder renews while the request lives, so the
+// slots of a process that dies come free within the lease (see WithLease).
+func Concurrent(n int) Limit {
+	return Limit{count: float64(n), burst: n, kind: concurrent}
 }
 
 // A Quota is what a limiter enforces: a Limit, or several at once (AllOf).
@@ -121,10 +131,17 @@ func (l Limit) Learn() Limit {
 	return l
 }
 
-// Rate returns the sustained rate of l in events per second.
-func (l Limit) Rate() float64 { return l.count / l.period.Seconds() }
+// Rate returns the sustained rate of l in events per second; 0 for a cap
+// of requests in flight (Concurrent).
+func (l Limit) Rate() float64 {
+	if l.kind == concurrent {
+		return 0
+	}
+	return l.count / l.period.Seconds()
+}
 
-// Burst returns the number of events l allows at once.
+// Burst returns the number of events l allows at once (for Concurrent,
+// the requests in flight).
 func (l Limit) Burst() int { return l.burst }
 
 // Validate reports why l cannot be used, or nil. Limiters call it for you.
@@ -142,6 +159,8 @@ func (l Limit) problem() string {
 		return fmt.Sprintf("count %v is not a positive finite number", l.count)
 	case l.count > 1<<53:
 		return fmt.Sprintf("count %v is above 2^53", l.count)
+	case l.kind == concurrent:
+		return l.capProblem()
 	case l.period <= 0:
 		return fmt.Sprintf("period %v is not positive", l.period)
 	case l.burst < 1:
@@ -162,6 +181,22 @@ func (l Limit) problem() string {
 	return ""
 }
 
+// capProblem says what is wrong with a cap of requests in flight, or "".
+func (l Limit) capProblem() string {
+	switch {
+	case l.count > maxSlots || l.count != math.Trunc(l.count) || l.burst != int(l.count):
+		return fmt.Sprintf("a cap of %v in flight: want a whole number from 1 to %d", l.count, maxSlots)
+	case strings.ContainsAny(l.name, reservedInNames):
+		return fmt.Sprintf("name %q may not contain '{', '}' or '#'", l.name)
+	case l.learn:
+		return "a cap in flight cannot learn; Learn applies to token buckets"
+	}
+	return ""
+}
+
+// maxSlots is the largest cap of requests in flight.
+const maxSlots = 1 << 20
+
 // checkQuota returns the limits of q, or why they cannot be used.
 func checkQuota(q Quota) ([]Limit, error) {
 	if q == nil {
@@ -171,12 +206,32 @@ func checkQuota(q Quota) ([]Limit, error) {
 	if len(limits) == 0 || len(limits) > maxLimits {
 		return nil, fmt.Errorf("pace: a quota of %d limits; want 1 to %d", len(limits), maxLimits)
 	}
+	caps := 0
 	for _, l := range limits {
 		if err := l.Validate(); err != nil {
 			return nil, err
 		}
+		if l.kind == concurrent {
+			caps++
+		}
+	}
+	if caps > 1 {
+		return nil, fmt.Errorf("pace: a quota of %d caps in flight (%v); want at most one", caps, limits)
 	}
 	return limits, nil
+}
+
+// splitCap returns the rate limits of a checked quota, and its cap of
+// requests in flight (capped says whether it has one).
+func splitCap(limits []Limit) (rates []Limit, limit Limit, capped bool) {
+	for _, l := range limits {
+		if l.kind == concurrent {
+			limit, capped = l, true
+		} else {
+			rates = append(rates, l)
+		}
+	}
+	return rates, limit, capped
 }
 
 // asBucket is a token bucket that never allows more than l in any period:
@@ -216,9 +271,12 @@ func (l Limit) intervalMicros() int64 {
 }
 
 // String formats l in the syntax ParseLimit reads, such as "100/s",
-// "10/s burst 20" or "900/15m sliding". A bucket's burst is shown when it
+// "10/s burst 20", "900/15m sliding" or "10 in flight". A bucket's burst is shown when it
 // differs from the count's default.
 func (l Limit) String() string {
+	if l.kind == concurrent {
+		return strconv.FormatFloat(l.count, 'f', -1, 64) + " in flight"
+	}
 	s := strconv.FormatFloat(l.count, 'g', -1, 64) + "/" + formatPeriod(l.period)
 	switch {
 	case l.kind == slidingWindow:
@@ -237,19 +295,24 @@ func (l Limit) String() string {
 // ParseLimit reads a Limit written as
 //
 //	COUNT/PERIOD [burst N | sliding | fixed] [learn]
+//	COUNT in flight
 //
 // COUNT is a positive number; PERIOD is s, m, h or d (second, minute, hour,
 // day), or a Go duration such as 15m or 500ms. Alone, or with a burst (which
 // defaults to COUNT rounded up), it is a token bucket; "sliding" makes it a
 // Window, "fixed" a FixedWindow (with a whole COUNT); "learn" makes a bucket
-// Learn. Examples: "100/s", "5000/h", "10/s burst 20", "900/15m sliding",
-// "100/h fixed", "10/s learn". Anything else is an error that quotes the
-// input.
+// Learn; "COUNT in flight" is a cap of requests in flight (Concurrent).
+// Examples: "100/s", "5000/h", "10/s burst 20", "900/15m sliding",
+// "100/h fixed", "10/s learn", "10 in flight". Anything else is an error
+// that quotes the input.
 func ParseLimit(s string) (Limit, error) {
 	bad := func(why string) (Limit, error) {
 		return Limit{}, fmt.Errorf("pace: invalid limit %q: %s (want COUNT/PERIOD [burst N], such as \"100/s\" or \"10/s burst 20\")", s, why)
 	}
 	fields := strings.Fields(s)
+	if len(fields) == 3 && fields[1] == "in" && fields[2] == "flight" {
+		return parseCap(fields[0], bad)
+	}
 	learn := len(fields) > 1 && fields[len(fields)-1] == "learn"
 	if learn {
 		fields = fields[:len(fields)-1]
@@ -283,6 +346,19 @@ func ParseLimit(s string) (Limit, error) {
 		}
 	}
 	l.learn = learn
+	if why := l.problem(); why != "" {
+		return bad(why)
+	}
+	return l, nil
+}
+
+// parseCap reads the count of "COUNT in flight".
+func parseCap(countText string, bad func(string) (Limit, error)) (Limit, error) {
+	n, err := strconv.Atoi(countText)
+	if err != nil {
+		return bad("count " + strconv.Quote(countText) + " of requests in flight is not a whole number")
+	}
+	l := Concurrent(n)
 	if why := l.problem(); why != "" {
 		return bad(why)
 	}

@@ -22,6 +22,9 @@ import (
 type Local struct {
 	namedLimits     // token buckets
 	costCap     int // the smallest burst: the most a request may cost under every limit
+	cap         slotCap
+	slots       *semaphore // the slots of cap, when the quota has one
+	lines       deferLines // of the requests their class deferred
 	config      commonConfig
 	now         func() time.Time // time.Now, or a test's clock
 	// emptyAt, if set, is when the buckets of keys met later were empty, or,
@@ -64,15 +67,18 @@ type localBooking [maxLimits]*rate.Reservation
 var (
 	_ Holder   = (*Local)(nil)
 	_ Reserver = (*Local)(nil)
+	_ Slotter  = (*Local)(nil)
 )
 
 // NewLocal returns a Local that gives each key the quota q: a Limit, or
-// several token buckets at once with AllOf. Windows need a Redis limiter.
+// several token buckets at once with AllOf, and at most one cap of requests
+// in flight (Concurrent). Windows need a Redis limiter.
 func NewLocal(q Quota, opts ...Option) (*Local, error) {
-	limits, err := checkQuota(q)
+	all, err := checkQuota(q)
 	if err != nil {
 		return nil, err
 	}
+	limits, c := newSlotCap(all)
 	for _, l := range limits {
 		if l.kind != bucket {
 			return nil, fmt.Errorf("pace: NewLocal(%s): windows need a Redis limiter; Local paces token buckets", l)
@@ -85,15 +91,18 @@ func NewLocal(q Quota, opts ...Option) (*Local, error) {
 	if err := config.validate(); err != nil {
 		return nil, err
 	}
-	return newLocal(newNamedLimits(limits), config, time.Now), nil
+	loc := newLocal(newNamedLimits(limits), config, time.Now)
+	if loc.cap = c; c.capped {
+		loc.slots = newSemaphore(config.leaseOrDefault(), loc.now, config.observer, "local")
+	}
+	return loc, nil
 }
 
 // newLocal returns a Local of valid token buckets and configuration, on a
 // clock.
 func newLocal(limits namedLimits, config commonConfig, now func() time.Time) *Local {
-	loc := &Local{namedLimits: limits, config: config, now: now, seed: maphash.MakeSeed(), costCap: limits.limits[0].burst}
+	loc := &Local{namedLimits: limits, config: config, now: now, seed: maphash.MakeSeed(), costCap: smallestBurst(limits.limits)}
 	for _, l := range limits.limits {
-		loc.costCap = min(loc.costCap, l.burst)
 		loc.refill = max(loc.refill, time.Duration(l.burst)*time.Duration(float64(l.period)/l.count))
 	}
 	for i := range loc.shards {
@@ -110,15 +119,40 @@ func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
 	if err := checkWait(ctx, loc.costCap, key, cost); err != nil {
 		return err
 	}
+	if err := loc.cap.check(ctx, key); err != nil || !loc.cap.rated {
+		return err
+	}
 	costs := uniform(cost)
 	_, _, _, err := loc.wait(ctx, key, &costs)
 	return err
+}
+
+// Acquire implements Slotter: it takes one of the slots of the quota's
+// cap in this process, first come first served, then waits for cost as
+// Wait does.
+func (loc *Local) Acquire(ctx context.Context, key string, cost int) (*Slot, error) {
+	if err := checkWait(ctx, loc.costCap, key, cost); err != nil {
+		return nil, err
+	}
+	return acquire(ctx, loc, key, cost)
+}
+
+// takeSlot implements slotTaker.
+func (loc *Local) takeSlot(ctx context.Context, key string) (*Slot, bool, error) {
+	if !loc.cap.capped {
+		return nil, false, nil
+	}
+	slot, err := loc.slots.acquire(ctx, key, loc.cap.limit.burst)
+	return slot, true, err
 }
 
 // Reserve implements Reserver: it waits as Wait does, for the estimated
 // costs under each limit.
 func (loc *Local) Reserve(ctx context.Context, key string, estimate Costs) (*Reservation, error) {
 	costs, err := loc.checkReserve(ctx, key, estimate)
+	if err == nil {
+		err = loc.cap.check(ctx, key)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -146,13 +180,24 @@ func (loc *Local) Settle(_ context.Context, r *Reservation, actual Costs) error 
 // after a hold that came meanwhile, and returns what it booked, the wait
 // and when its decision began.
 func (loc *Local) wait(ctx context.Context, key string, costs *limitCosts) (localBooking, time.Duration, time.Time, error) {
-	for {
+	for turn := false; ; {
+		horizon := horizonOf(ctx, loc.config, loc.limits, costs)
+		if turn {
+			horizon *= 2 // see Class
+		}
 		now := loc.now()
-		budget := waitBudget(ctx, loc.config.maxWait, now)
+		own := waitBudget(ctx, loc.config.maxWait, now)
 		var res localBooking
-		delay, ok := loc.reserve(key, costs, now, now, budget, &res)
+		delay, ok := loc.reserve(key, costs, now, now, classBudget(own, horizon), &res)
+		if !ok && defers(delay, own, horizon) {
+			if err := loc.deferred(ctx, key, costs, delay-horizon, own, horizon); err != nil {
+				return res, 0, now, err
+			}
+			turn = true
+			continue
+		}
 		if !ok {
-			return res, 0, now, refuse(ctx, loc.config.observer, "local", key, costs[0], delay, budget)
+			return res, 0, now, refuse(ctx, loc.config.observer, "local", key, costs[0], delay, classBudget(own, horizon))
 		}
 		loc.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: "local", Key: key, Cost: costs[0], Delay: delay})
 		if err := sleep(ctx, key, delay); err != nil {
@@ -166,6 +211,18 @@ func (loc *Local) wait(ctx context.Context, key string, costs *limitCosts) (loca
 		// A hold came while this caller slept, and its slot lies before
 		// the hold's end: it books anew, after the hold.
 	}
+}
+
+// deferred waits for the turn of a request its class kept out of key's
+// schedule, whose wait comes within its horizon after earliest, at the end
+// of key's line (see Redis.deferred). A turn past the caller's budget (own)
+// is refused at once.
+func (loc *Local) deferred(ctx context.Context, key string, costs *limitCosts, earliest, own, horizon time.Duration) error {
+	retry := loc.lines.lineUp(key, loc.now(), earliest, refillOf(loc.limits, costs))
+	if retry+horizon > own {
+		return refuse(ctx, loc.config.observer, "local", key, costs[0], retry+horizon, own)
+	}
+	return deferred(ctx, loc.config.observer, "local", key, costs[0], retry)
 }
 
 // reserve books costs for key at notBefore or later (and after any hold),

@@ -199,6 +199,8 @@ func (r *Redis) receiveHolds(ctx context.Context, ps *redis.PubSub) {
 				r.heard(key, end, d)
 			} else if key, at, ok := parseRetimeMessage(m.Payload); ok {
 				r.retimes.add(key, at, r.now())
+			} else if id, ok := parseSlotMessage(m.Payload); ok {
+				r.slotWaiters.tell(id)
 			}
 		}
 	}

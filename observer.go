@@ -65,6 +65,22 @@ const (
 	// EventLearned: Key's limit adopted the rate the upstream advertised, as
 	// Reason says.
 	EventLearned
+	// EventSlot: the request holds one of the slots of Key's cap in
+	// flight (Concurrent), after Delay in line.
+	EventSlot
+	// EventSlotRelease: the request ended and freed its slot (Err says if
+	// Redis could not be told; the slot then lapses with its lease).
+	EventSlotRelease
+	// EventSlotAbandon: a response body showed no sign of life for Delay, a
+	// lease, and was never closed: its slot is left to lapse.
+	EventSlotAbandon
+	// EventSlotExpire: Cost slots of Key lapsed, their holders gone
+	// without releasing them (a process that died, a body never closed),
+	// and went to the next in line.
+	EventSlotExpire
+	// EventClass: a request of a lower priority class (Reason) found Key's
+	// schedule booked past its horizon, and waits Delay before it books.
+	EventClass
 )
 
 var eventKindNames = [...]string{
@@ -72,6 +88,8 @@ var eventKindNames = [...]string{
 	EventFallback: "fallback", EventProbe: "probe", EventRecover: "recover",
 	EventHold: "hold", EventHoldCapped: "hold-capped", EventHoldEnd: "hold-end",
 	EventReading: "reading", EventStaleReading: "stale-reading", EventLearned: "learned",
+	EventSlot: "slot", EventSlotRelease: "slot-release", EventSlotAbandon: "slot-abandon", EventSlotExpire: "slot-expire",
+	EventClass: "class",
 }
 
 // String returns the kind's name, such as "wait" or "fallback".

@@ -1,6 +1,7 @@
 package pace
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 	"time"
@@ -21,14 +22,32 @@ type RedisOption interface {
 type commonConfig struct {
 	observer Observer
 	maxWait  time.Duration
+	lease    time.Duration // 0 for DefaultLease
+	horizons map[Class]time.Duration
 }
 
 func (c commonConfig) validate() error {
-	if c.maxWait < 0 {
+	switch {
+	case c.maxWait < 0:
 		return fmt.Errorf("pace: WithMaxWait(%v): negative", c.maxWait)
+	case c.lease != 0 && (c.lease < minLease || c.lease > maxLease):
+		return fmt.Errorf("pace: WithLease(%v): want from %v to %v", c.lease, minLease, maxLease)
 	}
-	return nil
+	return checkHorizons(c.horizons)
 }
+
+// leaseOrDefault is the lease of a slot.
+func (c commonConfig) leaseOrDefault() time.Duration { return cmp.Or(c.lease, DefaultLease) }
+
+// DefaultLease is how long a slot of a cap in flight (Concurrent) outlives
+// its holder's last renewal; see WithLease.
+const DefaultLease = 3 * time.Second
+
+// The bounds of WithLease.
+const (
+	minLease = 30 * time.Millisecond
+	maxLease = time.Hour
+)
 
 // redisConfig is what a Redis limiter can be told.
 type redisConfig struct {
@@ -100,6 +119,15 @@ func WithObserver(o Observer) Option {
 // *DeadlineError. Zero, the default, means no cap beyond the context's own.
 func WithMaxWait(d time.Duration) Option {
 	return commonOption(func(c *commonConfig) { c.maxWait = d })
+}
+
+// WithLease sets how long a slot of a cap in flight (Concurrent) lasts
+// beyond its holder's last renewal; the default is DefaultLease. A holder
+// renews its slots every third of the lease while their requests live, so
+// the slots of a process that dies come free within the lease. From 30 ms to
+// an hour.
+func WithLease(d time.Duration) Option {
+	return commonOption(func(c *commonConfig) { c.lease = d })
 }
 
 // WithPrefix sets the text every Redis key starts with; the default is

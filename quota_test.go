@@ -151,7 +151,7 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 	}
 	t.Logf("3500 steps: %v", counts)
 	for kind, least := range map[string]int{"granted": 100, "refused": 100, "refund-tail": 50, "refund-gap": 20, "refund-nothing": 5, "settle-up": 50, "settle-down": 50,
-		"sync-applied": 50, "sync-stale": 5} {
+		"sync-applied": 20, "sync-stale": 5} { // how many syncs apply depends on the timing of the steps
 		if counts[kind] < least {
 			t.Errorf("only %d %s decisions: the sequence did not exercise the scripts", counts[kind], kind)
 		}

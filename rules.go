@@ -50,6 +50,10 @@ type Rule struct {
 	// of the same names do; the Limiter must then be a Reserver.
 	Estimate func(*http.Request) Costs
 	Settle   Settler
+
+	// Class is the priority class of the rule's requests (see Class),
+	// unless a request's context carries one (WithClass).
+	Class Class
 }
 
 // Rules map each request to a limiter, a key and a cost, by the first Rule

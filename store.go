@@ -70,6 +70,10 @@ const (
 	gapsSuffix      = "#gaps"
 	holdSuffix      = "#hold"
 	settledSuffix   = "#settled:"
+	slotsSuffix     = "#slots:"   // the holders of a cap's slots
+	lineSuffix      = "#line:"    // its line of waiters
+	waitersSuffix   = "#waiters:" // their leases
+	deferredSuffix  = "#deferred" // the line of requests their class deferred
 )
 
 // horizon is the furthest ahead of Redis's clock that a time pace writes
@@ -96,6 +100,10 @@ var (
 	settleSource string
 	//go:embed lua/sync.lua
 	syncSource string
+	//go:embed lua/slots.lua
+	slotsSource string
+	//go:embed lua/line.lua
+	lineSource string
 
 	reserveScript = newScript(reserveSource)
 	quotaScript   = newScript(quotaSource)
@@ -104,6 +112,8 @@ var (
 	heldScript    = newScript(heldSource)
 	settleScript  = newScript(bookingSource, settleSource)
 	syncScript    = newScript(syncSource)
+	slotsScript   = newScript(slotsSource)
+	lineScript    = newScript(lineSource)
 )
 
 // newScript is a script of parts, after the common prelude.
@@ -288,6 +298,60 @@ func (s *store) hold(ctx context.Context, key string, d time.Duration, channel s
 		return false, 0, s.fail(key, "hold", keys, err)
 	}
 	return reply[0] == 1, reply[1] + d.Microseconds(), nil
+}
+
+// slotCall is one call of the slots script (lua/slots.lua): what to do
+// (slotAcquire, slotWait, slotRenew or slotRelease) for which request id,
+// under which cap (its name and size), with which lease, telling waiters on
+// which channel.
+type slotCall struct {
+	op, id  string
+	name    string
+	limit   int
+	lease   time.Duration
+	channel string
+}
+
+// slots runs the slots script for key.
+func (s *store) slots(ctx context.Context, key string, c slotCall) (slotsReply, error) {
+	base := s.prefix + "{" + key + "}"
+	keys := []string{base + slotsSuffix + c.name, base + lineSuffix + c.name, base + waitersSuffix + c.name}
+	val, err := s.calls.run(ctx, slotsScript, keys, c.op, c.id, c.limit, c.lease.Microseconds(), c.channel, key).Result()
+	if err != nil {
+		return slotsReply{}, s.fail(key, "slots", keys, err)
+	}
+	items, ok := val.([]any)
+	if !ok || len(items) != 4 {
+		return slotsReply{}, fmt.Errorf("pace: key %s: the slots script replied %v, want 4 items", quoteKey(key), val)
+	}
+	var reply slotsReply
+	now, _ := items[0].(string)
+	reply.state, _ = items[1].(string)
+	first, _ := items[2].(string)
+	reply.expired, _ = items[3].(int64)
+	reply.now, err = strconv.ParseInt(now, 10, 64)
+	if reply.first, _ = strconv.ParseInt(first, 10, 64); err != nil || reply.state == "" {
+		return slotsReply{}, fmt.Errorf("pace: key %s: the slots script replied %v, want a time, a state, a time and a count", quoteKey(key), val)
+	}
+	return reply, nil
+}
+
+// line returns the turn of a request of key that its class deferred, whose
+// wait comes within its horizon after earliest, and whose cost takes turn
+// to refill (see lua/line.lua).
+func (s *store) line(ctx context.Context, key string, earliest, turn time.Duration) (time.Duration, error) {
+	_, at, err := s.lineAt(ctx, key, earliest, turn)
+	return at, err
+}
+
+// lineAt is line, and the TIME the script used.
+func (s *store) lineAt(ctx context.Context, key string, earliest, turn time.Duration) (now int64, at time.Duration, err error) {
+	keys := []string{s.prefix + "{" + key + "}" + deferredSuffix}
+	var reply [2]int64
+	if err := int64Reply(s.calls.run(ctx, lineScript, keys, max(earliest, 0).Microseconds(), turn.Microseconds()), reply[:]); err != nil {
+		return 0, 0, s.fail(key, "line", keys, err)
+	}
+	return reply[0], microseconds(reply[1]), nil
 }
 
 // heldUntil returns when key's latest hold ends, in microseconds of Redis's

@@ -20,6 +20,11 @@
 // bursting and stalling, and can learn the limit the upstream advertises
 // (Limit.Learn).
 //
+// A quota may also cap the requests in flight (Concurrent): a request then
+// holds a slot, a lease in Redis, until its response body ends. And
+// requests have priority classes (Class): a batch backlog never makes a
+// critical request wait behind it.
+//
 // When Redis fails, a Redis limiter decides by its FailurePolicy, by default
 // pacing locally at this process's share of the limit, leaves Redis alone for
 // a growing cool-down, and goes back to the shared limit by itself once a
@@ -93,7 +98,9 @@ var _ http.RoundTripper = (*Transport)(nil)
 // key's quota is spent (ParseHold) and the Limiter is a Holder, the key is
 // held for the whole fleet before RoundTrip returns; when it states the
 // upstream's counters (ParseReadings) and the Limiter is a Redis, they steer
-// the key for the whole fleet (Redis.Sync), unless IgnoreCounters.
+// the key for the whole fleet (Redis.Sync), unless IgnoreCounters. Under a
+// cap in flight (Concurrent), the request holds a slot from before its rate
+// wait until its response body reaches EOF or is closed, or Base fails.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.Limiter == nil && t.Rules == nil {
 		return t.base().RoundTrip(req)
@@ -107,6 +114,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	resp, err := t.base().RoundTrip(req)
 	if err != nil || resp == nil {
+		p.slot.Release()
 		return resp, err
 	}
 	arrival := time.Now()
@@ -118,8 +126,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if p.steered {
 		p.steer(req.Context(), resp, arrival)
 	}
-	if p.res != nil && p.settle != nil {
-		resp.Body = p.settlingBody(req.Context(), resp)
+	if p.slot != nil || (p.res != nil && p.settle != nil) {
+		resp.Body = p.endingBody(req.Context(), resp)
 	}
 	return resp, err
 }
@@ -128,7 +136,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // none paces it), under which key, and, for a request whose costs are
 // estimated, its reservation and the Settler of its response. When the
 // response's counters steer the limiter (steered), booking is what the
-// request booked.
+// request booked. Under a cap in flight, slot is the request's, until its
+// response ends.
 type paced struct {
 	limiter Limiter
 	key     string
@@ -136,6 +145,8 @@ type paced struct {
 	settle  Settler
 	steered bool
 	booking booking
+	slot    *Slot
+	class   Class // the Rule's, for a request whose context carries none
 }
 
 // wait waits for the request's turn, and returns how it was paced.
@@ -148,7 +159,7 @@ func (t *Transport) wait(req *http.Request) (paced, error) {
 		if err != nil || rule.Unlimited {
 			return paced{key: key}, err
 		}
-		return t.waitFor(req, paced{limiter: rule.Limiter, key: key, settle: rule.Settle}, cost, rule.Estimate)
+		return t.waitFor(req, paced{limiter: rule.Limiter, key: key, settle: rule.Settle, class: rule.Class}, cost, rule.Estimate)
 	}
 	if t.Settle != nil && t.Estimate == nil {
 		return paced{}, errors.New("pace: Transport.Settle without an Estimate: nothing would be reserved to settle")
@@ -164,25 +175,50 @@ func (t *Transport) wait(req *http.Request) (paced, error) {
 	return t.waitFor(req, paced{limiter: t.Limiter, key: keyOf(req), settle: t.Settle}, cost, t.Estimate)
 }
 
-// waitFor waits on p's limiter for req: cost under every limit, or, with an
-// estimate, a reservation of the estimated costs.
+// waitFor waits on p's limiter for req: for a slot, when the limiter caps
+// requests in flight, then for cost under every rate limit, or, with an
+// estimate, for a reservation of the estimated costs.
 func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(*http.Request) Costs) (paced, error) {
+	ctx := req.Context()
+	if _, set := ctx.Value(classKey{}).(Class); !set && p.class != ClassDefault {
+		ctx = WithClass(ctx, p.class)
+	}
+	if taker, ok := p.limiter.(slotTaker); ok {
+		slot, capped, err := taker.takeSlot(ctx, p.key)
+		if err != nil {
+			return p, err
+		}
+		if capped {
+			p.slot, ctx = slot, holdingSlot(ctx, p.key)
+		}
+	}
+	p, err := t.waitRates(ctx, req, p, cost, estimate)
+	if err != nil {
+		p.slot.Release()
+	}
+	return p, err
+}
+
+// waitRates waits on p's limiter, with ctx, for req's cost under every
+// rate limit, or, with an estimate, for a reservation of the estimated
+// costs.
+func (t *Transport) waitRates(ctx context.Context, req *http.Request, p paced, cost int, estimate func(*http.Request) Costs) (paced, error) {
 	s, steered := p.limiter.(steerable)
 	p.steered = steered && !t.IgnoreCounters
 	if estimate == nil && p.steered {
 		var err error
-		p.booking, err = s.waitBooked(req.Context(), p.key, cost)
+		p.booking, err = s.waitBooked(ctx, p.key, cost)
 		return p, err
 	}
 	if estimate == nil {
-		return p, p.limiter.Wait(req.Context(), p.key, cost)
+		return p, p.limiter.Wait(ctx, p.key, cost)
 	}
 	reserver, ok := p.limiter.(Reserver)
 	if !ok {
 		return p, fmt.Errorf("pace: key %s: an Estimate needs a Limiter that is a Reserver, such as Local or Redis, not a %T", quoteKey(p.key), p.limiter)
 	}
 	var err error
-	if p.res, err = reserver.Reserve(req.Context(), p.key, estimate(req)); err == nil {
+	if p.res, err = reserver.Reserve(ctx, p.key, estimate(req)); err == nil {
 		p.booking = p.res.ticket.booking
 	}
 	return p, err
@@ -198,17 +234,24 @@ func (p paced) steer(ctx context.Context, resp *http.Response, arrival time.Time
 	}
 }
 
-// settlingBody wraps resp's body so that, once it ends, its reservation is
-// settled with what p's Settler reads of it; when the Settler cannot tell,
-// the reservation keeps its estimate. The settlement runs past the
-// request's context: the response has been counted already.
-func (p paced) settlingBody(ctx context.Context, resp *http.Response) io.ReadCloser {
-	ctx = context.WithoutCancel(ctx)
-	return &settlingBody{body: resp.Body, settle: func(ends BodyEnds) {
-		if actual, ok := p.settle(resp, ends); ok {
-			p.limiter.(Reserver).Settle(ctx, p.res, actual) // a failure reaches the Limiter's observer
+// endingBody wraps resp's body so that, once it ends, its reservation (if
+// any) is settled with what p's Settler reads of it, and its slot (if any)
+// is freed. When the Settler cannot tell, the reservation keeps its
+// estimate. The settlement runs past the request's context: the response
+// has been counted already. The slot lapses if the body shows no sign of
+// life for a lease and is never closed.
+func (p paced) endingBody(ctx context.Context, resp *http.Response) io.ReadCloser {
+	b := &endingBody{body: resp.Body, slot: p.slot}
+	if p.res != nil && p.settle != nil {
+		ctx = context.WithoutCancel(ctx)
+		b.settle = func(ends BodyEnds) {
+			if actual, ok := p.settle(resp, ends); ok {
+				p.limiter.(Reserver).Settle(ctx, p.res, actual) // a failure reaches the Limiter's observer
+			}
 		}
-	}}
+	}
+	p.slot.watch(time.Now())
+	return b
 }
 
 func (t *Transport) maxHold() time.Duration {

@@ -69,7 +69,7 @@ data: {"type":"message_stop"}
 
 // endsOf returns the ends a Transport keeps of body, read whole.
 func endsOf(body string, complete bool) BodyEnds {
-	b := &settlingBody{}
+	b := &endingBody{}
 	b.keep([]byte(body))
 	return BodyEnds{Head: b.head, Tail: b.tail[max(len(b.tail)-BodyEndSize, 0):], Complete: complete}
 }

@@ -10,6 +10,8 @@
 //	go run ./examples/fleet -local -idle 6     # each process alone at 1/4 of the quota: what a static split costs
 //	go run ./examples/fleet -foreign 50        # a client without pace takes 50/s: the fleet takes the rest
 //	go run ./examples/fleet -foreign 50 -headers github  # the same, over a fixed window with GitHub's headers
+//	go run ./examples/fleet -concurrency 4     # at most 4 in flight in the whole fleet, each taking 50 ms upstream
+//	go run ./examples/fleet -priority          # critical requests beside the batch workers: they wait one or two intervals
 //	go run ./examples/fleet -redis redis://127.0.0.1:6379/0 -json -plot fleet.svg
 package main
 
@@ -41,7 +43,17 @@ type config struct {
 	RetryAfter bool          // the built-in upstream answers one 429 with Retry-After: 1
 	Foreign    float64       // a foreign client's rate on the built-in upstream, without pace
 	Headers    string        // the dialect of the built-in upstream's counters
+	// Concurrency caps the requests in flight in the whole fleet (0: no
+	// cap); the built-in upstream then takes Service to answer each.
+	Concurrency int
+	// Priority makes the workers' requests batch requests, and sends
+	// critical ones beside them from the first process.
+	Priority bool
 }
+
+// service is how long the built-in upstream takes to answer, under
+// -concurrency.
+const service = 50 * time.Millisecond
 
 func main() {
 	exampleproc.Worker(workerEnv, job.run)
@@ -59,6 +71,8 @@ func main() {
 	flag.DurationVar(&c.KillRedis, "kill-redis-at", 0, "stop the embedded store this far into the run, for a second")
 	flag.BoolVar(&c.RetryAfter, "retry-after", false, "the built-in upstream answers one 429 with Retry-After: 1, a third into the run")
 	flag.Float64Var(&c.Foreign, "foreign", 0, "a foreign client spends this many requests a second of the built-in upstream's quota, without pace")
+	flag.IntVar(&c.Concurrency, "concurrency", 0, "at most this many requests in flight in the whole fleet (the built-in upstream then takes 50 ms a request)")
+	flag.BoolVar(&c.Priority, "priority", false, "the workers send batch requests, and the first process sends 10 critical requests a second beside them")
 	flag.StringVar(&c.Headers, "headers", "openai", "the built-in upstream states its counters as github, ietf (a fixed window ten times as long as the run), openai (a token bucket) or \"\" (none) does")
 	flag.Parse()
 	if err := c.check(); err != nil {
@@ -92,6 +106,8 @@ func (c config) check() error {
 		return fmt.Errorf("-kill-redis-at works on the embedded store only")
 	case (c.RetryAfter || c.Foreign != 0) && c.Target != "":
 		return fmt.Errorf("-retry-after and -foreign work with the built-in upstream only")
+	case c.Concurrency < 0 || (c.Local && c.Concurrency > 0 && c.Concurrency < c.Procs):
+		return fmt.Errorf("-concurrency %d: want 0 (none) or more, and with -local at least one a process", c.Concurrency)
 	}
 	limit, err := pace.ParseLimit(c.Limit)
 	if err != nil {

@@ -22,16 +22,22 @@ type summary struct {
 	Requests    int       `json:"requests"`
 	OK          int       `json:"ok"`
 	TooMany     int       `json:"too_many_requests"`
-	Rate        float64   `json:"rate"`         // 200s per second
-	LimitRate   float64   `json:"limit_rate"`   // the limit's rate
-	Utilisation float64   `json:"utilisation"`  // OK / (burst + rate*seconds - ForeignOK)
-	Headers     string    `json:"headers"`      // the dialect of the built-in upstream's counters
-	ForeignRate float64   `json:"foreign_rate"` // the foreign client's requests per second
-	ForeignOK   int       `json:"foreign_ok"`   // 200s to the foreign client
+	Rate        float64   `json:"rate"`          // 200s per second
+	LimitRate   float64   `json:"limit_rate"`    // the limit's rate
+	Utilisation float64   `json:"utilisation"`   // OK / what the quota allows: burst + rate*seconds - ForeignOK, or, if fewer, InFlightCap*seconds/service
+	InFlightCap int       `json:"in_flight_cap"` // -concurrency; 0 for none
+	MaxInFlight int       `json:"max_in_flight"` // the most requests the built-in upstream served at once
+	Headers     string    `json:"headers"`       // the dialect of the built-in upstream's counters
+	ForeignRate float64   `json:"foreign_rate"`  // the foreign client's requests per second
+	ForeignOK   int       `json:"foreign_ok"`    // 200s to the foreign client
 	Foreign429  int       `json:"foreign_too_many_requests"`
 	ScriptCalls *float64  `json:"redis_calls_per_request"` // EVALSHA and EVAL round trips per request; null without Redis
 	SyncCalls   *float64  `json:"sync_calls_per_request"`  // of them, those that synced the upstream's counters
 	PerProcess  []process `json:"per_process"`
+	// With -priority: the critical requests, and their waits.
+	Critical        int     `json:"critical_requests"`
+	CriticalWaitP50 float64 `json:"critical_wait_p50_ms"`
+	CriticalWaitMax float64 `json:"critical_wait_max_ms"`
 }
 
 type process struct {
@@ -45,7 +51,8 @@ type process struct {
 func summarize(c config, limit pace.Limit, reports []report, upstream quotaapi.Counts) summary {
 	s := summary{Limit: limit.String(), Mode: "shared through Redis", Processes: c.Procs, Workers: c.Procs * c.Workers,
 		Busy: c.Procs*c.Workers - c.Idle, Seconds: c.Duration.Seconds(), LimitRate: limit.Rate(),
-		Headers: c.Headers, ForeignRate: c.Foreign, ForeignOK: upstream.ForeignOK, Foreign429: upstream.ForeignRefused}
+		Headers: c.Headers, ForeignRate: c.Foreign, ForeignOK: upstream.ForeignOK, Foreign429: upstream.ForeignRefused,
+		InFlightCap: c.Concurrency, MaxInFlight: upstream.MaxInFlight}
 	switch {
 	case c.Local:
 		s.Mode = "each process alone at 1/" + fmt.Sprint(c.Procs) + " of the limit (pace.Local)"
@@ -56,26 +63,41 @@ func summarize(c config, limit pace.Limit, reports []report, upstream quotaapi.C
 	for _, r := range reports {
 		scriptCalls += r.ScriptCalls
 		syncCalls += r.SyncCalls
-		var waits []time.Duration
-		for _, q := range r.Requests {
-			s.Requests++
-			switch q.Status {
-			case 200:
-				s.OK++
-			case 429:
-				s.TooMany++
-			}
-			waits = append(waits, q.Wait)
-		}
+		waits := s.count(r.Requests)
 		s.PerProcess = append(s.PerProcess, process{Requests: len(r.Requests), WaitP50: percentile(waits, 0.50), WaitP99: percentile(waits, 0.99)})
+		if len(r.Critical) > 0 { // with -priority
+			waits := s.count(r.Critical)
+			s.Critical += len(r.Critical)
+			s.CriticalWaitP50, s.CriticalWaitMax = percentile(waits, 0.5), percentile(waits, 1)
+		}
 	}
 	s.Rate = float64(s.OK) / s.Seconds
-	s.Utilisation = float64(s.OK) / (float64(limit.Burst()) + limit.Rate()*s.Seconds - float64(s.ForeignOK))
+	allowed := float64(limit.Burst()) + limit.Rate()*s.Seconds - float64(s.ForeignOK)
+	if c.Concurrency > 0 {
+		allowed = min(allowed, float64(c.Concurrency)*s.Seconds/service.Seconds())
+	}
+	s.Utilisation = float64(s.OK) / allowed
 	if !c.Local && s.Requests > 0 {
 		perRequest, syncs := float64(scriptCalls)/float64(s.Requests), float64(syncCalls)/float64(s.Requests)
 		s.ScriptCalls, s.SyncCalls = &perRequest, &syncs
 	}
 	return s
+}
+
+// count counts requests and their answers, and returns their waits.
+func (s *summary) count(requests []request) []time.Duration {
+	var waits []time.Duration
+	for _, q := range requests {
+		s.Requests++
+		switch q.Status {
+		case 200:
+			s.OK++
+		case 429:
+			s.TooMany++
+		}
+		waits = append(waits, q.Wait)
+	}
+	return waits
 }
 
 func percentile(d []time.Duration, p float64) float64 {
@@ -97,6 +119,12 @@ func (s summary) print(w io.Writer) {
 	}
 	if s.Headers != "" {
 		fmt.Fprintf(w, "counters        the upstream speaks %s\n", s.Headers)
+	}
+	if s.InFlightCap > 0 {
+		fmt.Fprintf(w, "in flight       at most %d at once at the upstream (cap %d, 50 ms a request)\n", s.MaxInFlight, s.InFlightCap)
+	}
+	if s.Critical > 0 {
+		fmt.Fprintf(w, "critical        %d requests beside the batch ones, waited %.1fms (p50), %.1fms at most\n", s.Critical, s.CriticalWaitP50, s.CriticalWaitMax)
 	}
 	if s.ScriptCalls != nil {
 		fmt.Fprintf(w, "Redis calls     %.2f per request (EVALSHA and EVAL round trips), %.2f of them to sync the upstream's counters\n", *s.ScriptCalls, *s.SyncCalls)

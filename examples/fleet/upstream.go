@@ -19,10 +19,14 @@ import (
 // start on. With -headers, it
 // states its counters in that dialect; with -retry-after, it answers one
 // 429 with Retry-After: 1, a third into the run; with -foreign, a foreign
-// client spends the same quota, without pace, from start on.
+// client spends the same quota, without pace, from start on; with
+// -concurrency, it takes 50 ms to answer each request.
 func startUpstream(c config, limit pace.Limit, start time.Time) (*quotaapi.Server, error) {
 	dialect, _ := quotaapi.ParseDialect(c.Headers)
 	q := quotaapi.Config{Dialect: dialect, Rate: limit.Rate(), Burst: limit.Burst() + 1}
+	if c.Concurrency > 0 {
+		q.Service = service
+	}
 	if dialect.Windowed() {
 		q.Window = 10 * max(c.Duration.Round(time.Second), time.Second)
 		q.Count = int(math.Round(limit.Rate() * q.Window.Seconds()))

@@ -36,8 +36,27 @@ type request struct {
 // report is what a worker process prints on stdout.
 type report struct {
 	Requests    []request
-	ScriptCalls int64 // EVALSHA and EVAL round trips to Redis
-	SyncCalls   int64 // of them, those that synced the upstream's counters
+	Critical    []request // with -priority, from the first process
+	ScriptCalls int64     // EVALSHA and EVAL round trips to Redis
+	SyncCalls   int64     // of them, those that synced the upstream's counters
+}
+
+// quota is the quota of c's fleet, or, for one of its processes alone
+// (-local), its share.
+func (c config) quota() (pace.Quota, error) {
+	limit, err := pace.ParseLimit(c.Limit)
+	if err != nil {
+		return nil, err
+	}
+	inFlight := c.Concurrency
+	if c.Local {
+		limit = pace.PerSecond(limit.Rate() / float64(c.Procs)).WithBurst(max(limit.Burst()/c.Procs, 1))
+		inFlight /= c.Procs
+	}
+	if inFlight == 0 {
+		return limit, nil
+	}
+	return pace.AllOf{limit, pace.Concurrent(inFlight)}, nil
 }
 
 // scriptCounter is a go-redis hook that counts script calls: each is one
@@ -73,7 +92,7 @@ func (s stampGrant) RoundTrip(req *http.Request) (*http.Response, error) {
 
 func (j job) run() (report, error) {
 	c := j.Config
-	limit, err := pace.ParseLimit(c.Limit)
+	quota, err := c.quota()
 	if err != nil {
 		return report{}, err
 	}
@@ -81,8 +100,7 @@ func (j job) run() (report, error) {
 	var syncs atomic.Int64
 	var limiter pace.Limiter
 	if c.Local {
-		share := pace.PerSecond(limit.Rate() / float64(c.Procs)).WithBurst(max(limit.Burst()/c.Procs, 1))
-		if limiter, err = pace.NewLocal(share); err != nil {
+		if limiter, err = pace.NewLocal(quota); err != nil {
 			return report{}, err
 		}
 	} else {
@@ -94,7 +112,7 @@ func (j job) run() (report, error) {
 		client := redis.NewClient(options)
 		defer client.Close()
 		client.AddHook(&scripts)
-		r, err := pace.NewRedis(client, limit, pace.WithObserver(func(_ context.Context, e pace.Event) {
+		r, err := pace.NewRedis(client, quota, pace.WithObserver(func(_ context.Context, e pace.Event) {
 			if e.Kind == pace.EventReading || e.Kind == pace.EventStaleReading {
 				syncs.Add(1) // one a sync: the limit is one bucket
 			}
@@ -106,48 +124,66 @@ func (j job) run() (report, error) {
 		limiter = r
 		// Before the start: open a connection, load the script and send the
 		// first heartbeats, so that the run measures pacing, not a cold start.
-		if err := r.Wait(context.Background(), "warm-up", 1); err != nil {
+		slot, err := r.Acquire(context.Background(), "warm-up", 1)
+		if err != nil {
 			return report{}, err
 		}
+		slot.Release()
 	}
-	base := &http.Transport{MaxIdleConnsPerHost: c.Workers}
+	base := &http.Transport{MaxIdleConnsPerHost: c.Workers + 1}
 	defer base.CloseIdleConnections()
+	send := func(class pace.Class, every time.Duration, into *[]request, mu *sync.Mutex) {
+		j.send(limiter, base, class, every, into, mu)
+	}
 
-	end := j.Start.Add(c.Duration)
 	var mu sync.Mutex
-	var requests []request
+	var rep report
 	var wg sync.WaitGroup
 	time.Sleep(time.Until(j.Start))
-	for w := range c.Workers {
-		if j.Index*c.Workers+w >= c.Procs*c.Workers-c.Idle {
-			continue // an idle worker
+	class := pace.ClassDefault
+	if c.Priority {
+		class = pace.ClassBatch
+		if j.Index == 0 {
+			wg.Go(func() { send(pace.ClassCritical, 100*time.Millisecond, &rep.Critical, &mu) })
 		}
-		wg.Go(func() {
-			for time.Now().Before(end) {
-				var q request
-				start := time.Now()
-				client := &http.Client{Transport: &pace.Transport{Limiter: limiter, Base: stampGrant{base, func(at time.Time) {
-					q.Granted, q.Wait = at, at.Sub(start)
-				}}}}
-				ctx, cancel := context.WithDeadline(context.Background(), end)
-				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, j.Target, nil)
-				resp, err := client.Do(req)
-				cancel()
-				if err != nil {
-					if errors.Is(err, context.DeadlineExceeded) {
-						return // the next grant would come after the end
-					}
-					time.Sleep(100 * time.Millisecond) // the upstream failed: not a busy loop
-					continue
-				}
-				resp.Body.Close()
-				q.Status = resp.StatusCode
-				mu.Lock()
-				requests = append(requests, q)
-				mu.Unlock()
-			}
-		})
+	}
+	for w := range c.Workers {
+		if j.Index*c.Workers+w < c.Procs*c.Workers-c.Idle { // else an idle worker
+			wg.Go(func() { send(class, 0, &rep.Requests, &mu) })
+		}
 	}
 	wg.Wait()
-	return report{Requests: requests, ScriptCalls: scripts.calls.Load(), SyncCalls: syncs.Load()}, nil
+	rep.ScriptCalls, rep.SyncCalls = scripts.calls.Load(), syncs.Load()
+	return rep, nil
+}
+
+// send sends requests of class through a Transport on limiter, one every
+// every (0: one after the other), until the run's end, and notes each in
+// into.
+func (j job) send(limiter pace.Limiter, base http.RoundTripper, class pace.Class, every time.Duration, into *[]request, mu *sync.Mutex) {
+	end := j.Start.Add(j.Config.Duration)
+	for next := time.Now(); next.Before(end); next = next.Add(every) {
+		time.Sleep(time.Until(next))
+		var q request
+		start := time.Now()
+		client := &http.Client{Transport: &pace.Transport{Limiter: limiter, Base: stampGrant{base, func(at time.Time) {
+			q.Granted, q.Wait = at, at.Sub(start)
+		}}}}
+		ctx, cancel := context.WithDeadline(pace.WithClass(context.Background(), class), end)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, j.Target, nil)
+		resp, err := client.Do(req)
+		cancel()
+		if err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				return // the next grant would come after the end
+			}
+			time.Sleep(100 * time.Millisecond) // the upstream failed: not a busy loop
+			continue
+		}
+		resp.Body.Close()
+		q.Status = resp.StatusCode
+		mu.Lock()
+		*into = append(*into, q)
+		mu.Unlock()
+	}
 }

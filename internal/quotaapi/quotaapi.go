@@ -64,6 +64,9 @@ type Config struct {
 	// request after At instead of the quota's, such as a 429 with
 	// Retry-After: 1.
 	Once Once
+	// Service is how long the server takes to answer a request, which is
+	// in flight meanwhile (see Counts.MaxInFlight).
+	Service time.Duration
 }
 
 // Once is one answer: its status and one header.
@@ -99,6 +102,7 @@ type Server struct {
 	spoke    bool  // Once was said
 	arrivals []Arrival
 	counts   Counts
+	inFlight int
 	foreign  sync.WaitGroup
 	closed   chan struct{} // closed by Close: the foreign clients stop
 }
@@ -144,10 +148,26 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if granted, err := strconv.ParseInt(r.Header.Get(GrantedAtHeader), 10, 64); err == nil {
 		a.Granted = time.Unix(0, granted)
 	}
+	defer s.serving()()
 	a = s.take(a, w.Header())
 	w.WriteHeader(a.Status)
 	if a.Status == http.StatusOK {
 		fmt.Fprintf(w, "ok, %d left\n", a.Left)
+	}
+}
+
+// serving counts a request in flight until the server has taken its
+// Service time, and returns the func that counts it out.
+func (s *Server) serving() (done func()) {
+	s.mu.Lock()
+	s.inFlight++
+	s.counts.MaxInFlight = max(s.counts.MaxInFlight, s.inFlight)
+	s.mu.Unlock()
+	time.Sleep(s.config.Service)
+	return func() {
+		s.mu.Lock()
+		s.inFlight--
+		s.mu.Unlock()
 	}
 }
 
@@ -194,9 +214,11 @@ func (s *Server) SetRate(perSecond float64) {
 	}
 }
 
-// Counts are the requests a server answered, by client and answer.
+// Counts are the requests a server answered, by client and answer, and the
+// most it served at once.
 type Counts struct {
 	OK, Refused, ForeignOK, ForeignRefused int
+	MaxInFlight                            int
 }
 
 // Counts returns the requests answered so far.

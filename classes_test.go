@@ -1,0 +1,177 @@
+package pace
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fleetpace/pace/internal/quotaapi"
+)
+
+// TestClassesKeepRoomForCritical: behind 40 batch waiters at 50/s burst 1
+// (0.8 s of backlog), a critical request waits at most two token intervals;
+// the batch waiters all go, most in about the order they came (one whose
+// turn finds its slot taken, by the critical request or a newcomer that
+// found room between two turns, lines up again at the end); a batch
+// request whose turn would pass its deadline is refused at once.
+func TestClassesKeepRoomForCritical(t *testing.T) {
+	const interval = 20 * time.Millisecond
+	var joined atomic.Int32 // batch requests booked or deferred
+	observe := WithObserver(func(ctx context.Context, e Event) {
+		if classOf(ctx) == ClassBatch && (e.Kind == EventWait || e.Kind == EventClass) {
+			joined.Add(1)
+		}
+	})
+	for name, l := range slotters(t, PerSecond(50).WithBurst(1), observe) {
+		t.Run(name, func(t *testing.T) {
+			batch := WithClass(context.Background(), ClassBatch)
+			var mu sync.Mutex
+			var order []int
+			joined.Store(0)
+			var wg sync.WaitGroup
+			for i := range 40 {
+				wg.Go(func() {
+					if err := l.Wait(batch, "k", 1); err != nil {
+						t.Error(err)
+					}
+					mu.Lock()
+					order = append(order, i)
+					mu.Unlock()
+				})
+				for joined.Load() <= int32(i) { // in the line in turn
+					time.Sleep(time.Millisecond)
+				}
+			}
+			start := time.Now()
+			if err := l.Wait(WithClass(context.Background(), ClassCritical), "k", 1); err != nil {
+				t.Fatal(err)
+			}
+			critical := time.Since(start)
+			ctx, cancel := context.WithTimeout(batch, 100*time.Millisecond)
+			start = time.Now()
+			err := l.Wait(ctx, "k", 1)
+			refusedIn := time.Since(start)
+			cancel()
+			wg.Wait()
+			t.Logf("the critical request waited %v behind 40 batch waiters; a batch request with 100 ms to spare was refused in %v: %v", critical, refusedIn, err)
+			if critical > 2*interval+10*time.Millisecond {
+				t.Errorf("the critical request waited %v, want at most two intervals (%v)", critical, 2*interval)
+			}
+			var deadline *DeadlineError
+			if !errors.As(err, &deadline) || refusedIn > 20*time.Millisecond {
+				t.Errorf("a batch request whose turn passes its deadline: %v after %v, want a *DeadlineError at once", err, refusedIn)
+			}
+			near := 0 // within 3 places of where they came
+			for at, i := range order {
+				if at-i <= 3 && i-at <= 3 {
+					near++
+				}
+			}
+			if len(order) != 40 || near < 30 {
+				t.Errorf("batch waiters went in order %v, want all 40, at least 30 of them within 3 places of the order they came", order)
+			}
+		})
+	}
+}
+
+// TestHorizonBadInput: bad horizons are errors that name the value.
+func TestHorizonBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		o    Option
+		want string
+	}{
+		{WithHorizon(ClassCritical, time.Second), "WithHorizon(critical, 1s)"},
+		{WithHorizon(ClassBatch, -time.Second), "WithHorizon(batch, -1s)"},
+		{WithHorizon(Class(9), time.Second), "Class(9)"},
+	} {
+		if _, err := NewLocal(PerSecond(1), tc.o); err == nil || !errorHas(err, tc.want) {
+			t.Errorf("%v, want an error with %q", err, tc.want)
+		}
+	}
+}
+
+// TestFleetPriorities: 4 limiters (as 4 processes would) on one real Redis
+// keep a backlog of 600 batch requests (30 s at 20/s) through Transports
+// to an upstream that enforces 20/s strictly; critical requests come 5 a
+// second beside them. Each critical request waits at most two token
+// intervals (100 ms); the batch requests get at least 95% of what the
+// critical ones leave; the upstream answers no 429.
+func TestFleetPriorities(t *testing.T) {
+	const (
+		rate     = 20
+		backlog  = 600
+		settle   = 2 * time.Second // for the backlog to line up, joining over the first 1.5 s
+		length   = 4 * time.Second
+		interval = time.Second / rate
+	)
+	c := newTestRedis(t)
+	api := startQuotaAPI(t, quotaapi.Config{Rate: rate, Burst: 2})
+	limit := PerSecond(rate).WithBurst(1)
+	base := &http.Transport{MaxIdleConnsPerHost: 64}
+	defer base.CloseIdleConnections()
+	ctx, stop := context.WithCancel(WithClass(context.Background(), ClassBatch))
+	var fallbacks atomic.Int32
+	observe := WithObserver(func(_ context.Context, e Event) {
+		if e.Kind == EventFallback {
+			fallbacks.Add(1)
+		}
+	})
+	var wg sync.WaitGroup
+	var clients []*http.Client
+	for range 4 {
+		clients = append(clients, &http.Client{Transport: &Transport{Base: base, Limiter: mustRedis(t, c, limit, WithFleetSize(4), observe)}})
+	}
+	for i := range backlog {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				get(ctx, clients[i%4], api.URL())
+			}
+		})
+		time.Sleep(time.Second / backlog)
+	}
+	var waits []time.Duration
+	critical := mustRedis(t, c, limit, WithFleetSize(4), WithObserver(func(_ context.Context, e Event) {
+		if e.Kind == EventWait {
+			waits = append(waits, e.Delay)
+		}
+	}))
+	criticalClient := &http.Client{Transport: &Transport{Base: base, Limiter: critical}}
+	time.Sleep(settle)
+	from := time.Now()
+	for range int(length / (200 * time.Millisecond)) {
+		next := time.Now().Add(200 * time.Millisecond)
+		get(WithClass(context.Background(), ClassCritical), criticalClient, api.URL())
+		time.Sleep(time.Until(next))
+	}
+	to := time.Now()
+	stop()
+	wg.Wait()
+
+	all := tallyOf(api.Arrivals(), from, to)
+	batch := all.ok - len(waits)
+	left := rate*to.Sub(from).Seconds() - float64(len(waits))
+	t.Logf("critical: %d requests, longest wait %v (all: %v); batch: %d of the %.0f left (%.1f%%); 429s: %d; fallbacks: %d",
+		len(waits), slices.Max(waits), waits, batch, left, 100*float64(batch)/left, all.refused, fallbacks.Load())
+	if slices.Max(waits) > 2*interval {
+		t.Errorf("a critical request waited %v, want at most two intervals (%v)", slices.Max(waits), 2*interval)
+	}
+	if float64(batch) < 0.95*left || all.refused > 0 {
+		t.Errorf("batch got %d of the %.0f left, with %d 429s; want at least 95%%, and none", batch, left, all.refused)
+	}
+	if api.Counts().Refused > 0 || fallbacks.Load() > 0 {
+		t.Errorf("the upstream answered %d 429s in the whole run, and the limiters fell back %d times; want none", api.Counts().Refused, fallbacks.Load())
+	}
+}
+
+// get sends a GET to url with ctx through client, and closes the body.
+func get(ctx context.Context, client *http.Client, url string) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if resp, err := client.Do(req); err == nil {
+		resp.Body.Close()
+	}
+}

@@ -1,0 +1,207 @@
+package pace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The slots of a Redis limiter's cap of requests in flight live in Redis
+// (see lua/slots.lua): a lease per holder, a line of waiters. A request
+// takes a slot in one script call when one is free; else it joins the line
+// and sleeps until the call that frees a slot hands it over and tells it on
+// the hold channel, or until the first holder's lease may lapse, or a third
+// of its own lease has passed (then it renews its place, and learns of a
+// slot whose message it missed). While Redis is away, the FailurePolicy
+// decides: FallbackLocal takes a slot of this process's share of the cap.
+
+// slotWaiters are the requests of this process in line for a slot, by id,
+// each told by a channel when the hold channel says its slot is there.
+type slotWaiters struct {
+	mu    sync.Mutex
+	ids   map[string]chan struct{}
+	count uint64 // ids minted
+}
+
+// join mints an id for a request of member that joins a line, and returns
+// it with the channel that tells it its slot.
+func (w *slotWaiters) join(member string) (string, chan struct{}) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ids == nil {
+		w.ids = make(map[string]chan struct{})
+	}
+	w.count++
+	id := member + ":" + strconv.FormatUint(w.count, 10)
+	told := make(chan struct{}, 1)
+	w.ids[id] = told
+	return id, told
+}
+
+// leave forgets id.
+func (w *slotWaiters) leave(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.ids, id)
+}
+
+// tell tells id, if it waits here, that its slot is there.
+func (w *slotWaiters) tell(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if told, ok := w.ids[id]; ok {
+		select {
+		case told <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// parseSlotMessage reads what the slots script publishes when it hands a
+// slot to a waiter: the key, a newline, "slot" and the waiter's id.
+func parseSlotMessage(payload string) (id string, ok bool) {
+	_, rest, ok := strings.Cut(payload, "\n")
+	id, found := strings.CutPrefix(rest, "slot ")
+	return id, ok && found && id != ""
+}
+
+// takeSlot implements slotTaker: a slot of key in Redis, or, while Redis is
+// away, as the FailurePolicy says.
+func (r *Redis) takeSlot(ctx context.Context, key string) (*Slot, bool, error) {
+	if !r.cap.capped {
+		return nil, false, nil
+	}
+	r.listen()
+	start := r.now()
+	route, _, cause := r.failover.route(start)
+	if route == withoutRedis {
+		slot, err := r.takeSlotWithout(ctx, key, cause)
+		return slot, true, err
+	}
+	id, told := r.slotWaiters.join(r.fleet.member)
+	defer r.slotWaiters.leave(id)
+	reply, err := r.slotCall(ctx, key, slotAcquire, id)
+	probe := route == viaProbe
+	if probe && !isOutage(err) {
+		probe = false
+		r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: key, Cost: 1, Delay: r.failover.recover(r.now())})
+	}
+	if err == nil {
+		r.beat(ctx, reply.now, start) // the fleet's size sets the share of the cap should Redis fail
+		err = r.waitInLine(ctx, key, id, reply, told)
+	}
+	if isOutage(err) && ctx.Err() == nil { // a caller that left the line is no outage
+		r.failed(ctx, request{key: key, costs: uniform(1)}, probe, err)
+		slot, err := r.takeSlotWithout(ctx, key, err)
+		return slot, true, err
+	}
+	if err != nil {
+		return nil, true, err
+	}
+	r.config.observer.emit(ctx, Event{Kind: EventSlot, Limiter: "redis", Key: key, Cost: 1, Delay: r.now().Sub(start)})
+	return newSlot(ctx, redisSlots{r}, key, id, "redis", r.lease(), r.config.observer), true, nil
+}
+
+// waitInLine waits until id, in key's line as reply says, holds a slot: told
+// by the hold channel, or finding it at a renewal of its place. A request
+// whose place lapsed (Redis lost it) joins the line again. If ctx ends
+// first, id leaves the line, or frees the slot it was just given.
+func (r *Redis) waitInLine(ctx context.Context, key, id string, reply slotsReply, told <-chan struct{}) error {
+	for reply.state != slotHeld {
+		timer := time.NewTimer(reply.nextCheck(r.lease()))
+		select {
+		case <-told:
+			timer.Stop()
+			return nil
+		case <-ctx.Done():
+			timer.Stop()
+			_, err := r.slotCall(context.WithoutCancel(ctx), key, slotRelease, id)
+			return errors.Join(fmt.Errorf("pace: key %s: while in line for one of %d slots: %w", quoteKey(key), r.cap.limit.burst, context.Cause(ctx)), err)
+		case <-timer.C:
+		}
+		op := slotWait
+		if reply.state == slotNone {
+			op = slotAcquire
+		}
+		var err error
+		if reply, err = r.slotCall(ctx, key, op, id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// takeSlotWithout takes a slot of key while Redis is away (cause says why),
+// as the FailurePolicy says: a slot of this process's share of the cap, no
+// slot (FailOpen), or an error (FailClosed).
+func (r *Redis) takeSlotWithout(ctx context.Context, key string, cause error) (*Slot, error) {
+	switch r.config.policy {
+	case FailOpen:
+		return &Slot{key: key}, nil
+	case FailClosed:
+		return nil, fmt.Errorf("pace: key %s: %w: %w", quoteKey(key), ErrUnavailable, cause)
+	}
+	return r.fallbackSlots.acquire(ctx, key, max(r.cap.limit.burst/max(r.fleet.Size(), 1), 1))
+}
+
+// slotCall calls the slots script to do op for key's request id.
+// Slots of others that lapsed are reported to the observer.
+func (r *Redis) slotCall(ctx context.Context, key, op, id string) (slotsReply, error) {
+	reply, err := r.store.slots(ctx, key, slotCall{op: op, id: id, name: limitName(r.cap.limit), limit: r.cap.limit.burst, lease: r.lease(), channel: r.holdChannel()})
+	if reply.expired > 0 {
+		r.config.observer.emit(ctx, Event{Kind: EventSlotExpire, Limiter: "redis", Key: key, Cost: int(reply.expired)})
+	}
+	return reply, err
+}
+
+// lease is how long a slot outlives its holder's last renewal.
+func (r *Redis) lease() time.Duration { return r.config.leaseOrDefault() }
+
+// redisSlots is the slotOwner of a Redis limiter's slots.
+type redisSlots struct{ r *Redis }
+
+func (o redisSlots) renew(ctx context.Context, key, id string) error {
+	_, err := o.r.slotCall(ctx, key, slotRenew, id)
+	return err
+}
+
+func (o redisSlots) release(ctx context.Context, key, id string) error {
+	_, err := o.r.slotCall(ctx, key, slotRelease, id)
+	return err
+}
+
+// What the slots script does with an id (see lua/slots.lua), and what it
+// says of one.
+const (
+	slotAcquire = "acquire"
+	slotWait    = "wait"
+	slotRenew   = "renew"
+	slotRelease = "release"
+
+	slotHeld    = "held"
+	slotWaiting = "waiting"
+	slotNone    = "none"
+)
+
+// slotsReply is the slots script's answer, times in microseconds of Redis's
+// clock.
+type slotsReply struct {
+	now     int64
+	state   string // slotHeld, slotWaiting or slotNone
+	first   int64  // when the first holder's lease ends; 0 for none
+	expired int64  // leases of holders that lapsed
+}
+
+// nextCheck is how long a waiter sleeps, unless told sooner: until the
+// first holder's lease may lapse, or a third of its own lease.
+func (s slotsReply) nextCheck(lease time.Duration) time.Duration {
+	d := lease / 3
+	if s.first > 0 {
+		d = min(d, time.Duration(s.first-s.now+1000)*time.Microsecond)
+	}
+	return max(d, time.Millisecond)
+}

@@ -1,0 +1,183 @@
+package pace
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// inFlightUpstream counts the requests in flight, each of which takes
+// service; beyond limit at once, it answers 429 at once. It notes when it
+// began to serve each request it served.
+type inFlightUpstream struct {
+	limit   int
+	service time.Duration
+
+	mu                     sync.Mutex
+	now, most, ok, refused int
+	served                 []time.Time
+}
+
+// servedIn counts the requests served from from to to.
+func (u *inFlightUpstream) servedIn(from, to time.Time) int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	n := 0
+	for _, at := range u.served {
+		if !at.Before(from) && at.Before(to) {
+			n++
+		}
+	}
+	return n
+}
+
+func (u *inFlightUpstream) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	u.mu.Lock()
+	u.now++
+	u.most = max(u.most, u.now)
+	over := u.now > u.limit
+	if over {
+		u.refused++
+	} else {
+		u.ok++
+		u.served = append(u.served, time.Now())
+	}
+	u.mu.Unlock()
+	defer func() {
+		u.mu.Lock()
+		u.now--
+		u.mu.Unlock()
+	}()
+	if over {
+		w.WriteHeader(http.StatusTooManyRequests)
+		return
+	}
+	time.Sleep(u.service)
+}
+
+// holdersOf returns the slot ids that hold a slot of key's cap in Redis.
+func holdersOf(t *testing.T, c *redis.Client, key, name string) []string {
+	ids, err := c.ZRange(context.Background(), DefaultPrefix+"{"+key+"}"+slotsSuffix+name, 0, -1).Result()
+	if err != nil {
+		t.Error(err)
+	}
+	return ids
+}
+
+// idsOf returns the ids of the process pid.
+func idsOf(ids []string, pid int) []string {
+	var of []string
+	for _, id := range ids {
+		if strings.Contains(id, ":"+strconv.Itoa(pid)+":") {
+			of = append(of, id)
+		}
+	}
+	return of
+}
+
+// anyOf reports whether any of ids is among all.
+func anyOf(ids, all []string) bool {
+	for _, id := range ids {
+		if slices.Contains(all, id) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestFleetCapInFlight: 4 processes of 16 goroutines send requests through
+// a Transport on a cap of 10 in flight, to an upstream that takes 100 ms a
+// request and answers 429 beyond 10 at once. The upstream never sees more
+// than 10; the fleet gets at least 95% of the 100/s the cap allows. One
+// process is killed with SIGKILL while it holds slots: they come free within
+// the lease (1 s), and the others go on, at 95% of the cap again once the
+// slots its requests in line were given after its death are free too.
+func TestFleetCapInFlight(t *testing.T) {
+	const (
+		lease   = time.Second
+		service = 200 * time.Millisecond
+		limit   = 10
+		killAt  = 2 * time.Second
+		length  = 5 * time.Second
+	)
+	c := newTestRedis(t)
+	up := &inFlightUpstream{limit: limit, service: service}
+	srv := httptest.NewServer(up)
+	defer srv.Close()
+	u, _ := url.Parse(srv.URL)
+	key := HostKey(&http.Request{URL: u})
+	name := Concurrent(limit).String()
+
+	// freed is the time from the kill until the slots the killed process
+	// held lapsed; later, until those its requests in line were given
+	// after the kill lapsed too.
+	var freed, later time.Duration
+	var heldAtKill, givenLater int
+	var measured sync.WaitGroup
+	measure := func(pid int) {
+		kill := time.Now()
+		held := idsOf(holdersOf(t, c, key, name), pid)
+		heldAtKill = len(held)
+		measured.Go(func() {
+			var given []string
+			for time.Since(kill) < 3*lease {
+				now := holdersOf(t, c, key, name)
+				for _, id := range idsOf(now, pid) {
+					if !slices.Contains(held, id) && !slices.Contains(given, id) {
+						given = append(given, id)
+					}
+				}
+				if freed == 0 && !anyOf(held, now) {
+					freed = time.Since(kill)
+				}
+				if freed > 0 && !anyOf(given, now) {
+					later, givenLater = time.Since(kill), len(given)
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	}
+	var pid int
+	start := time.Now().Add(time.Second)
+	_, done := runFleet(t, 4, fleetWorker{
+		Addr: c.Options().Addr, Limit: name, Goroutines: 16, URL: srv.URL, Lease: lease,
+		Start: start, End: start.Add(length),
+	}, fault{at: killAt, kill: 1, ready: func(p int) bool {
+		pid = p
+		return len(idsOf(holdersOf(t, c, key, name), p)) > 0
+	}, act: func() { measure(pid) }})
+	measured.Wait()
+
+	up.mu.Lock()
+	most, ok, refused := up.most, up.ok, up.refused
+	up.mu.Unlock()
+	// The cap allows limit/service: before the kill, and once the slots
+	// of the killed process are free (counted until a service time before
+	// the end, when the workers stop starting requests).
+	perSecond := float64(limit) / service.Seconds()
+	before := up.servedIn(start, start.Add(killAt))
+	back := done[0].Add(later)
+	after := up.servedIn(back, start.Add(length-service))
+	afterAllowed := perSecond * start.Add(length-service).Sub(back).Seconds()
+	t.Logf("upstream: at most %d in flight, %d served, %d 429s; before the kill %d (%.1f%% of %.0f); the killed process held %d slots, free %v after the kill (lease %v); its requests in line were given %d more, free %v after the kill; then %d (%.1f%% of %.0f)",
+		most, ok, refused, before, 100*float64(before)/(perSecond*killAt.Seconds()), perSecond*killAt.Seconds(), heldAtKill, freed, lease, givenLater, later, after, 100*float64(after)/afterAllowed, afterAllowed)
+	if most > limit || refused > 0 {
+		t.Errorf("the upstream saw %d in flight at most and answered %d 429s; want at most %d and none", most, refused, limit)
+	}
+	if float64(before) < 0.95*perSecond*killAt.Seconds() || float64(after) < 0.95*afterAllowed {
+		t.Errorf("served %d before the kill and %d once its slots were free, want at least 95%% of %.0f and of %.0f", before, after, perSecond*killAt.Seconds(), afterAllowed)
+	}
+	if heldAtKill == 0 || freed == 0 || freed > lease+100*time.Millisecond {
+		t.Errorf("the killed process held %d slots, free %v after the kill; want some, free within the lease %v", heldAtKill, freed, lease)
+	}
+}

@@ -1,0 +1,275 @@
+package pace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// slotters returns a Local and a Redis limiter (on a real redis-server) of
+// quota q, by name.
+func slotters(t *testing.T, q Quota, opts ...Option) map[string]Slotter {
+	t.Helper()
+	loc, err := NewLocal(q, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	redisOpts := []RedisOption{WithFleetSize(1)}
+	for _, o := range opts {
+		redisOpts = append(redisOpts, o)
+	}
+	r := mustRedis(t, newTestRedis(t), q, redisOpts...)
+	t.Cleanup(func() {
+		r.failover.mu.Lock()
+		defer r.failover.mu.Unlock()
+		if !r.failover.since.IsZero() {
+			t.Errorf("the Redis limiter fell back at %v: %v", r.failover.since, r.failover.cause)
+		}
+	})
+	return map[string]Slotter{"local": loc, "redis": r}
+}
+
+// TestSlotsCapInFlight: 20 goroutines through a cap of 3 never hold more
+// than 3 slots at once, and all get through.
+func TestSlotsCapInFlight(t *testing.T) {
+	for name, l := range slotters(t, Concurrent(3)) {
+		t.Run(name, func(t *testing.T) {
+			var held, most, done atomic.Int32
+			var wg sync.WaitGroup
+			for range 20 {
+				wg.Go(func() {
+					slot, err := l.Acquire(context.Background(), "k", 1)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					n := held.Add(1)
+					for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+					}
+					time.Sleep(10 * time.Millisecond)
+					held.Add(-1)
+					if err := slot.Release(); err != nil {
+						t.Error(err)
+					}
+					done.Add(1)
+				})
+			}
+			wg.Wait()
+			if most.Load() != 3 || done.Load() != 20 {
+				t.Errorf("at most %d held at once, %d of 20 through; want 3 and all", most.Load(), done.Load())
+			}
+		})
+	}
+}
+
+// TestSlotsFirstComeFirstServed: waiters get their slots in the order they
+// joined the line; one whose context ends leaves it, and the next moves up.
+func TestSlotsFirstComeFirstServed(t *testing.T) {
+	for name, l := range slotters(t, Concurrent(1)) {
+		t.Run(name, func(t *testing.T) {
+			first, err := l.Acquire(context.Background(), "k", 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			order := make(chan int, 5)
+			leaving, leave := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			for i := range 5 {
+				ctx := context.Background()
+				if i == 2 {
+					ctx = leaving
+				}
+				wg.Go(func() {
+					slot, err := l.Acquire(ctx, "k", 1)
+					if i == 2 {
+						if !errors.Is(err, context.Canceled) {
+							t.Errorf("the waiter that left: %v, want context.Canceled", err)
+						}
+						return
+					}
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					order <- i
+					slot.Release()
+				})
+				waitInLine(t, l, "k", i+1) // in line in turn
+			}
+			leave()
+			waitInLine(t, l, "k", 4)
+			first.Release()
+			wg.Wait()
+			close(order)
+			var got []int
+			for i := range order {
+				got = append(got, i)
+			}
+			if fmt.Sprint(got) != "[0 1 3 4]" {
+				t.Errorf("served in order %v, want [0 1 3 4]", got)
+			}
+		})
+	}
+}
+
+// TestSlotsWithRates: a cap beside a rate limit holds both: Wait and
+// Reserve refuse a capped quota with an error that names the cap; Acquire
+// paces at the rate too.
+func TestSlotsWithRates(t *testing.T) {
+	for name, l := range slotters(t, AllOf{Concurrent(4), PerSecond(20).WithBurst(1)}) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			if err := l.Wait(ctx, "k", 1); err == nil || !errorHas(err, "4 in flight", "Acquire") {
+				t.Errorf("Wait on a capped quota: %v, want an error naming the cap and Acquire", err)
+			}
+			if _, err := l.(Reserver).Reserve(ctx, "k", nil); err == nil || !errorHas(err, "4 in flight") {
+				t.Errorf("Reserve on a capped quota: %v, want an error naming the cap", err)
+			}
+			start := time.Now()
+			for range 5 {
+				slot, err := l.Acquire(ctx, "k", 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				slot.Release()
+			}
+			if took := time.Since(start); took < 190*time.Millisecond {
+				t.Errorf("5 acquisitions at 20/s burst 1 took %v, want at least 200 ms", took)
+			}
+			if _, err := l.Acquire(ctx, "k", 2); err == nil || !errorHas(err, "cost 2", "burst 1") {
+				t.Errorf("a cost above the burst: %v, want an error naming both", err)
+			}
+		})
+	}
+}
+
+// TestSlotsLapse: a slot whose holder stops renewing it (a process that
+// died) goes to the next in line once its lease ends, and the observer
+// hears it lapsed.
+func TestSlotsLapse(t *testing.T) {
+	const lease = 300 * time.Millisecond
+	var expired atomic.Int32
+	observe := WithObserver(func(_ context.Context, e Event) {
+		if e.Kind == EventSlotExpire {
+			expired.Add(int32(e.Cost))
+		}
+	})
+	for name, l := range slotters(t, Concurrent(1), WithLease(lease), observe) {
+		t.Run(name, func(t *testing.T) {
+			expired.Store(0)
+			dead, err := l.Acquire(context.Background(), "k", 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dead.stop() // no more renewals, and no release
+			start := time.Now()
+			next, err := l.Acquire(context.Background(), "k", 1)
+			took := time.Since(start)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer next.Release()
+			t.Logf("the next in line got the slot after %v", took)
+			if took < lease-50*time.Millisecond || took > lease+100*time.Millisecond || expired.Load() != 1 {
+				t.Errorf("the next in line waited %v for a lease of %v, and %d lapsed; want about the lease, and 1", took, lease, expired.Load())
+			}
+		})
+	}
+}
+
+// TestSlotsRenewed: a slot held for several leases is renewed and stays
+// held: nobody else gets it until it is released.
+func TestSlotsRenewed(t *testing.T) {
+	const lease = 150 * time.Millisecond
+	for name, l := range slotters(t, Concurrent(1), WithLease(lease)) {
+		t.Run(name, func(t *testing.T) {
+			held, err := l.Acquire(context.Background(), "k", 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 4*lease)
+			defer cancel()
+			if slot, err := l.Acquire(ctx, "k", 1); !errors.Is(err, context.DeadlineExceeded) {
+				slot.Release()
+				t.Errorf("while the slot was held and renewed for 4 leases, another got %v, want a deadline error", err)
+			}
+			held.Release()
+			if slot, err := l.Acquire(context.Background(), "k", 1); err != nil {
+				t.Error(err)
+			} else {
+				slot.Release()
+			}
+		})
+	}
+}
+
+// TestSlotsBadInput: bad caps are errors that name the value.
+func TestSlotsBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		q    Quota
+		want string
+	}{
+		{Concurrent(0), "count 0"},
+		{Concurrent(-2), "count -2"},
+		{Concurrent(maxSlots + 1), "1048577 in flight"},
+		{AllOf{Concurrent(2), Concurrent(3)}, "2 caps in flight"},
+		{Concurrent(2).Learn(), "cannot learn"},
+		{Concurrent(2).Named("a#b"), `"a#b"`},
+	} {
+		if _, err := NewLocal(tc.q); err == nil || !errorHas(err, tc.want) {
+			t.Errorf("NewLocal(%v): %v, want an error with %q", tc.q, err, tc.want)
+		}
+	}
+	if _, err := NewLocal(Concurrent(2), WithLease(time.Millisecond)); err == nil || !errorHas(err, "WithLease(1ms)") {
+		t.Errorf("WithLease(1ms): %v, want an error naming it", err)
+	}
+}
+
+// waitInLine waits until n requests are in key's line at l.
+func waitInLine(t *testing.T, l Slotter, key string, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if inLine(t, l, key) == n {
+			return
+		}
+	}
+	t.Fatalf("%d in line, want %d", inLine(t, l, key), n)
+}
+
+// inLine counts the requests in key's line at l.
+func inLine(t *testing.T, l Slotter, key string) int {
+	switch l := l.(type) {
+	case *Local:
+		l.slots.mu.Lock()
+		defer l.slots.mu.Unlock()
+		if line := l.slots.keys[key]; line != nil {
+			return len(line.line)
+		}
+		return 0
+	case *Redis:
+		n, err := l.client.(*redis.Client).ZCard(context.Background(), DefaultPrefix+"{"+key+"}"+lineSuffix+limitName(l.cap.limit)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int(n)
+	}
+	t.Fatalf("a %T", l)
+	return 0
+}
+
+// errorHas reports whether err's message contains every one of parts.
+func errorHas(err error, parts ...string) bool {
+	for _, p := range parts {
+		if !strings.Contains(err.Error(), p) {
+			return false
+		}
+	}
+	return true
+}
