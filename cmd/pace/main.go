@@ -1,0 +1,100 @@
+// Command pace shows operators what a fleet's limiters keep in Redis.
+//
+//	pace inspect -redis URL [-prefix P] [KEY...]
+//	pace watch   -redis URL [-prefix P] [-every 1s] [KEY...]
+//	pace inspect -cluster HOST:PORT,HOST:PORT [KEY...]
+//
+// For each key: the kind of each limit, how far ahead its schedule is
+// booked, how full each window is, holds in force and until when, the
+// bookings given back (gaps), the slots of a cap in flight and the line
+// for them; and the fleets' members with their last heartbeat. It scans
+// (SCAN, never KEYS: Redis is never blocked), every master of a cluster.
+// watch refreshes the report every second.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetpace/pace"
+)
+
+func main() {
+	err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "pace:", err)
+		os.Exit(2)
+	}
+}
+
+const usage = `usage:
+  pace inspect -redis URL [-prefix P] [KEY...]   what pace keeps in Redis, per key
+  pace watch -redis URL [-prefix P] [-every D] [KEY...]   the same, again every D
+(-cluster HOST:PORT,... instead of -redis for a Redis Cluster)
+`
+
+// run runs the command of args, writing its report to out.
+func run(ctx context.Context, args []string, out, errOut io.Writer) error {
+	if len(args) == 0 || (args[0] != "inspect" && args[0] != "watch") {
+		fmt.Fprint(errOut, usage)
+		return errors.New("want a command: inspect or watch")
+	}
+	flags := flag.NewFlagSet("pace "+args[0], flag.ContinueOnError)
+	flags.SetOutput(errOut)
+	flags.Usage = func() {
+		fmt.Fprint(errOut, usage+"\nflags:\n")
+		flags.PrintDefaults()
+	}
+	url := flags.String("redis", "", "the Redis URL (redis://HOST:PORT/DB)")
+	cluster := flags.String("cluster", "", "the addresses of a Redis Cluster's nodes, separated by commas")
+	prefix := flags.String("prefix", pace.DefaultPrefix, "the prefix of pace's keys (WithPrefix)")
+	every := flags.Duration("every", time.Second, "watch: how often to refresh")
+	if err := flags.Parse(args[1:]); err != nil {
+		return err
+	}
+	client, err := connect(*url, *cluster)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	if args[0] == "inspect" {
+		return inspect(ctx, out, client, *prefix, flags.Args())
+	}
+	if *every <= 0 {
+		return fmt.Errorf("-every %v: want a positive duration", *every)
+	}
+	for {
+		fmt.Fprint(out, "\033[H\033[2J")
+		if err := inspect(ctx, out, client, *prefix, flags.Args()); err != nil {
+			return err
+		}
+		time.Sleep(*every)
+	}
+}
+
+// connect returns a client of the Redis at url, or of the cluster whose
+// nodes are listed.
+func connect(url, cluster string) (redis.UniversalClient, error) {
+	switch {
+	case (url == "") == (cluster == ""):
+		return nil, errors.New("want one of -redis URL and -cluster HOST:PORT,...")
+	case cluster != "":
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(cluster, ",")}), nil
+	}
+	options, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("-redis %q: %w", url, err)
+	}
+	return redis.NewClient(options), nil
+}
