@@ -347,9 +347,20 @@ func (r *Redis) decideWithout(ctx context.Context, q request, local *Local, caus
 	case FailOpen:
 		return ticket{limiter: "open", start: now, cause: cause}, nil
 	case FailClosed:
-		return ticket{}, fmt.Errorf("pace: key %s: %w: %w", quoteKey(q.key), ErrUnavailable, cause)
+		return ticket{}, r.unavailable(ctx, q.key, q.costs[0], cause)
 	}
-	return r.decideLocally(ctx, q, local, now, budget)
+	t, err := r.decideLocally(ctx, q, local, now, budget)
+	t.cause = cause // the observer hears why Redis did not decide
+	return t, err
+}
+
+// unavailable returns the error of a request for cost units of key that
+// FailClosed fails while Redis is away (cause says why), and tells the
+// observer.
+func (r *Redis) unavailable(ctx context.Context, key string, cost int, cause error) error {
+	err := fmt.Errorf("pace: key %s: %w: %w", quoteKey(key), ErrUnavailable, cause)
+	r.config.observer.emit(ctx, Event{Kind: EventFail, Limiter: "redis", Key: key, Cost: cost, Err: err})
+	return err
 }
 
 // decideLocally books the wait on local, the outage's local limiter.

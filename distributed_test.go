@@ -37,16 +37,16 @@ func TestRedisMatchesModel(t *testing.T) { checkMatchesModel(t, newTestRedis(t))
 
 func checkMatchesModel(t *testing.T, c redis.UniversalClient) {
 	m := newModelCheck(t, c, 7)
-	for step := range 2500 {
+	for step := range 3000 {
 		switch op := m.rng.IntN(21); {
+		case op == 20:
+			m.line(step)
 		case op < 13:
 			m.reserve(step)
 		case op < 15:
 			m.refund(step)
 		case op < 17:
 			m.settle(step)
-		case op < 18:
-			m.line(step)
 		default:
 			time.Sleep(time.Duration(m.rng.IntN(2000)) * time.Microsecond)
 		}

@@ -81,6 +81,9 @@ const (
 	// EventClass: a request of a lower priority class (Reason) found Key's
 	// schedule booked past its horizon, and waits Delay before it books.
 	EventClass
+	// EventFail: while Redis is away, FailClosed failed the request (Err
+	// wraps ErrUnavailable).
+	EventFail
 )
 
 var eventKindNames = [...]string{
@@ -89,7 +92,7 @@ var eventKindNames = [...]string{
 	EventHold: "hold", EventHoldCapped: "hold-capped", EventHoldEnd: "hold-end",
 	EventReading: "reading", EventStaleReading: "stale-reading", EventLearned: "learned",
 	EventSlot: "slot", EventSlotRelease: "slot-release", EventSlotAbandon: "slot-abandon", EventSlotExpire: "slot-expire",
-	EventClass: "class",
+	EventClass: "class", EventFail: "fail",
 }
 
 // String returns the kind's name, such as "wait" or "fallback".

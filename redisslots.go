@@ -143,7 +143,7 @@ func (r *Redis) takeSlotWithout(ctx context.Context, key string, cause error) (*
 	case FailOpen:
 		return &Slot{key: key}, nil
 	case FailClosed:
-		return nil, fmt.Errorf("pace: key %s: %w: %w", quoteKey(key), ErrUnavailable, cause)
+		return nil, r.unavailable(ctx, key, 1, cause)
 	}
 	return r.fallbackSlots.acquire(ctx, key, max(r.cap.limit.burst/max(r.fleet.Size(), 1), 1))
 }
