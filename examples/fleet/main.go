@@ -12,6 +12,7 @@
 //	go run ./examples/fleet -foreign 50 -headers github  # the same, over a fixed window with GitHub's headers
 //	go run ./examples/fleet -concurrency 4     # at most 4 in flight in the whole fleet, each taking 50 ms upstream
 //	go run ./examples/fleet -priority          # critical requests beside the batch workers: they wait one or two intervals
+//	go run ./examples/fleet -metrics 127.0.0.1:9464  # each worker serves its metrics on /metrics, on 9464, 9465...
 //	go run ./examples/fleet -redis redis://127.0.0.1:6379/0 -json -plot fleet.svg
 package main
 
@@ -49,6 +50,10 @@ type config struct {
 	// Priority makes the workers' requests batch requests, and sends
 	// critical ones beside them from the first process.
 	Priority bool
+	// Metrics, when set, is where each worker process serves its
+	// OpenTelemetry metrics as Prometheus text (HOST:PORT, on PORT plus the
+	// process's index).
+	Metrics string
 }
 
 // service is how long the built-in upstream takes to answer, under
@@ -72,6 +77,7 @@ func main() {
 	flag.BoolVar(&c.RetryAfter, "retry-after", false, "the built-in upstream answers one 429 with Retry-After: 1, a third into the run")
 	flag.Float64Var(&c.Foreign, "foreign", 0, "a foreign client spends this many requests a second of the built-in upstream's quota, without pace")
 	flag.IntVar(&c.Concurrency, "concurrency", 0, "at most this many requests in flight in the whole fleet (the built-in upstream then takes 50 ms a request)")
+	flag.StringVar(&c.Metrics, "metrics", "", "each worker process serves its metrics (paceotel) as Prometheus text on this HOST:PORT, plus its index (PORT 0: any free port)")
 	flag.BoolVar(&c.Priority, "priority", false, "the workers send batch requests, and the first process sends 10 critical requests a second beside them")
 	flag.StringVar(&c.Headers, "headers", "openai", "the built-in upstream states its counters as github, ietf (a fixed window ten times as long as the run), openai (a token bucket) or \"\" (none) does")
 	flag.Parse()
@@ -102,6 +108,8 @@ func (c config) check() error {
 		return fmt.Errorf("-idle %d: want 0 to %d, fewer than the %d workers", c.Idle, c.Procs*c.Workers-1, c.Procs*c.Workers)
 	case c.Duration <= 0:
 		return fmt.Errorf("-duration %v: want a positive duration", c.Duration)
+	case c.Metrics != "" && c.Local:
+		return fmt.Errorf("-metrics works with Redis only (the metrics are a Redis limiter's)")
 	case c.KillRedis != 0 && (c.Redis != "" || c.Local):
 		return fmt.Errorf("-kill-redis-at works on the embedded store only")
 	case (c.RetryAfter || c.Foreign != 0) && c.Target != "":

@@ -103,6 +103,18 @@ func TestDemoPriority(t *testing.T) {
 	}
 }
 
+// TestDemoMetrics: with -metrics, each of the 4 worker processes serves its
+// metrics as Prometheus text, and they count each request's decision
+// (beside each worker's warm-up, and each worker's last wait, refused as it
+// would end after the run).
+func TestDemoMetrics(t *testing.T) {
+	s := demo(t, "-metrics", "127.0.0.1:0")
+	t.Logf("%d requests; pace_decisions_total %.0f from %v", s.Requests, s.MetricsDecisions, s.MetricsURLs)
+	if len(s.MetricsURLs) != 4 || s.MetricsDecisions < float64(s.Requests) || s.MetricsDecisions > float64(s.Requests+4+8) {
+		t.Errorf("-metrics: %d endpoints, %.0f decisions counted for %d requests; want 4, and the requests' plus at most 4 warm-ups and 8 last waits", len(s.MetricsURLs), s.MetricsDecisions, s.Requests)
+	}
+}
+
 // TestDemoOnRedis: the same against a real redis-server, by URL.
 func TestDemoOnRedis(t *testing.T) {
 	srv := redistest.Start(t)
@@ -135,6 +147,7 @@ func TestFlags(t *testing.T) {
 		"-foreign 250":    {Procs: 1, Workers: 1, Duration: 1, Limit: "200/s", Foreign: 250},
 		"-headers":        {Procs: 1, Workers: 1, Duration: 1, Limit: "1/s", Headers: "xml"},
 		"-concurrency -1": {Procs: 1, Workers: 1, Duration: 1, Limit: "1/s", Concurrency: -1},
+		"-metrics":        {Procs: 1, Workers: 1, Duration: 1, Limit: "1/s", Metrics: "127.0.0.1:0", Local: true},
 		"-concurrency 2":  {Procs: 4, Workers: 1, Duration: 1, Limit: "1/s", Concurrency: 2, Local: true},
 	} {
 		if err := c.check(); err == nil || !strings.Contains(err.Error(), flag) {

@@ -38,6 +38,11 @@ type summary struct {
 	Critical        int     `json:"critical_requests"`
 	CriticalWaitP50 float64 `json:"critical_wait_p50_ms"`
 	CriticalWaitMax float64 `json:"critical_wait_max_ms"`
+	// With -metrics: where the workers served their metrics, and the
+	// decisions the metrics counted (pace_decisions_total), scraped at
+	// the end.
+	MetricsURLs      []string `json:"metrics_urls,omitempty"`
+	MetricsDecisions float64  `json:"metrics_decisions"`
 }
 
 type process struct {
@@ -63,6 +68,10 @@ func summarize(c config, limit pace.Limit, reports []report, upstream quotaapi.C
 	for _, r := range reports {
 		scriptCalls += r.ScriptCalls
 		syncCalls += r.SyncCalls
+		if r.MetricsURL != "" {
+			s.MetricsURLs = append(s.MetricsURLs, r.MetricsURL)
+			s.MetricsDecisions += r.MetricsDecisions
+		}
 		waits := s.count(r.Requests)
 		s.PerProcess = append(s.PerProcess, process{Requests: len(r.Requests), WaitP50: percentile(waits, 0.50), WaitP99: percentile(waits, 0.99)})
 		if len(r.Critical) > 0 { // with -priority
@@ -125,6 +134,9 @@ func (s summary) print(w io.Writer) {
 	}
 	if s.Critical > 0 {
 		fmt.Fprintf(w, "critical        %d requests beside the batch ones, waited %.1fms (p50), %.1fms at most\n", s.Critical, s.CriticalWaitP50, s.CriticalWaitMax)
+	}
+	if len(s.MetricsURLs) > 0 {
+		fmt.Fprintf(w, "metrics         %s (%.0f decisions counted)\n", strings.Join(s.MetricsURLs, " "), s.MetricsDecisions)
 	}
 	if s.ScriptCalls != nil {
 		fmt.Fprintf(w, "Redis calls     %.2f per request (EVALSHA and EVAL round trips), %.2f of them to sync the upstream's counters\n", *s.ScriptCalls, *s.SyncCalls)

@@ -39,6 +39,10 @@ type report struct {
 	Critical    []request // with -priority, from the first process
 	ScriptCalls int64     // EVALSHA and EVAL round trips to Redis
 	SyncCalls   int64     // of them, those that synced the upstream's counters
+	// With -metrics: where the process served them, and the decisions they
+	// counted, scraped at the end of the run.
+	MetricsURL       string
+	MetricsDecisions float64
 }
 
 // quota is the quota of c's fleet, or, for one of its processes alone
@@ -98,6 +102,7 @@ func (j job) run() (report, error) {
 	}
 	var scripts scriptCounter
 	var syncs atomic.Int64
+	var served *metrics // with -metrics
 	var limiter pace.Limiter
 	if c.Local {
 		if limiter, err = pace.NewLocal(quota); err != nil {
@@ -112,11 +117,23 @@ func (j job) run() (report, error) {
 		client := redis.NewClient(options)
 		defer client.Close()
 		client.AddHook(&scripts)
-		r, err := pace.NewRedis(client, quota, pace.WithObserver(func(_ context.Context, e pace.Event) {
+		observe := func(_ context.Context, e pace.Event) {
 			if e.Kind == pace.EventReading || e.Kind == pace.EventStaleReading {
 				syncs.Add(1) // one a sync: the limit is one bucket
 			}
-		}))
+		}
+		if c.Metrics != "" {
+			if served, err = serveMetrics(c.Metrics, j.Index); err != nil {
+				return report{}, err
+			}
+			defer served.close()
+			count := observe
+			observe = func(ctx context.Context, e pace.Event) {
+				count(ctx, e)
+				served.observer(ctx, e)
+			}
+		}
+		r, err := pace.NewRedis(client, quota, pace.WithObserver(observe))
 		if err != nil {
 			return report{}, err
 		}
@@ -154,6 +171,12 @@ func (j job) run() (report, error) {
 	}
 	wg.Wait()
 	rep.ScriptCalls, rep.SyncCalls = scripts.calls.Load(), syncs.Load()
+	if served != nil {
+		rep.MetricsURL = served.url
+		if rep.MetricsDecisions, err = served.decisions(); err != nil {
+			return report{}, err
+		}
+	}
 	return rep, nil
 }
 
