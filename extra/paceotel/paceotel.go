@@ -28,8 +28,9 @@
 // it as pace.key, for a fleet whose keys are few.
 //
 // On the request's span (the one in its context), the observer adds an
-// event "pace.wait" (pace.delay in seconds, pace.limiter) for each wait,
-// "pace.hold" for a hold it set, and "pace.refuse" for a refusal.
+// event "pace.wait" for each wait, as it begins (pace.delay in seconds,
+// pace.ends when it ends, pace.limiter), "pace.hold" for a hold it set,
+// and "pace.refuse" for a refusal.
 package paceotel
 
 import (
@@ -210,9 +211,11 @@ func spanEvent(ctx context.Context, name string, e pace.Event) {
 	if !span.IsRecording() {
 		return
 	}
-	span.AddEvent(name, trace.WithAttributes(
+	now := time.Now()
+	span.AddEvent(name, trace.WithTimestamp(now), trace.WithAttributes(
 		attribute.String("pace.limiter", e.Limiter),
 		attribute.Float64("pace.delay", e.Delay.Seconds()),
+		attribute.String("pace.ends", now.Add(e.Delay).UTC().Format(time.RFC3339Nano)),
 		attribute.Int("pace.cost", e.Cost),
 		attribute.String("pace.reason", e.Reason),
 	))

@@ -99,13 +99,23 @@ func TestObserver(t *testing.T) {
 	var waitEvents int
 	for _, s := range spans.Ended() {
 		for _, e := range s.Events() {
-			if e.Name == "pace.wait" {
+			var delay float64
+			var ends time.Time
+			for _, kv := range e.Attributes {
+				switch kv.Key {
+				case "pace.delay":
+					delay = kv.Value.AsFloat64()
+				case "pace.ends":
+					ends, _ = time.Parse(time.RFC3339Nano, kv.Value.AsString())
+				}
+			}
+			if e.Name == "pace.wait" && ends.Sub(e.Time).Seconds()-delay < 1e-6 && ends.Sub(e.Time).Seconds()-delay > -1e-6 {
 				waitEvents++
 			}
 		}
 	}
 	if waitEvents != 5 {
-		t.Errorf("%d pace.wait span events, want one on each of the 5 spans", waitEvents)
+		t.Errorf("%d pace.wait span events that end their delay after they begin, want one on each of the 5 spans", waitEvents)
 	}
 }
 
