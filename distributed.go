@@ -195,11 +195,11 @@ type request struct {
 // booking, and returns what it booked.
 func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 	r.listen()
-	for turn := false; ; turn = true {
+	for turn := false; ; {
 		qt := atTurn(q, turn)
 		t, err := r.decide(ctx, qt, r.now())
 		if d, ok := asDeferral(err); ok {
-			if err = r.deferred(ctx, qt, d.delay-qt.horizon); err == nil {
+			if err, turn = r.deferred(ctx, qt, d.delay-qt.horizon), true; err == nil {
 				continue // its turn has come
 			}
 		}
