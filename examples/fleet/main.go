@@ -17,10 +17,8 @@
 package main
 
 import (
-	"encoding/json"
 	"flag"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/fleetpace/pace"
@@ -81,20 +79,7 @@ func main() {
 	flag.BoolVar(&c.Priority, "priority", false, "the workers send batch requests, and the first process sends 10 critical requests a second beside them")
 	flag.StringVar(&c.Headers, "headers", "openai", "the built-in upstream states its counters as github, ietf (a fixed window ten times as long as the run), openai (a token bucket) or \"\" (none) does")
 	flag.Parse()
-	if err := c.check(); err != nil {
-		fmt.Fprintln(os.Stderr, "fleet:", err)
-		os.Exit(2)
-	}
-	s, err := run(c)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "fleet:", err)
-		os.Exit(1)
-	}
-	if c.JSON {
-		json.NewEncoder(os.Stdout).Encode(s)
-		return
-	}
-	s.print(os.Stdout)
+	exampleproc.Main("fleet", c.check, func() (summary, error) { return run(c) }, c.JSON, summary.print)
 }
 
 // check reports a flag that cannot work, naming it.

@@ -14,12 +14,10 @@
 package main
 
 import (
-	"encoding/json"
 	"flag"
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -54,20 +52,7 @@ func main() {
 	flag.BoolVar(&c.Counters, "counters", true, "steer the fleet by the API's x-ratelimit headers (false: pace.Transport.IgnoreCounters)")
 	flag.BoolVar(&c.JSON, "json", false, "print one JSON object instead of the table")
 	flag.Parse()
-	if err := c.check(); err != nil {
-		fmt.Fprintln(os.Stderr, "llm:", err)
-		os.Exit(2)
-	}
-	s, err := run(c)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "llm:", err)
-		os.Exit(1)
-	}
-	if c.JSON {
-		json.NewEncoder(os.Stdout).Encode(s)
-		return
-	}
-	s.print(os.Stdout)
+	exampleproc.Main("llm", c.check, func() (summary, error) { return run(c) }, c.JSON, summary.print)
 }
 
 // check reports a flag that cannot work, naming it.

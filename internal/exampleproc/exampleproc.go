@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"sync"
@@ -77,4 +78,24 @@ func Start[J, R any](env string, jobs []J) (wait func() ([]R, error), err error)
 		wg.Wait()
 		return reports, errors.Join(errs...)
 	}, nil
+}
+
+// Main checks a demo's flags (check), runs it (run) and prints its summary:
+// as one JSON object when asJSON, else by print. A bad flag exits with 2, a
+// failed run with 1, each saying why on stderr after the program's name.
+func Main[S any](name string, check func() error, run func() (S, error), asJSON bool, print func(S, io.Writer)) {
+	if err := check(); err != nil {
+		fmt.Fprintln(os.Stderr, name+":", err)
+		os.Exit(2)
+	}
+	s, err := run()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, name+":", err)
+		os.Exit(1)
+	}
+	if asJSON {
+		json.NewEncoder(os.Stdout).Encode(s)
+		return
+	}
+	print(s, os.Stdout)
 }
