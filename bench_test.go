@@ -66,17 +66,8 @@ func BenchmarkQuotaWait(b *testing.B) {
 	_, c := benchRedis(b)
 	one := mustRedis(b, c, unlimited)
 	three := mustRedis(b, c, AllOf{unlimited, PerHour(1e9).WithBurst(1e12), Per(1e10, 24*time.Hour).WithBurst(1e12)})
-	for _, mode := range benchModes {
-		var base float64
-		b.Run(mode.name+"/one-limit", func(b *testing.B) {
-			loop(b, mode.parallel, func() error { return one.Wait(ctx, "api.example.com:443", 1) })
-			base = perOp(b)
-		})
-		b.Run(mode.name+"/three-limits", func(b *testing.B) {
-			loop(b, mode.parallel, func() error { return three.Wait(ctx, "api.example.com:443", 1) })
-			b.ReportMetric(perOp(b)/base, "x-one-limit")
-		})
-	}
+	beside(b, "one-limit", func() error { return one.Wait(ctx, "api.example.com:443", 1) },
+		"three-limits", func() error { return three.Wait(ctx, "api.example.com:443", 1) })
 }
 
 // BenchmarkSettle: an LLM call's reservation (1 request and 400 tokens
@@ -87,23 +78,14 @@ func BenchmarkSettle(b *testing.B) {
 	_, c := benchRedis(b)
 	r := mustRedis(b, c, AllOf{unlimited.Named("requests"), unlimited.Named("tokens")})
 	estimate, actual := Costs{"tokens": 400}, Costs{"tokens": 250}
-	for _, mode := range benchModes {
-		var base float64
-		b.Run(mode.name+"/wait", func(b *testing.B) {
-			loop(b, mode.parallel, func() error { return r.Wait(ctx, "llm.example.com:443", 1) })
-			base = perOp(b)
+	beside(b, "wait", func() error { return r.Wait(ctx, "llm.example.com:443", 1) },
+		"reserve-settle", func() error {
+			res, err := r.Reserve(ctx, "llm.example.com:443", estimate)
+			if err != nil {
+				return err
+			}
+			return r.Settle(ctx, res, actual)
 		})
-		b.Run(mode.name+"/reserve-settle", func(b *testing.B) {
-			loop(b, mode.parallel, func() error {
-				res, err := r.Reserve(ctx, "llm.example.com:443", estimate)
-				if err != nil {
-					return err
-				}
-				return r.Settle(ctx, res, actual)
-			})
-			b.ReportMetric(perOp(b)/base, "x-wait")
-		})
-	}
 }
 
 // BenchmarkSlots: a wait under a cap of requests in flight that is never
@@ -114,23 +96,14 @@ func BenchmarkSlots(b *testing.B) {
 	_, c := benchRedis(b)
 	plain := mustRedis(b, c, unlimited)
 	capped := mustRedis(b, c, AllOf{unlimited, Concurrent(maxSlots)})
-	for _, mode := range benchModes {
-		var base float64
-		b.Run(mode.name+"/wait", func(b *testing.B) {
-			loop(b, mode.parallel, func() error { return plain.Wait(ctx, "api.example.com:443", 1) })
-			base = perOp(b)
+	beside(b, "wait", func() error { return plain.Wait(ctx, "api.example.com:443", 1) },
+		"acquire-release", func() error {
+			slot, err := capped.Acquire(ctx, "api.example.com:443", 1)
+			if err != nil {
+				return err
+			}
+			return slot.Release()
 		})
-		b.Run(mode.name+"/acquire-release", func(b *testing.B) {
-			loop(b, mode.parallel, func() error {
-				slot, err := capped.Acquire(ctx, "api.example.com:443", 1)
-				if err != nil {
-					return err
-				}
-				return slot.Release()
-			})
-			b.ReportMetric(perOp(b)/base, "x-wait")
-		})
-	}
 }
 
 // BenchmarkTransportCounters: a request through a Transport on Redis, to
@@ -222,6 +195,22 @@ func loop(b *testing.B, parallel bool, op func() error) {
 			}
 		}
 	})
+}
+
+// beside runs, in each mode, the baseline op base, then op, and reports
+// op's time as a ratio to base's ("x-" and base's name).
+func beside(b *testing.B, baseName string, base func() error, name string, op func() error) {
+	for _, mode := range benchModes {
+		var basePerOp float64
+		b.Run(mode.name+"/"+baseName, func(b *testing.B) {
+			loop(b, mode.parallel, base)
+			basePerOp = perOp(b)
+		})
+		b.Run(mode.name+"/"+name, func(b *testing.B) {
+			loop(b, mode.parallel, op)
+			b.ReportMetric(perOp(b)/basePerOp, "x-"+baseName)
+		})
+	}
 }
 
 func perOp(b *testing.B) float64 { return float64(b.Elapsed().Nanoseconds()) / float64(b.N) }
