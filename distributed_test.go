@@ -37,7 +37,7 @@ func TestRedisMatchesModel(t *testing.T) { checkMatchesModel(t, newTestRedis(t))
 
 func checkMatchesModel(t *testing.T, c redis.UniversalClient) {
 	m := newModelCheck(t, c, 7)
-	for step := range 3000 {
+	for step := range 3600 {
 		switch op := m.rng.IntN(21); {
 		case op == 20:
 			m.line(step)
