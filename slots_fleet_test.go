@@ -27,17 +27,25 @@ type inFlightUpstream struct {
 	served                 []time.Time
 }
 
-// servedIn counts the requests served from from to to.
-func (u *inFlightUpstream) servedIn(from, to time.Time) int {
+// servedIn is the service the upstream gave from from to to, counted in
+// requests: the part of each request's service time that falls inside the
+// span, over the service time. Counting whole requests by their start would
+// make the span's edges weigh up to a request per slot.
+func (u *inFlightUpstream) servedIn(from, to time.Time) float64 {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	n := 0
+	var busy time.Duration
 	for _, at := range u.served {
-		if !at.Before(from) && at.Before(to) {
-			n++
+		begin, end := at, at.Add(u.service)
+		if begin.Before(from) {
+			begin = from
 		}
+		if end.After(to) {
+			end = to
+		}
+		busy += max(0, end.Sub(begin))
 	}
-	return n
+	return float64(busy) / float64(u.service)
 }
 
 func (u *inFlightUpstream) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
@@ -95,16 +103,18 @@ func anyOf(ids, all []string) bool {
 }
 
 // TestFleetCapInFlight: 4 processes of 16 goroutines send requests through
-// a Transport on a cap of 10 in flight, to an upstream that takes 100 ms a
+// a Transport on a cap of 10 in flight, to an upstream that takes 400 ms a
 // request and answers 429 beyond 10 at once. The upstream never sees more
-// than 10; the fleet gets at least 95% of the 100/s the cap allows. One
+// than 10; the fleet gets at least 95% of the 25/s the cap allows (a slot
+// passes from one request to the next in a release call, a message and a
+// new request: 5 to 10 ms under -race on 2 cores, 2.5% of 400 ms). One
 // process is killed with SIGKILL while it holds slots: they come free within
 // the lease (1 s), and the others go on, at 95% of the cap again once the
 // slots its requests in line were given after its death are free too.
 func TestFleetCapInFlight(t *testing.T) {
 	const (
 		lease   = time.Second
-		service = 200 * time.Millisecond
+		service = 400 * time.Millisecond
 		limit   = 10
 		killAt  = 2 * time.Second
 		length  = 5 * time.Second
@@ -160,22 +170,33 @@ func TestFleetCapInFlight(t *testing.T) {
 
 	up.mu.Lock()
 	most, ok, refused := up.most, up.ok, up.refused
+	var full time.Time // when the cap was first full
+	if len(up.served) >= limit {
+		full = up.served[limit-1]
+	}
 	up.mu.Unlock()
-	// The cap allows limit/service: before the kill, and once the slots
-	// of the killed process are free (counted until a service time before
-	// the end, when the workers stop starting requests).
+	// The cap allows limit/service: before the kill, from when the cap was
+	// first full (the cold start, first connections and script loads, is
+	// bounded apart), and once the slots of the killed process are free
+	// (counted until a service time before the end, when the workers stop
+	// starting requests).
 	perSecond := float64(limit) / service.Seconds()
-	before := up.servedIn(start, start.Add(killAt))
+	coldStart := full.Sub(start)
+	if full.IsZero() || coldStart > 250*time.Millisecond {
+		t.Fatalf("the cap was full %v after the start (%d served in all), want within 250ms", coldStart, ok)
+	}
+	before := up.servedIn(full, start.Add(killAt))
+	beforeAllowed := perSecond * start.Add(killAt).Sub(full).Seconds()
 	back := done[0].Add(later)
 	after := up.servedIn(back, start.Add(length-service))
 	afterAllowed := perSecond * start.Add(length-service).Sub(back).Seconds()
-	t.Logf("upstream: at most %d in flight, %d served, %d 429s; before the kill %d (%.1f%% of %.0f); the killed process held %d slots, free %v after the kill (lease %v); its requests in line were given %d more, free %v after the kill; then %d (%.1f%% of %.0f)",
-		most, ok, refused, before, 100*float64(before)/(perSecond*killAt.Seconds()), perSecond*killAt.Seconds(), heldAtKill, freed, lease, givenLater, later, after, 100*float64(after)/afterAllowed, afterAllowed)
+	t.Logf("upstream: at most %d in flight, %d served, %d 429s; the cap full %v after the start; then until the kill %.1f (%.1f%% of %.1f); the killed process held %d slots, free %v after the kill (lease %v); its requests in line were given %d more, free %v after the kill; then %.1f (%.1f%% of %.1f)",
+		most, ok, refused, coldStart, before, 100*before/beforeAllowed, beforeAllowed, heldAtKill, freed, lease, givenLater, later, after, 100*after/afterAllowed, afterAllowed)
 	if most > limit || refused > 0 {
 		t.Errorf("the upstream saw %d in flight at most and answered %d 429s; want at most %d and none", most, refused, limit)
 	}
-	if float64(before) < 0.95*perSecond*killAt.Seconds() || float64(after) < 0.95*afterAllowed {
-		t.Errorf("served %d before the kill and %d once its slots were free, want at least 95%% of %.0f and of %.0f", before, after, perSecond*killAt.Seconds(), afterAllowed)
+	if before < 0.95*beforeAllowed || after < 0.95*afterAllowed {
+		t.Errorf("served %.1f before the kill and %.1f once its slots were free, want at least 95%% of %.1f and of %.1f", before, after, beforeAllowed, afterAllowed)
 	}
 	if heldAtKill == 0 || freed == 0 || freed > lease+100*time.Millisecond {
 		t.Errorf("the killed process held %d slots, free %v after the kill; want some, free within the lease %v", heldAtKill, freed, lease)
