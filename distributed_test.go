@@ -234,16 +234,21 @@ func (m *modelCheck) sync(step int) {
 	m.counts[[]string{"sync-stale", "sync-applied", "sync-learned"}[want]]++
 	if s := m.model.steers[bk.key]; s != nil && s.foreign != 0 {
 		m.counts["sync-foreign"]++
+		if want > 0 && s.probing {
+			m.counts["sync-probe"]++
+		}
 	}
 }
 
 // randomSteering is a random reading for limit i of interval a and burst b:
 // of a quota that refills or of a window, with none, few or many units
-// left, resetting within 60 intervals, with or without a limit to learn.
+// left, resetting within 60 intervals (or, a quarter of the time, 600:
+// a window others spend in full while the fleet probes it), with or
+// without a limit to learn.
 func randomSteering(rng *rand.Rand, i int, a, b int64) steering {
 	left := []int64{0, rng.Int64N(b + 1), rng.Int64N(3 * b)}[rng.IntN(3)]
 	return steering{limit: i, reading: Reading{Remaining: left, Refills: rng.IntN(2) == 0},
-		reset:   time.Duration(rng.Int64N(60*a)+1) * time.Microsecond,
+		reset:   time.Duration(rng.Int64N([]int64{60, 60, 60, 600}[rng.IntN(4)]*a)+1) * time.Microsecond,
 		learned: []int64{0, 0, a / 2, 2 * a}[rng.IntN(4)]}
 }
 
@@ -273,9 +278,15 @@ func (m *modelCheck) requireEach(kinds ...string) {
 	m.t.Helper()
 	m.t.Logf("%v", m.counts)
 	for _, kind := range kinds {
-		if m.counts[kind] < 20 {
-			m.t.Errorf("only %d %s steps: the sequence did not exercise the scripts", m.counts[kind], kind)
-		}
+		m.require(kind, 20)
+	}
+}
+
+// require fails the test if a kind of step happened fewer than least times.
+func (m *modelCheck) require(kind string, least int) {
+	m.t.Helper()
+	if m.counts[kind] < least {
+		m.t.Errorf("only %d %s steps: the sequence did not exercise the scripts", m.counts[kind], kind)
 	}
 }
 

@@ -39,6 +39,7 @@ func TestSteeringMatchesModel(t *testing.T) {
 	}
 	m.requireEach("granted", "refused", "granted-spread", "granted-held", "granted-steered", "refund-nothing",
 		"settle-up", "settle-down", "sync-stale", "sync-applied", "sync-learned", "sync-foreign", "hold")
+	m.require("sync-probe", 3) // others seem to spend all a window has left: rarer, 7 to 12 times in 3000 steps
 }
 
 // count returns how many events of kind the log holds.
@@ -259,5 +260,55 @@ func TestStaleReadingAcrossProcesses(t *testing.T) {
 	}
 	if after, _ := c.Get(ctx, storeOf(a).bucketKey("k")).Result(); after != before {
 		t.Errorf("the stale reading changed the bucket from %q to %q", before, after)
+	}
+}
+
+// TestWindowEstimateOfOthers: on a real redis-server, the readings of a
+// window (4000 units, resetting in 40 s) from 8 processes in turn. Three
+// units the fleet's bookings do not explain, over one spread interval
+// (10 ms), the jitter of arrivals, do not hold the window until its reset:
+// the next request goes at its spread. Others then seen spending 2000 at
+// once, more than the window has left at their rate, leave the fleet a
+// probe, a request a second, not a hold of 40 s; once they have stopped,
+// the probe's reading spreads the rest again.
+func TestWindowEstimateOfOthers(t *testing.T) {
+	ctx := context.Background()
+	c := newTestRedis(t)
+	var fleet [8]*Redis // each syncs once: a process syncs a key every 50 ms at most
+	for i := range fleet {
+		fleet[i] = mustRedis(t, c, PerSecond(200).WithBurst(10))
+	}
+	left := int64(4000)
+	// next books a request in process i (within 2 s) and steers the key
+	// with what the upstream then says is left: the fleet's request, and
+	// others' units, spent.
+	next := func(i int, others int64) time.Duration {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		res, err := fleet[i].Reserve(ctx, "k", nil)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		left -= 1 + others
+		window := []Reading{{Name: "requests", Remaining: left, Reset: 40 * time.Second, Header: "ratelimit: r=" + strconv.FormatInt(left, 10)}}
+		if err := fleet[i].Sync(ctx, res, window, false); err != nil {
+			t.Fatal(err)
+		}
+		return res.Delay()
+	}
+	for i := range 3 {
+		next(i, 0) // the first reading; one of a request that did not wait; the first baseline
+	}
+	next(3, 3)
+	if d := next(4, 0); d > 100*time.Millisecond {
+		t.Errorf("after 3 units unexplained over 10 ms, the next request waited %v; want its spread (10 ms), not the reset", d)
+	}
+	next(5, 2000)
+	if d := next(6, 0); d < 900*time.Millisecond || d > 1100*time.Millisecond {
+		t.Errorf("after others spent 2000 at once, the next request waited %v; want a probe's second", d)
+	}
+	if d := next(7, 0); d > 100*time.Millisecond {
+		t.Errorf("after the probe's reading (others stopped), the next request waited %v; want the rest's spread (20 ms)", d)
 	}
 }

@@ -6,6 +6,8 @@ import "math"
 // keeps it after the TAT: all whole microseconds or units.
 type steerModel struct {
 	seen, till, spread, learned, left, base, synced, booked, foreign, order int64
+
+	probing bool // the window's spread is a probe (for the model check's counts)
 }
 
 // fleetInterval is fleet_interval: the upstream's interval (the learned one,
@@ -71,8 +73,11 @@ func (s *steerModel) countBooked(units int64) int64 {
 	return s.booked
 }
 
-// syncTau is sync.lua's tau.
-const syncTau = 500000.0
+// syncTau and syncProbe are sync.lua's tau and probe.
+const (
+	syncTau   = 500000.0
+	syncProbe = 1000000
+)
 
 // sync is sync.lua for one bucket stored as tat and s (nil when not
 // steered): it returns the bucket's new TAT and steering, and 0 (stale), 1
@@ -80,7 +85,7 @@ const syncTau = 500000.0
 func (s *steerModel) sync(tat, a, b, finish, booked, slot int64, burst bool, cost int64, refused bool, left, reset int64, refills bool, learned, now int64) (int64, *steerModel, int64) {
 	fresh := s == nil || (booked > s.synced && slot >= s.order)
 	slower := learned > s.interval(a)
-	_, unit, _ := s.step(tat, a, b, now, now)
+	_, unit, spreading := s.step(tat, a, b, now, now)
 	waiting := s.queued(tat, a, b, now)
 	free := max(s.allow(tat, a, b, 1, now, now), now)
 	if refused && s != nil {
@@ -98,8 +103,14 @@ func (s *steerModel) sync(tat, a, b, finish, booked, slot int64, burst bool, cos
 	}
 	switch {
 	case fresh:
-		tat = s.spend(tat, free, a, b, cost, left+ahead, reset, refills, now)
-		if ahead == 0 && max(s.allow(tat, a, b, 1, now, now), now) < free {
+		// The units booked go before free or, while spreading, at last at
+		// most (0: not spreading).
+		last, booked := int64(0), free-1
+		if spreading && tat > 0 && ahead == 0 {
+			last, booked = tat-unit, tat-unit
+		}
+		tat = s.spend(tat, free, last, a, b, cost, left+ahead, reset, refills, now)
+		if ahead == 0 && max(s.allow(tat, a, b, 1, now, now), now) <= booked {
 			s.movedBack(free)
 		}
 	case ahead > 0:
@@ -142,8 +153,9 @@ func (s *steerModel) refuse(booked, cost int64) {
 }
 
 // spend is spend.
-func (s *steerModel) spend(tat, free, a, b, cost, left, reset int64, refills bool, now int64) int64 {
+func (s *steerModel) spend(tat, free, last, a, b, cost, left, reset int64, refills bool, now int64) int64 {
 	others := float64(max(s.foreign, 0))
+	s.probing = false
 	if refills {
 		spare := int64(math.Ceil(50000 / float64(s.fleetInterval(a))))
 		if s.foreign != 0 {
@@ -155,14 +167,22 @@ func (s *steerModel) spend(tat, free, a, b, cost, left, reset int64, refills boo
 	}
 	mine := left - int64(math.Ceil(others*float64(reset)/1e12))
 	s.till, s.spread = now+reset, 0
-	if mine > 0 && free < s.till {
+	switch {
+	case left <= 0 || free >= s.till:
+		if tat == 0 {
+			return now
+		}
+		return tat
+	case mine > 0:
 		s.spread = int64(math.Ceil(float64(s.till-free) / float64(mine)))
-		return free
+	default:
+		s.probing = true
+		s.spread = min(max(syncProbe, int64(math.Ceil(float64(s.till-free)/float64(left)))), s.till-free)
 	}
-	if tat == 0 {
-		return now
+	if last > 0 {
+		return max(last+s.spread, now)
 	}
-	return tat
+	return free
 }
 
 // queued is queued: the units booked to go after now (of a bucket stored
@@ -187,7 +207,7 @@ func (s *steerModel) estimateForeign(a, left, slot int64, refills bool, now int6
 	}
 	units := expected - float64(s.booked-s.synced) - float64(left)
 	var f float64
-	if float64(dt) >= syncTau || s.foreign == 0 {
+	if float64(dt) >= syncTau || (refills && s.foreign == 0) {
 		f = units * 1e12 / float64(dt)
 	} else {
 		f = float64(s.foreign) - float64(s.foreign)*float64(dt)/syncTau + units*1e12/syncTau

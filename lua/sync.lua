@@ -39,6 +39,7 @@
 -- changed the interval learned; and each bucket's SYNCED (0 when not
 -- steered), by which a process can tell stale readings without asking.
 local tau = 500000 -- the time constant of the estimate of others' rate
+local probe = 1000000 -- the fleet's interval while others seem to spend all of a window
 
 -- since is how many units the upstream had not counted of a bucket stored
 -- as tat and steer when it counted a request of cost units, booked with
@@ -76,8 +77,14 @@ local function estimate_foreign(steer, a, left, slot, refills)
     expected = expected + dt / interval(steer, a)
   end
   local units = expected - (steer.booked - steer.synced) - left
+  -- Over a short span, a few units of jitter in arrivals are a rate of
+  -- hundreds a second: they weigh only as much as the span is of tau. A
+  -- window's first estimate too (it is spent until the reset: taken at
+  -- face value, one reading's jitter could leave the fleet nothing); a
+  -- quota that refills takes its first at face value (it is spent over
+  -- 100 ms, and each response corrects it: one too low costs 429s).
   local f
-  if dt >= tau or steer.foreign == 0 then -- a long span, or a first estimate
+  if dt >= tau or (refills and steer.foreign == 0) then
     f = units * 1e12 / dt
   else
     f = steer.foreign - steer.foreign * dt / tau + units * 1e12 / tau
@@ -92,9 +99,15 @@ end
 -- what others spend in 100 ms (half the burst at most; until their rate is
 -- estimated, what the bucket refills in 50 ms);
 -- a window's units, less what others spend until its reset, are spread
--- from free, the next slot free after those booked already (none left
--- before the reset: the schedule stands, held until it).
-local function spend(tat, free, steer, a, b, cost, left, reset, refills)
+-- from free, the next slot free after those booked already, or, when the
+-- bucket was spreading, from last, the slot of the last unit booked, at
+-- the new spread (none left
+-- before the reset: the schedule stands, held until it). When others seem
+-- to spend all the window has left, the fleet still books a unit every
+-- probe (or spreads what is left, if slower; the last unit before the
+-- reset at most): else, held until the reset, it would never hear that
+-- they stopped.
+local function spend(tat, free, last, steer, a, b, cost, left, reset, refills)
   local others = math.max(steer.foreign, 0)
   if refills then
     local spare = math.ceil(50000 / fleet_interval(steer, a))
@@ -105,11 +118,14 @@ local function spend(tat, free, steer, a, b, cost, left, reset, refills)
   end
   local mine = left - math.ceil(others * reset / 1e12)
   steer.till, steer.spread = now + reset, 0
-  if mine > 0 and free < steer.till then
+  if left <= 0 or free >= steer.till then return tat or now end
+  if mine > 0 then
     steer.spread = math.ceil((steer.till - free) / mine)
-    return free
+  else
+    steer.spread = math.min(math.max(probe, math.ceil((steer.till - free) / left)), steer.till - free)
   end
-  return tat or now
+  if last then return math.max(last + steer.spread, now) end
+  return free
 end
 
 -- retime voids the bookings made until now of a bucket whose interval
@@ -173,7 +189,7 @@ local function steer_bucket(i, r, refused)
   local tat, steer = read_bucket(i)
   local fresh = not steer or (r.booked > steer.synced and r.slot >= steer.order)
   local slower = r.learned > interval(steer, a)
-  local _, unit = bucket_step(tat, steer, a, b, now)
+  local _, unit, spreading = bucket_step(tat, steer, a, b, now)
   local waiting = queued(tat, steer, a, b)
   local free = math.max(bucket_allow(tat, steer, a, b, 1, now), now)
   if refused and steer then refuse(steer, r.booked, r.cost) end
@@ -189,8 +205,12 @@ local function steer_bucket(i, r, refused)
     steer.learned, steer.seen, result, ahead = r.learned, 0, 2, waiting
   end
   if fresh then
-    tat = spend(tat, free, steer, a, b, r.cost, left + ahead, r.reset, r.refills)
-    if ahead == 0 and math.max(bucket_allow(tat, steer, a, b, 1, now), now) < free then moved_back(steer, free) end
+    -- The units booked go before free or, while spreading, at last at most:
+    -- the bookings to come may go before some of them (see ORDER).
+    local last, booked = nil, free - 1
+    if spreading and tat and ahead == 0 then last, booked = tat - unit, tat - unit end
+    tat = spend(tat, free, last, steer, a, b, r.cost, left + ahead, r.reset, r.refills)
+    if ahead == 0 and math.max(bucket_allow(tat, steer, a, b, 1, now), now) <= booked then moved_back(steer, free) end
   elseif ahead > 0 then -- an older reading, of a slower limit: the units ahead, at the new pace
     tat = now + math.max(math.ceil((old - now) / unit) - ahead, 0) * fleet_interval(steer, a)
   end

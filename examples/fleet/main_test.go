@@ -65,17 +65,17 @@ func TestDemo(t *testing.T) {
 // TestDemoForeign: a foreign client takes 50/s of the upstream's 200/s,
 // without pace: over the demo's 5 s, the fleet takes what it leaves, 97% of
 // it or more, with at most one 429, as the upstream's counters tell (by
-// default, OpenAI's); and, over 2 s,
-// over a fixed window, with GitHub's and the IETF draft's headers, without
-// a 429 (the IETF draft's resets, in whole seconds, leave the fleet a few
-// per cent).
+// default, OpenAI's); and, over 2 s, over a fixed window with GitHub's and
+// the IETF draft's headers, as much, without a 429 (measured: 100% to 106%,
+// as the window lets the fleet take more in its first second, while its
+// estimate of the foreign client's rate grows).
 func TestDemoForeign(t *testing.T) {
 	if s := demo(t, "-foreign", "50", "-duration", "5s"); s.Utilisation < 0.97 || s.TooMany > 1 || s.Foreign429 > 1 {
 		t.Errorf("-foreign 50 -duration 5s: utilisation %.3f, %d 429s, %d for the foreign client; want at least 0.97, at most one, at most one", s.Utilisation, s.TooMany, s.Foreign429)
 	}
 	for _, dialect := range []string{"github", "ietf"} {
-		if s := demo(t, "-foreign", "50", "-headers", dialect); s.Utilisation < 0.93 || s.TooMany > 0 || s.Foreign429 > 0 {
-			t.Errorf("-foreign 50 -headers %s: utilisation %.3f, %d 429s, %d for the foreign client; want at least 0.93, none, none", dialect, s.Utilisation, s.TooMany, s.Foreign429)
+		if s := demo(t, "-foreign", "50", "-headers", dialect); s.Utilisation < 0.97 || s.TooMany > 0 || s.Foreign429 > 0 {
+			t.Errorf("-foreign 50 -headers %s: utilisation %.3f, %d 429s, %d for the foreign client; want at least 0.97, none, none", dialect, s.Utilisation, s.TooMany, s.Foreign429)
 		}
 	}
 }
