@@ -159,7 +159,7 @@ func (s *steerModel) spend(tat, free, last, a, b, cost, left, reset int64, refil
 	if refills {
 		spare := int64(math.Ceil(50000 / float64(s.fleetInterval(a))))
 		if s.foreign != 0 {
-			spare = int64(math.Ceil(others / 1e7))
+			spare = int64(math.Ceil(others / 2e7))
 		}
 		mine := left - cost - min(spare, b/2)
 		s.till, s.spread = 0, 0

@@ -7,7 +7,7 @@
 -- that, less what the fleet's own bookings explain since the last reading,
 -- others spent: the bucket keeps an estimate of their rate (an average over
 -- about half a second), and the fleet books at the upstream's rate less
--- theirs, leaving them what they spend over the next 100 ms, or, for a
+-- theirs, leaving them what they spend over the next 50 ms, or, for a
 -- window, until its reset. A quota that refills sets the bucket's level to
 -- what is left for the fleet, which then refills at the fleet's interval; a
 -- window's units left for the fleet are spread evenly until it resets. An
@@ -82,7 +82,7 @@ local function estimate_foreign(steer, a, left, slot, refills)
   -- window's first estimate too (it is spent until the reset: taken at
   -- face value, one reading's jitter could leave the fleet nothing); a
   -- quota that refills takes its first at face value (it is spent over
-  -- 100 ms, and each response corrects it: one too low costs 429s).
+  -- 50 ms, and each response corrects it: one too low costs 429s).
   local f
   if dt >= tau or (refills and steer.foreign == 0) then
     f = units * 1e12 / dt
@@ -96,8 +96,10 @@ end
 -- request, which cost cost) to a bucket stored as tat and steer, until its
 -- reset or refill, and returns the bucket's new TAT: a quota that refills
 -- gets that level, less a request's cost for the jitter of arrivals and
--- what others spend in 100 ms (half the burst at most; until their rate is
--- estimated, what the bucket refills in 50 ms);
+-- what others spend in 50 ms (half the burst at most; until their rate is
+-- estimated, what the bucket refills in 50 ms: the rest of the burst is the
+-- headroom that a pause of the fleet's, or a clump of arrivals, spends
+-- before the upstream's bucket is full and its refills are lost);
 -- a window's units, less what others spend until its reset, are spread
 -- from free, the next slot free after those booked already, or, when the
 -- bucket was spreading, from last, the slot of the last unit booked, at
@@ -111,7 +113,7 @@ local function spend(tat, free, last, steer, a, b, cost, left, reset, refills)
   local others = math.max(steer.foreign, 0)
   if refills then
     local spare = math.ceil(50000 / fleet_interval(steer, a))
-    if steer.foreign ~= 0 then spare = math.ceil(others / 1e7) end
+    if steer.foreign ~= 0 then spare = math.ceil(others / 2e7) end
     local mine = left - cost - math.min(spare, math.floor(b / 2))
     steer.till, steer.spread = 0, 0
     return math.min(now + (b - math.min(mine, b)) * fleet_interval(steer, a), now + horizon)
