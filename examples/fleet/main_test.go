@@ -22,8 +22,8 @@ func demo(t *testing.T, args ...string) summary {
 }
 
 // TestDemo: the demo's promises on the embedded store, briefly: the fleet
-// uses the quota (also with 6 of 8 workers idle), gets at most one 429 (two
-// from an upstream that states no counters), and
+// uses the quota (also with 6 of 8 workers idle), gets at most one 429 (2%
+// of the requests from an upstream that states no counters), and
 // calls Redis about once a request to book it (beside at most one sync of
 // the upstream's counters per process per 50 ms, and none from an upstream
 // that states none); a static split wastes three quarters of the quota when
@@ -36,10 +36,12 @@ func TestDemo(t *testing.T) {
 			s.Utilisation, s.TooMany, *s.ScriptCalls, *s.SyncCalls)
 	}
 	// Without counters nothing corrects the jitter between a grant and its
-	// arrival at the upstream, which under -race, with 4 processes on 2
-	// cores, cost up to 2 429s at the start (1 token of slack upstream).
-	if s := demo(t, "-headers", ""); s.TooMany > 2 || *s.ScriptCalls > 1.05 || *s.SyncCalls != 0 {
-		t.Errorf("-headers \"\": %d 429s, %.2f calls a request, %.2f of them syncs; want at most two, about one, none", s.TooMany, *s.ScriptCalls, *s.SyncCalls)
+	// arrival at the upstream (1 token of slack there, 5 ms at 200/s):
+	// with 4 processes on 2 cores, 0 to 3 429s in 16 runs, 1 to 6 beside a
+	// CPU hog (0 in 32 runs with OpenAI's counters); a pacing that let
+	// bursts through would cost dozens.
+	if s := demo(t, "-headers", ""); s.TooMany > s.Requests/50 || *s.ScriptCalls > 1.05 || *s.SyncCalls != 0 {
+		t.Errorf("-headers \"\": %d 429s of %d requests, %.2f calls a request, %.2f of them syncs; want at most 2%%, about one, none", s.TooMany, s.Requests, *s.ScriptCalls, *s.SyncCalls)
 	}
 	svg, err := os.ReadFile(plotFile)
 	if err != nil {
