@@ -53,14 +53,16 @@ const syncEvery = 50 * time.Millisecond
 //     higher than the upstream's): the bucket keeps an estimate of their
 //     rate, averaged over about half a second, and the fleet books at the
 //     limit's rate less theirs, leaving them what they spend in the next
-//     100 ms (for a window, until its reset); when they stop, the estimate
+//     50 ms (for a window, until its reset); when they stop, the estimate
 //     decays and the fleet speeds up again;
 //   - for a quota that refills (Reading.Refills, a token bucket upstream),
 //     the bucket's level becomes what is left for the fleet;
 //   - for a window, what is left for the fleet is spread evenly until the
 //     window resets, one request at a time, instead of a burst and then a
 //     stall; once none is left, requests wait for the reset and then go at
-//     the limit's rate, as after a Hold;
+//     the limit's rate, as after a Hold; while others seem to spend all
+//     that is left, one request a second goes, to hear whether they still
+//     do;
 //   - a limit that learns (Limit.Learn) adopts the rate the reading
 //     advertises.
 //

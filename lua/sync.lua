@@ -103,12 +103,11 @@ end
 -- a window's units, less what others spend until its reset, are spread
 -- from free, the next slot free after those booked already, or, when the
 -- bucket was spreading, from last, the slot of the last unit booked, at
--- the new spread (none left
--- before the reset: the schedule stands, held until it). When others seem
--- to spend all the window has left, the fleet still books a unit every
--- probe (or spreads what is left, if slower; the last unit before the
--- reset at most): else, held until the reset, it would never hear that
--- they stopped.
+-- the new spread (none left before the reset: the schedule stands, held
+-- until it). When others seem to spend all the window has left, the fleet
+-- still books a unit every probe (or spreads what is left, if slower; the
+-- last unit before the reset at most): else, held until the reset, it
+-- would never hear that they stopped.
 local function spend(tat, free, last, steer, a, b, cost, left, reset, refills)
   local others = math.max(steer.foreign, 0)
   if refills then
