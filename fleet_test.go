@@ -59,6 +59,11 @@ type fleetWorker struct {
 	Tokens *tokenRun
 	// Lease is the lease of slots (WithLease); 0 for the default.
 	Lease time.Duration
+	// CountFirst waits on a key of its own before Start, until Redis has
+	// answered once, so that the process has counted the fleet when the run
+	// starts (processes started together count one another at their second
+	// heartbeat, a tenth of a second after their first).
+	CountFirst bool
 }
 
 // tokenRun makes each request of a worker an LLM call under the quota
@@ -146,14 +151,19 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 type stampGrant struct{ base http.RoundTripper }
 
 func (s stampGrant) RoundTrip(req *http.Request) (*http.Response, error) {
+	now := time.Now()
+	if q, ok := req.Context().Value(requestKey{}).(*fleetRequest); ok {
+		q.Granted = now
+	}
 	req = req.Clone(req.Context())
-	req.Header.Set(grantedAtHeader, strconv.FormatInt(time.Now().UnixNano(), 10))
+	req.Header.Set(grantedAtHeader, strconv.FormatInt(now.UnixNano(), 10))
 	return s.base.RoundTrip(req)
 }
 
 // fleetRequest is what became of one Wait in a worker.
 type fleetRequest struct {
 	Start, End  time.Time
+	Granted     time.Time     // when a Transport's request left pace for the upstream
 	Limiter     string        // who granted it, from its EventWait; "" if it failed
 	Delay       time.Duration // the pacing delay it was given
 	Status      int           // the upstream's answer, when the fleet has one
@@ -173,7 +183,10 @@ type fleetReport struct {
 	Recovers  []time.Time // EventRecover
 	Holds     []time.Time // EventHold
 	Cancels   int
-	Err       string
+	// Stall is the most that a short sleep of the process overran while
+	// it ran: how long the machine left it without a core at once.
+	Stall time.Duration
+	Err   string
 }
 
 // grants returns the end times of the granted requests, sorted.
@@ -307,8 +320,15 @@ func (w fleetWorker) run() (fleetReport, error) {
 			return err
 		}
 	}
+	if w.CountFirst {
+		for r.fleet.size.Load() == 0 && time.Until(w.Start) > heartbeatEvery/10 {
+			r.Wait(context.Background(), "count the fleet", 1)
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 	time.Sleep(time.Until(w.Start))
 	var wg sync.WaitGroup
+	wg.Go(func() { report.Stall = longestStall(w.End) })
 	for range w.Goroutines {
 		wg.Go(func() {
 			for time.Now().Before(w.End) {
@@ -337,6 +357,19 @@ func (w fleetWorker) run() (fleetReport, error) {
 	}
 	wg.Wait()
 	return report, nil
+}
+
+// longestStall sleeps 5 ms at a time until end and returns the most that a
+// sleep overran.
+func longestStall(end time.Time) time.Duration {
+	const nap = 5 * time.Millisecond
+	var longest time.Duration
+	for time.Now().Before(end) {
+		before := time.Now()
+		time.Sleep(nap)
+		longest = max(longest, time.Since(before)-nap)
+	}
+	return longest
 }
 
 // runFleet starts procs worker processes of this test binary, all told to do
