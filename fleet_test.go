@@ -59,10 +59,10 @@ type fleetWorker struct {
 	Tokens *tokenRun
 	// Lease is the lease of slots (WithLease); 0 for the default.
 	Lease time.Duration
-	// CountFirst waits on a key of its own before Start, until Redis has
-	// answered once, so that the process has counted the fleet when the run
-	// starts (processes started together count one another at their second
-	// heartbeat, a tenth of a second after their first).
+	// CountFirst waits on a key of its own before Start until a heartbeat
+	// has counted the fleet, so that the run starts with the process knowing
+	// its share (processes started together count one another at their
+	// second heartbeat, a tenth of a second after their first).
 	CountFirst bool
 }
 
