@@ -16,10 +16,13 @@ type endingBody struct {
 	body   io.ReadCloser
 	settle func(BodyEnds) // nil: nothing to settle, and no bytes kept
 	slot   *Slot          // nil: no slot to free
+	length int64          // the response's ContentLength: -1 when unknown
 
 	mu    sync.Mutex // Close may come while a Read runs
 	head  []byte
 	tail  []byte // the last bytes read, at most 2*BodyEndSize, trimmed to BodyEndSize when full
+	read  int64
+	json  jsonEnd
 	ended bool
 }
 
@@ -29,8 +32,10 @@ func (b *endingBody) Read(p []byte) (int, error) {
 	b.slot.use(false, time.Now())
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.read += int64(n)
 	if b.settle != nil {
 		b.keep(p[:n])
+		b.json.scan(p[:n])
 	}
 	if errors.Is(err, io.EOF) {
 		b.end(true)
@@ -61,13 +66,15 @@ func (b *endingBody) keep(p []byte) {
 	b.tail = append(b.tail, p...)
 }
 
-// end settles and frees the slot, once: complete says the body was read to
-// its end. The caller holds b.mu.
-func (b *endingBody) end(complete bool) {
+// end settles and frees the slot, once: eof says the body was read to its
+// EOF; closed before it, the body is complete still when its Content-Length
+// was read, or one whole JSON value. The caller holds b.mu.
+func (b *endingBody) end(eof bool) {
 	if b.ended {
 		return
 	}
 	b.ended = true
+	complete := eof || (b.length >= 0 && b.read >= b.length) || b.json.whole()
 	if b.settle != nil {
 		b.settle(BodyEnds{Head: b.head, Tail: b.tail[max(len(b.tail)-BodyEndSize, 0):], Complete: complete})
 	}

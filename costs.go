@@ -28,9 +28,12 @@ type Costs map[string]int
 // the actual costs and the estimate, the way an upstream that estimates a
 // request when it starts and corrects its count when it ends does: less
 // gives the difference back at once, more is a debt that later callers wait
-// for (beyond the burst, it is paid off at the rate). A reservation is
-// settled once: settling it again does nothing. One never settled stays at
-// its estimate.
+// for (beyond the burst, it is paid off at the rate). An actual cost is
+// capped at what its limit can ever hold (a burst, a window's count) and,
+// under a bucket, so that its debt delays the key by the limiter's MaxHold
+// at most (see WithMaxHold): a usage object that says a request took 2^40
+// tokens cannot stall a key for years. A reservation is settled once:
+// settling it again does nothing. One never settled stays at its estimate.
 type Reserver interface {
 	Limiter
 	Reserve(ctx context.Context, key string, estimate Costs) (*Reservation, error)
@@ -126,4 +129,22 @@ func (n namedLimits) checkSettle(limiter Reserver, r *Reservation, actual Costs)
 		return limitCosts{}, &requestError{"pace: Settle: a reservation this limiter did not make"}
 	}
 	return n.costsOf(r.key, actual, false)
+}
+
+// capDebts caps each of a settlement's actual costs at what its limit can
+// ever hold (a bucket's burst, a window's count) and, for a bucket, at the
+// estimate plus what it refills in bound, so that no settlement can delay
+// the key beyond bound; limiter's observer o hears of each cap.
+func (n namedLimits) capDebts(ctx context.Context, o Observer, limiter string, r *Reservation, actual *limitCosts, bound time.Duration) {
+	for i, l := range n.limits {
+		most := l.burst
+		if l.kind == bucket {
+			most = min(most, r.estimate[i]+int(min(bound.Microseconds()/l.intervalMicros(), int64(l.burst))))
+		}
+		if actual[i] > most {
+			o.emit(ctx, Event{Kind: EventSettleCapped, Limiter: limiter, Key: r.key, Cost: actual[i],
+				Reason: fmt.Sprintf("%s: capped at %d", n.names[i], most)})
+			actual[i] = most
+		}
+	}
 }

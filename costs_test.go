@@ -30,15 +30,17 @@ func tokensDue(t *testing.T, lim Reserver, key string, tokens int) time.Duration
 }
 
 // TestSettle: on Redis and on Local, a reservation settled below its
-// estimate gives the difference back at once, above it charges a debt that
-// may exceed the burst, a second settlement changes nothing, and one never
-// settled stays at its estimate. The costs under each limit are their own:
+// estimate gives the difference back at once, above it charges a debt (an
+// actual cost beyond the burst is capped at it, and the observer hears
+// so), a second settlement changes nothing, and one never settled stays at
+// its estimate. The costs under each limit are their own:
 // the requests limit is charged 1 a reservation throughout.
 func TestSettle(t *testing.T) {
 	ctx := context.Background()
+	log := &eventLog{}
 	for name, lim := range map[string]Reserver{
-		"redis": mustRedis(t, newTestRedis(t), llmQuota, WithFleetSize(1)),
-		"local": mustLocal(t, llmQuota),
+		"redis": mustRedis(t, newTestRedis(t), llmQuota, WithFleetSize(1), WithObserver(log.observe)),
+		"local": mustLocal(t, llmQuota, WithObserver(log.observe)),
 	} {
 		t.Run(name, func(t *testing.T) {
 			// Each step leaves the bucket of 1,000 tokens short of some; a
@@ -70,7 +72,10 @@ func TestSettle(t *testing.T) {
 			if err := lim.Settle(ctx, second, Costs{"tokens": 2100}); err != nil {
 				t.Fatal(err)
 			}
-			check("a debt of 2000 beyond the burst", 2400*time.Millisecond)
+			check("an actual cost beyond the burst, capped at it", 1300*time.Millisecond)
+			if e, _ := log.last(EventSettleCapped); e.Cost != 2100 || e.Reason != "tokens: capped at 1000" {
+				t.Errorf("the cap was reported as %+v, want the 2100 asked, capped at 1000", e)
+			}
 			if _, err := lim.Reserve(ctx, "other", Costs{"tokens": 1000}); err != nil {
 				t.Fatalf("another key: %v", err)
 			}
@@ -94,13 +99,13 @@ func TestSettleWhileRedisIsAway(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.Kill()
-	if err := r.Settle(ctx, res, Costs{"tokens": 2500}); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "this process alone") {
+	if err := r.Settle(ctx, res, Costs{"tokens": 1000}); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "this process alone") {
 		t.Fatalf("Settle with Redis gone: %v, want an error that wraps ErrUnavailable and says the settlement stays here", err)
 	}
 	// The outage's buckets start empty: 1,000 tokens take a second, and the
-	// debt of 2,000 two more.
-	if got := tokensDue(t, r, "k", 1000); got < 2900*time.Millisecond || got > 3*time.Second {
-		t.Errorf("after a debt of 2000 settled during the outage, 1000 tokens wait %v, want about 3s", got)
+	// debt of 500 half a second more.
+	if got := tokensDue(t, r, "k", 1000); got < 1400*time.Millisecond || got > 1500*time.Millisecond {
+		t.Errorf("after a debt of 500 settled during the outage, 1000 tokens wait %v, want about 1.5s", got)
 	}
 	if got := tokensDue(t, r, "other", 1000); got > time.Second {
 		t.Errorf("another key waits %v, want at most the second an empty bucket takes", got)

@@ -32,6 +32,8 @@ type Reading struct {
 	// Header is what said so, such as "x-ratelimit-remaining: 299,
 	// x-ratelimit-reset: 1700000600".
 	Header string
+
+	own bool // Name is a quota of its own (a GitHub resource other than core): see limitOf
 }
 
 // ParseReadings reads what a response says of the upstream's quotas; now is
@@ -51,25 +53,35 @@ type Reading struct {
 //
 // A Unix or RFC 3339 reset is taken against now, or, when the response's
 // Date header (the upstream's own clock) disagrees with now by more than its
-// rounding to the second and a second of latency, against the Date. A value that is
-// malformed, negative, beyond MaxDelay or contradicted by its own headers (a
-// remaining count above the limit, a used count that does not add up) is
-// ignored. Of two readings of one name, the one with fewer units left wins.
+// rounding to the second and a second of latency, against the Date; so is
+// a Retry-After date (see ParseHold). A value that is malformed, negative,
+// beyond MaxDelay or contradicted by its own headers (a remaining count
+// above the limit, a used count that does not add up) is ignored. Of two
+// readings of one name, the one with fewer units left wins.
+//
+// A reading is about the limit of the quota Named like it; the only reading
+// of a response is about a quota's only rate limit too, unless it names a
+// quota of its own: a GitHub resource other than core (search, graphql...)
+// is about a limit of that name alone.
 func ParseReadings(resp *http.Response, now time.Time) []Reading {
-	h := resp.Header
+	clock := readingClock{header: resp.Header, now: now}
+	return readAll(resp.Header, &clock)
+}
+
+// readAll reads every dialect's readings from h, on clock.
+func readAll(h http.Header, clock *readingClock) []Reading {
 	var readings readingSet
-	clock := readingClock{header: h, now: now}
 	for _, f := range &prefixedFamilies {
-		readings.add(readPrefixed(h, f, &clock))
+		readings.add(readPrefixed(h, f, clock))
 	}
 	for _, r := range readIETF(h) {
 		readings.add(r, true)
 	}
 	for _, names := range &openAINames {
-		readings.add(readMinuteQuota(h, names, &clock))
+		readings.add(readMinuteQuota(h, names, clock))
 	}
 	for _, names := range &anthropicNames {
-		readings.add(readMinuteQuota(h, names, &clock))
+		readings.add(readMinuteQuota(h, names, clock))
 	}
 	return readings
 }
@@ -140,6 +152,7 @@ func readPrefixed(h http.Header, f prefixedNames, clock *readingClock) (Reading,
 		return Reading{}, false
 	}
 	r := Reading{Name: h.Get(f.resource), Header: f.prefix + "Remaining: " + remaining + ", " + f.prefix + "Reset: " + reset}
+	r.own = r.Name != "" && !strings.EqualFold(r.Name, "core")
 	var ok bool
 	if r.Remaining, ok = count(remaining); !ok {
 		return r, false

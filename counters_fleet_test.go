@@ -165,7 +165,8 @@ func TestFleetSpreadsAWindow(t *testing.T) {
 	}
 }
 
-// TestFleetLearnsTheLimit: a fleet configured at 10/s, learning, against
+// TestFleetLearnsTheLimit: a fleet configured at 10/s, learning from 10/s
+// to 250/s (a ceiling above its configured rate, as the user asked), against
 // an upstream of 200/s burst 10 (and one of slack) that advertises its
 // limit as OpenAI does: it reaches 97% of 200/s within 2 s, with at most 2
 // 429s after the first second; when the upstream drops to 100/s 3 s in, at
@@ -178,7 +179,7 @@ func TestFleetLearnsTheLimit(t *testing.T) {
 	const drop = 3 * time.Second
 	end := start.Add(drop + 2*time.Second)
 	runFleet(t, 4, fleetWorker{
-		Addr: srv.Addr, Limit: "10/s learn", Goroutines: 8, URL: api.URL(), Start: start, End: end,
+		Addr: srv.Addr, Limit: "10/s learn 10..250", Goroutines: 8, URL: api.URL(), Start: start, End: end,
 	}, fault{at: drop, act: func() { api.SetRate(100) }})
 
 	arrivals := api.Arrivals()

@@ -73,6 +73,7 @@ type sharedStore interface {
 	slots(ctx context.Context, key string, c slotCall) (slotsReply, error)
 	line(ctx context.Context, key string, earliest, turn time.Duration) (time.Duration, error)
 	heldUntil(ctx context.Context, key string) (int64, error)
+	refused(ctx context.Context, key string, b booking, served bool, channel string) (share, now int64, err error)
 }
 
 // NewRedis returns a Redis limiter that gives each key the quota q (a Limit,
@@ -132,24 +133,22 @@ func settleTime(c redisConfig) time.Duration { return c.maxCooldown + 2*c.callTi
 // go back to the bucket, so that the next callers get them sooner. While
 // Redis fails, the FailurePolicy decides instead.
 func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
-	_, err := r.waitBooked(ctx, key, cost)
+	_, err := r.waitTicket(ctx, key, cost)
 	return err
 }
 
-// waitBooked waits as Wait does, and returns Redis's booking (not granted
-// when Redis did not book the wait), by which the response's counters can
-// steer the key (see Sync).
-func (r *Redis) waitBooked(ctx context.Context, key string, cost int) (booking, error) {
+// waitTicket implements heeder: it waits as Wait does, and returns what it
+// booked, by which the response can steer the key (see heed).
+func (r *Redis) waitTicket(ctx context.Context, key string, cost int) (ticket, error) {
 	if err := checkWait(ctx, r.costCap, key, cost); err != nil {
-		return booking{}, err
+		return ticket{}, err
 	}
 	if err := r.cap.check(ctx, key); err != nil || !r.cap.rated {
-		return booking{}, err
+		return ticket{}, err
 	}
 	q := request{key: key, costs: uniform(cost)}
 	q.horizon = horizonOf(ctx, r.config.commonConfig, r.limits, &q.costs)
-	t, err := r.wait(ctx, q)
-	return t.booking, err
+	return r.wait(ctx, q)
 }
 
 // Acquire implements Slotter: it takes one of the slots of the quota's
@@ -212,6 +211,9 @@ func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 			if t.local != nil {
 				t.local.cancel(q.key, t.res, r.now())
 			}
+			if errors.Is(err, errRecut) {
+				r.refund(ctx, q.key, t.booking) // a failure reaches the observer
+			}
 			continue // the key's pace changed while this caller slept
 		case err != nil:
 			return ticket{}, r.giveBack(ctx, q, t, err)
@@ -224,42 +226,35 @@ func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 	}
 }
 
-// errRetimed ends the sleep of a caller whose booking a retime voided.
-var errRetimed = errors.New("pace: the key's pace changed")
+// errRetimed ends the sleep of a caller whose booking a retime voided:
+// the key learned another limit (and Redis took the booking out of the
+// schedule), or, errRecut, its rate was cut (and the caller gives the
+// booking back).
+var (
+	errRetimed = errors.New("pace: the key's pace changed")
+	errRecut   = fmt.Errorf("%w: its rate was cut", errRetimed)
+)
 
 // sleep sleeps for t's delay, unless ctx ends first, or, for a booking in
-// Redis, the key is retimed meanwhile (errRetimed).
+// Redis, the key is retimed meanwhile (errRetimed, or errRecut).
 func (r *Redis) sleep(ctx context.Context, key string, t ticket) error {
-	if !t.booking.granted || t.delay <= 0 {
+	if !t.booking.granted {
 		return sleep(ctx, key, t.delay)
 	}
-	timer := time.NewTimer(t.delay)
-	defer timer.Stop()
-	for {
-		wake := r.retimes.signal()
-		if r.retimes.after(key, t.booking.now) {
-			return errRetimed
-		}
-		select {
-		case <-timer.C:
-			return nil
-		case <-ctx.Done():
-			return waitEnded(ctx, key, t.delay)
-		case <-wake:
-		}
-	}
+	return r.retimes.sleep(ctx, key, t.delay, t.booking.now)
 }
 
 // A ticket is a wait that a limiter granted: how long it is, who decided
 // it, and what to give back should its caller stop waiting.
 type ticket struct {
-	limiter string // "redis", "local" or "open"
-	delay   time.Duration
-	start   time.Time // when the decision began, by the limiter's clock
-	cause   error     // why Redis did not decide, if it did not
-	booking booking   // Redis's booking, when booking.granted
-	local   *Local    // the local limiter that booked the wait too, or nil
-	res     localBooking
+	limiter   string // "redis", "local" or "open"
+	delay     time.Duration
+	start     time.Time // when the decision began, by the limiter's clock
+	cause     error     // why Redis did not decide, if it did not
+	booking   booking   // Redis's booking, when booking.granted
+	local     *Local    // the local limiter that booked the wait too, or nil
+	res       localBooking
+	listening bool // the key's rate listens for a success (see refusals.go)
 }
 
 // decide books the wait of a request that begins at now, by Redis or,
@@ -303,6 +298,9 @@ func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budg
 		return ticket{}, err
 	}
 	r.beat(ctx, b.now, now)
+	if b.recovered {
+		reportRate(ctx, r.config.observer, "redis", q.key, rateFull, 0)
+	}
 	if !b.granted {
 		return ticket{}, r.refuse(ctx, q, "redis", b.delay, budget)
 	}
@@ -322,15 +320,15 @@ func (r *Redis) pass(ctx context.Context, q request, start time.Time, b booking,
 	slot := now.Add(b.delay)
 	gate := r.failover.granted(q.key, slot, now, first.local != nil)
 	if first.local != nil {
-		first.limiter, first.delay, first.booking = "redis", b.delay, b
+		first.limiter, first.delay, first.booking, first.listening = "redis", b.delay, b, b.listening
 		return first, nil
 	}
-	t := ticket{limiter: "redis", delay: b.delay, start: start, booking: b, local: gate}
+	t := ticket{limiter: "redis", delay: b.delay, start: start, booking: b, local: gate, listening: b.listening}
 	if gate == nil {
 		return t, nil
 	}
 	budget := waitBudget(ctx, r.config.maxWait, now)
-	delay, ok := t.local.reserve(q.key, &q.costs, now, slot, budget, &t.res)
+	delay, ok := t.local.reserve(q.key, &q.costs, now, slot, budget, &t.res, nil)
 	if !ok {
 		err := refuse(ctx, r.config.observer, "redis", q.key, q.costs[0], delay, budget)
 		return ticket{}, errors.Join(err, r.refund(ctx, q.key, b))
@@ -366,7 +364,7 @@ func (r *Redis) unavailable(ctx context.Context, key string, cost int, cause err
 // decideLocally books the wait on local, the outage's local limiter.
 func (r *Redis) decideLocally(ctx context.Context, q request, local *Local, now time.Time, budget time.Duration) (ticket, error) {
 	t := ticket{limiter: "local", start: now, local: local}
-	delay, ok := local.reserve(q.key, &q.costs, now, now, budget, &t.res)
+	delay, ok := local.reserve(q.key, &q.costs, now, now, budget, &t.res, nil)
 	if !ok {
 		return ticket{}, r.refuse(ctx, q, "local", delay, budget)
 	}
@@ -453,6 +451,7 @@ func (r *Redis) Settle(ctx context.Context, res *Reservation, actual Costs) erro
 	if err != nil || !res.settled.CompareAndSwap(false, true) {
 		return err
 	}
+	r.capDebts(ctx, r.config.observer, "redis", res, &costs, r.config.holdBound())
 	t := res.ticket
 	if t.booking.granted {
 		err = r.settleShared(ctx, res, costs)
@@ -548,12 +547,14 @@ func (r *Redis) beat(ctx context.Context, redisNow int64, now time.Time) {
 	}
 }
 
-// Hold implements Holder: in Redis, for every process of the fleet, the
-// next wait for key ends no sooner than h.For from now (by Redis's clock),
-// and the ones after it follow at the rate. While Redis is away, the hold
-// goes to this process's outage limiter alone.
+// Hold implements Holder: in Redis, for every process of the fleet, no
+// wait for key ends sooner than h.For from now (by Redis's clock), capped
+// at the limiter's MaxHold (see WithMaxHold); a hold of a quota that none
+// of the limits is (see Hold.Quota) holds nothing. While Redis is away, the
+// hold goes to this process's outage limiter alone.
 func (r *Redis) Hold(ctx context.Context, key string, h Hold) error {
-	if err := checkHold(key, h); err != nil {
+	h, holds, err := r.config.hold(r.namedLimits, key, h)
+	if err != nil || !holds {
 		return err
 	}
 	if down, local := r.failover.down(); down {

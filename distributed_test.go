@@ -110,8 +110,9 @@ func (m *modelCheck) recent() (modelBooking, bool) {
 	return bk, true
 }
 
-func (m *modelCheck) reserve(step int) {
-	key := m.keys[m.rng.IntN(len(m.keys))]
+func (m *modelCheck) reserve(step int) { m.reserveKey(step, m.keys[m.rng.IntN(len(m.keys))]) }
+
+func (m *modelCheck) reserveKey(step int, key string) {
 	r, a, burst := m.limiterOf(key)
 	cost := m.rng.Int64N(burst) + 1
 	budget := []time.Duration{MaxDelay, 0, time.Duration(m.rng.Int64N(5*a)) * time.Microsecond}[m.rng.IntN(3)]
@@ -122,12 +123,17 @@ func (m *modelCheck) reserve(step int) {
 	}
 	now := m.now(step, b.now)
 	steer := m.model.steers[key]
-	granted, delay, finish, booked := m.model.reserve(key, a, burst, cost, budget.Microseconds(), notBefore.Microseconds(), now)
-	if b.granted != granted || b.delay != microseconds(delay) || b.finishes[0] != finish || b.booked[0] != booked {
-		m.t.Fatalf("step %d: reserve(%s, cost %d, budget %v, not before %v) at %d: script granted=%v delay=%v finish=%d booked=%d, model granted=%v delay=%dµs finish=%d booked=%d",
-			step, key, cost, budget, notBefore, now, b.granted, b.delay, b.finishes[0], b.booked[0], granted, delay, finish, booked)
+	want := m.model.reserve(key, a, burst, cost, budget.Microseconds(), notBefore.Microseconds(), now)
+	if b.granted != want.granted || b.delay != want.delay || b.finishes[0] != want.finishes[0] || b.booked[0] != want.booked[0] ||
+		b.listening != want.listening || b.recovered != want.recovered {
+		m.t.Fatalf("step %d: reserve(%s, cost %d, budget %v, not before %v) at %d: script granted=%v delay=%v finish=%d booked=%d listening=%v recovered=%v, model %v %v %d %d %v %v",
+			step, key, cost, budget, notBefore, now, b.granted, b.delay, b.finishes[0], b.booked[0], b.listening, b.recovered,
+			want.granted, want.delay, want.finishes[0], want.booked[0], want.listening, want.recovered)
 	}
-	if !granted {
+	if b.recovered {
+		m.counts["rate-recovered"]++
+	}
+	if !b.granted {
 		m.counts["refused"]++
 		return
 	}
@@ -252,10 +258,56 @@ func randomSteering(rng *rand.Rand, i int, a, b int64) steering {
 		learned: []int64{0, 0, a / 2, 2 * a}[rng.IntN(4)]}
 }
 
+// refusal tells the key of a recent booking that the upstream refused its
+// request without saying why, or, a third of the time, served it: the
+// key's rate takes it, in the script and the model. The booking stays in
+// the list.
+func (m *modelCheck) refusal(step int) {
+	if len(m.bookings) == 0 {
+		return
+	}
+	m.refusalOf(step, m.bookings[len(m.bookings)-1-m.rng.IntN(min(len(m.bookings), 4))], m.rng.IntN(3) == 0)
+}
+
+// refusalOf tells the key of booking bk that the upstream refused its
+// request, or served it.
+func (m *modelCheck) refusalOf(step int, bk modelBooking, served bool) {
+	r, _, _ := m.limiterOf(bk.key)
+	share, now, err := storeOf(r).refused(context.Background(), bk.key, bk.b, served, "pace-model-holds")
+	if err != nil {
+		m.t.Fatalf("step %d: refused: %v", step, err)
+	}
+	if want := m.model.refused(bk.key, bk.b, served, m.now(step, now)); share != want {
+		m.t.Fatalf("step %d: refused(%s, booked at %d, served %v) at %d: script %d, model %d", step, bk.key, bk.b.now, served, now, share, want)
+	}
+	switch {
+	case served:
+		m.counts["rate-served"]++
+	case share > 0:
+		m.counts["rate-cut"]++
+	default:
+		m.counts["rate-unchanged"]++
+	}
+}
+
+// recover cuts the rate of a key of its own once, from its configured
+// rate, and books on it until its rate, back at the configured one, is
+// dropped: 1.66 s after the cut (0.5 s of climb to 97%, then 1.16 s of
+// probe), for 3 s at most.
+func (m *modelCheck) recover(step int) {
+	const key = "z"
+	m.reserveKey(step, key)
+	m.refusalOf(step, m.bookings[len(m.bookings)-1], false)
+	time.Sleep(1600 * time.Millisecond)
+	for deadline := time.Now().Add(3 * time.Second); m.counts["rate-recovered"] == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		m.reserveKey(step, key)
+	}
+}
+
 // hold holds a random key for up to 10 intervals.
 func (m *modelCheck) hold(step int) {
 	key := m.keys[m.rng.IntN(len(m.keys))]
-	r, a, burst := m.limiterOf(key)
+	r, a, _ := m.limiterOf(key)
 	d := time.Duration(m.rng.Int64N(10*a)+1) * time.Microsecond
 	changed, end, err := storeOf(r).hold(context.Background(), key, d, "pace-model-holds")
 	if err != nil {
@@ -267,7 +319,7 @@ func (m *modelCheck) hold(step int) {
 	}
 	if changed {
 		m.holdEnds[key] = end
-		m.model.hold(key, a, burst, end, now)
+		m.model.hold(key, end, now)
 		m.counts["hold"]++
 	}
 }

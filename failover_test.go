@@ -42,10 +42,17 @@ func (s *fakeStore) reserve(_ context.Context, key string, costs limitCosts, bud
 		return booking{}, s.down
 	}
 	now := s.clock.Now().UnixMicro()
-	granted, delay, finish, booked := s.model.reserve(key, s.interval, s.burst, int64(costs[0]), budget.Microseconds(), notBefore.Microseconds(), now)
-	b := booking{granted: granted, delay: microseconds(delay), now: now, costs: costs}
-	b.finishes[0], b.booked[0] = finish, booked
+	b := s.model.reserve(key, s.interval, s.burst, int64(costs[0]), budget.Microseconds(), notBefore.Microseconds(), now)
+	b.costs = costs
 	return b, nil
+}
+
+func (s *fakeStore) refused(_ context.Context, key string, b booking, served bool, _ string) (int64, int64, error) {
+	if s.down != nil {
+		return 0, 0, s.down
+	}
+	now := s.clock.Now().UnixMicro()
+	return s.model.refused(key, b, served, now), now, nil
 }
 
 func (s *fakeStore) refund(_ context.Context, key string, b booking) ([maxLimits]refundResult, int64, error) {
@@ -89,7 +96,7 @@ func (s *fakeStore) hold(_ context.Context, key string, d time.Duration, _ strin
 	}
 	now := s.clock.Now().UnixMicro()
 	end := now + d.Microseconds()
-	s.model.hold(key, s.interval, s.burst, end, now)
+	s.model.hold(key, end, now)
 	s.holds[key] = end
 	return true, end, nil
 }

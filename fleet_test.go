@@ -165,8 +165,9 @@ type fleetRequest struct {
 	Start, End  time.Time
 	Granted     time.Time     // when a Transport's request left pace for the upstream
 	Limiter     string        // who granted it, from its EventWait; "" if it failed
-	Delay       time.Duration // the pacing delay it was given
+	Delay       time.Duration // the pacing delay it was given: of its last booking, and the sleeps of the ones a cut of the key's rate voided
 	Status      int           // the upstream's answer, when the fleet has one
+	Booked      time.Time     // when it was last booked
 	Err         string
 	Unavailable bool // Err wraps ErrUnavailable
 	// Of an LLM call (tokenRun): its estimated and actual tokens, and
@@ -264,7 +265,12 @@ func (w fleetWorker) run() (fleetReport, error) {
 		switch e.Kind {
 		case EventWait:
 			if q, ok := ctx.Value(requestKey{}).(*fleetRequest); ok {
-				q.Limiter, q.Delay = e.Limiter, e.Delay
+				if q.Booked.IsZero() {
+					q.Delay = 0
+				} else { // a cut of the key's rate voided its last booking: it slept since
+					q.Delay = time.Since(q.Booked)
+				}
+				q.Limiter, q.Delay, q.Booked = e.Limiter, q.Delay+e.Delay, time.Now()
 			}
 		case EventCancel:
 			report.Cancels++

@@ -6,7 +6,6 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -16,133 +15,108 @@ type Hold struct {
 	For    time.Duration
 	Reason string        // the status and header that said so, such as "429 Retry-After: 2"
 	Asked  time.Duration // when the hold was capped: what the upstream asked for; else 0
+	// Quota names the upstream's quota that is spent, as a Reading names it
+	// (a GitHub resource, an IETF policy); "" for the whole key, as a
+	// Retry-After says. A limiter holds a key for a named quota only when
+	// the quota is about one of its limits (see ParseReadings).
+	Quota string
+
+	only, own bool // its reading was the response's only one; names a quota of its own
 }
 
 // A Holder is a Limiter that can pause a key: Hold makes every wait for key,
-// in every process that shares the limiter, end no sooner than h.For from now,
-// after which the key resumes at its rate without a burst. A hold never
-// shortens a longer one already in place. Local and Redis are Holders; a
-// Transport holds a key whenever a response says its quota is spent.
+// in every process that shares the limiter, end no sooner than h.For from now.
+// A hold pauses the key and spends nothing: afterwards, the key resumes at
+// its rate, with the burst its buckets had and refilled meanwhile. A hold
+// never shortens a longer one already in place. Local and Redis are
+// Holders; a Transport holds a key whenever a response says its quota is
+// spent.
 type Holder interface {
 	Limiter
 	Hold(ctx context.Context, key string, h Hold) error
 }
 
-// DefaultMaxHold caps the holds a Transport sets when its MaxHold is zero.
+// DefaultMaxHold is the longest that anything a response says can delay a
+// key, unless a limiter is told otherwise (WithMaxHold).
 const DefaultMaxHold = time.Hour
 
 // ParseHold reads what a response says of the quota and returns the hold it
 // asks for, capped at max, or false when it asks for none. now is when the
-// response arrived. It reads the status and headers only, never the body:
+// response arrived. It reads the status and headers only, never the body,
+// on the clock of ParseReadings:
 //
 //   - 429, 503 or 403 with Retry-After, in seconds (whole or decimal) or as
-//     an HTTP-date, or with Azure's retry-after-ms or x-ms-retry-after-ms;
-//   - RateLimit with a quota whose remaining count is 0, in the IETF draft's
-//     structured form (`"default";r=0;t=30`: hold t seconds) or the older
-//     `limit=100, remaining=0, reset=30`, and RateLimit-Remaining with
-//     RateLimit-Reset in seconds;
-//   - X-RateLimit-Remaining (or X-Rate-Limit-Remaining) of 0 with the
-//     matching Reset, on any status, as GitHub sends with its 403s. A Reset
-//     above 1,000,000,000 is a Unix time (GitHub, X); a smaller one, seconds
-//     from now.
+//     an HTTP-date, or with Azure's retry-after-ms or x-ms-retry-after-ms:
+//     a hold of the whole key;
+//   - on any status, a reading (ParseReadings) of a window with no unit
+//     left: a hold of its quota until the window resets, as GitHub says
+//     with its 403s (X-RateLimit-Remaining: 0) and the IETF draft with
+//     "default";r=0;t=30, or RateLimit-Remaining: 0 with RateLimit-Reset.
 //
 // When several say so, the longest hold wins. A value that is malformed,
 // negative, in the past, or contradicted by its own headers (a remaining
 // count above the limit) is ignored.
 func ParseHold(resp *http.Response, now time.Time, max time.Duration) (Hold, bool) {
-	var best Hold
-	consider := func(seconds float64, reason string) {
-		if !(seconds > 0) || math.IsInf(seconds, 0) {
-			return
-		}
-		h := Hold{For: max, Reason: reason, Asked: time.Duration(math.MaxInt64)}
-		if seconds < max.Seconds() {
-			h = Hold{For: time.Duration(math.Ceil(seconds*1e3)) * time.Millisecond, Reason: reason}
-		} else if seconds < float64(math.MaxInt64/int64(time.Second)) {
-			h.Asked = time.Duration(seconds * float64(time.Second))
-		}
-		if h.For > best.For {
-			best = h
+	var longest Hold
+	for _, h := range hear(resp, now, max).holds {
+		if h.For > longest.For {
+			longest = h
 		}
 	}
-	status := strconv.Itoa(resp.StatusCode) + " "
-	header := resp.Header
+	return longest, longest.For > 0
+}
 
+// retryAfter reads the Retry-After of a 429, 503 or 403 (or Azure's
+// retry-after-ms or x-ms-retry-after-ms), on clock, as a hold of the whole
+// key capped at max, with status (such as "429 ") in its reason.
+func retryAfter(resp *http.Response, clock *readingClock, max time.Duration, status string) (Hold, bool) {
 	switch resp.StatusCode {
 	case http.StatusTooManyRequests, http.StatusServiceUnavailable, http.StatusForbidden:
-		if v := header.Get("Retry-After"); v != "" {
-			consider(retryAfterSeconds(v, now), status+"Retry-After: "+v)
-		}
-		for _, name := range []string{"Retry-After-Ms", "X-Ms-Retry-After-Ms"} { // Azure's, in milliseconds
-			if v := header.Get(name); v != "" {
-				ms, _ := strconv.ParseFloat(v, 64)
-				consider(ms/1000, status+name+": "+v)
+	default:
+		return Hold{}, false
+	}
+	var longest Hold
+	if v := resp.Header.Get("Retry-After"); v != "" {
+		longest = capHold(retryAfterSeconds(v, clock), max, Hold{Reason: status + "Retry-After: " + v})
+	}
+	for _, name := range []string{"Retry-After-Ms", "X-Ms-Retry-After-Ms"} { // Azure's, in milliseconds
+		if v := resp.Header.Get(name); v != "" {
+			ms, _ := strconv.ParseFloat(v, 64)
+			if h := capHold(ms/1000, max, Hold{Reason: status + name + ": " + v}); h.For > longest.For {
+				longest = h
 			}
 		}
 	}
-	if v := header.Get("RateLimit"); v != "" {
-		consider(rateLimitFieldSeconds(v), status+"RateLimit: "+v)
-	}
-	for _, prefix := range []string{"RateLimit-", "X-RateLimit-", "X-Rate-Limit-"} {
-		remaining, reset := header.Get(prefix+"Remaining"), header.Get(prefix+"Reset")
-		if seconds, ok := exhaustedUntil(header.Get(prefix+"Limit"), remaining, reset, now, prefix != "RateLimit-"); ok {
-			consider(seconds, status+prefix+"Remaining: "+remaining+", "+prefix+"Reset: "+reset)
-		}
-	}
-	return best, best.For > 0
+	return longest, longest.For > 0
 }
 
-// retryAfterSeconds reads a Retry-After value: seconds, or an HTTP-date.
-func retryAfterSeconds(v string, now time.Time) float64 {
+// capHold is h, for seconds capped at max (with what was asked, when
+// capped); For is 0 when seconds is not a positive finite number.
+func capHold(seconds float64, max time.Duration, h Hold) Hold {
+	switch {
+	case !(seconds > 0) || math.IsInf(seconds, 0):
+		return Hold{}
+	case seconds < max.Seconds():
+		h.For = time.Duration(math.Ceil(seconds*1e3)) * time.Millisecond
+	default:
+		h.For, h.Asked = max, time.Duration(math.MaxInt64)
+		if seconds < float64(math.MaxInt64/int64(time.Second)) {
+			h.Asked = time.Duration(seconds * float64(time.Second))
+		}
+	}
+	return h
+}
+
+// retryAfterSeconds reads a Retry-After value: seconds, or an HTTP-date
+// taken against clock.
+func retryAfterSeconds(v string, clock *readingClock) float64 {
 	if seconds, err := strconv.ParseFloat(v, 64); err == nil {
 		return seconds
 	}
 	if at, err := http.ParseTime(v); err == nil {
-		return at.Sub(now).Seconds()
+		return at.Sub(clock.at()).Seconds()
 	}
 	return 0
-}
-
-// rateLimitFieldSeconds reads the IETF RateLimit field and returns how long
-// the longest exhausted quota in it lasts, or 0.
-func rateLimitFieldSeconds(v string) float64 {
-	var longest float64
-	items, dictionary := structuredField(v) // the draft's list, or the older dictionary: limit=100, remaining=0, reset=30
-	for _, item := range items {
-		remaining, errR := strconv.ParseInt(item.params["r"], 10, 64)
-		reset, errT := strconv.ParseInt(item.params["t"], 10, 64)
-		if errR == nil && errT == nil && remaining == 0 && reset > 0 {
-			longest = max(longest, float64(reset))
-		}
-	}
-	if seconds, ok := exhaustedUntil(dictionary["limit"], dictionary["remaining"], dictionary["reset"], time.Time{}, false); ok {
-		longest = max(longest, seconds)
-	}
-	return longest
-}
-
-// exhaustedUntil reads a remaining count and its reset, and returns the
-// seconds until the reset when the count is 0. With epochs, a reset above
-// 1,000,000,000 is a Unix time. A limit below the remaining count
-// contradicts it, and nothing is returned.
-func exhaustedUntil(limit, remaining, reset string, now time.Time, epochs bool) (float64, bool) {
-	left, err := strconv.ParseInt(strings.TrimSpace(remaining), 10, 64)
-	if err != nil || left != 0 {
-		return 0, false
-	}
-	if limit != "" {
-		if n, err := strconv.ParseInt(strings.TrimSpace(limit), 10, 64); err != nil || n < left {
-			return 0, false
-		}
-	}
-	seconds, err := strconv.ParseFloat(strings.TrimSpace(reset), 64)
-	if err != nil || seconds <= 0 || math.IsInf(seconds, 0) || math.IsNaN(seconds) {
-		return 0, false
-	}
-	if epochs && seconds > 1e9 {
-		seconds -= float64(now.UnixNano()) / 1e9
-	}
-	return seconds, seconds > 0
 }
 
 // reportHold tells o that limiter held key as h says: a cap when there was
@@ -165,14 +139,19 @@ func reportHold(ctx context.Context, o Observer, limiter, key string, h Hold, ch
 	})
 }
 
-// checkHold reports a hold that cannot be set: on an empty key, or not
-// positive, or longer than MaxDelay.
-func checkHold(key string, h Hold) error {
+// hold returns h as the limiter sets it for key: capped at the limiter's
+// bound (and saying what was asked), and whether it holds the key at all
+// (a hold of a quota none of limits is holds nothing); or why it cannot be
+// set: an empty key, or a hold that is not positive.
+func (c commonConfig) hold(limits namedLimits, key string, h Hold) (Hold, bool, error) {
 	switch {
 	case key == "":
-		return fmt.Errorf("pace: Hold: empty key (%s)", h.Reason)
-	case h.For <= 0 || h.For > MaxDelay:
-		return fmt.Errorf("pace: key %s: Hold for %v (%s): want a positive time of at most MaxDelay", quoteKey(key), h.For, h.Reason)
+		return h, false, fmt.Errorf("pace: Hold: empty key (%s)", h.Reason)
+	case h.For <= 0:
+		return h, false, fmt.Errorf("pace: key %s: Hold for %v (%s): want a positive time", quoteKey(key), h.For, h.Reason)
 	}
-	return nil
+	if bound := c.holdBound(); h.For > bound {
+		h.For, h.Asked = bound, max(h.Asked, h.For)
+	}
+	return h, limits.holds(h), nil
 }

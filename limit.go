@@ -3,7 +3,6 @@ package pace
 import (
 	"fmt"
 	"math"
-	"math/big"
 	"strconv"
 	"strings"
 	"time"
@@ -19,8 +18,8 @@ type Limit struct {
 	period time.Duration
 	burst  int // for windows, count: the most one request may take
 	kind   limitKind
-	name   string // names the limit's Redis key; its String when empty
-	learn  bool   // adopts the limit the upstream advertises
+	name   string   // names the limit's Redis key; its String when empty
+	learn  learning // adopts the limit the upstream advertises (see Learn)
 }
 
 // limitKind says how a Limit counts.
@@ -120,17 +119,6 @@ func (l Limit) Named(name string) Limit {
 	return l
 }
 
-// Learn returns a copy of l that adopts the limit the upstream advertises:
-// l's rate is the cautious one to start at, and from the first response
-// that says how large the quota is (see Reading's Limit and Window, its
-// window defaulting to l's period), the key paces at that rate instead, with
-// l's burst, in every process, until the key is idle long enough to expire.
-// It needs a Redis limiter and a token bucket.
-func (l Limit) Learn() Limit {
-	l.learn = true
-	return l
-}
-
 // Rate returns the sustained rate of l in events per second; 0 for a cap
 // of requests in flight (Concurrent).
 func (l Limit) Rate() float64 {
@@ -171,8 +159,10 @@ func (l Limit) problem() string {
 		return fmt.Sprintf("a window's count %v must be a whole number and its burst", l.count)
 	case strings.ContainsAny(l.name, reservedInNames):
 		return fmt.Sprintf("name %q may not contain '{', '}' or '#'", l.name)
-	case l.learn && l.kind != bucket:
+	case l.learn.on && l.kind != bucket:
 		return "a window cannot learn; Learn applies to token buckets"
+	case l.learn.on:
+		return l.learnProblem()
 	case l.kind != bucket && l.period > maxRefill:
 		return fmt.Sprintf("window %v is longer than a year", l.period)
 	case l.kind == bucket && int64(l.burst) > maxRefill.Microseconds()/l.intervalMicros():
@@ -188,7 +178,7 @@ func (l Limit) capProblem() string {
 		return fmt.Sprintf("a cap of %v in flight: want a whole number from 1 to %d", l.count, maxSlots)
 	case strings.ContainsAny(l.name, reservedInNames):
 		return fmt.Sprintf("name %q may not contain '{', '}' or '#'", l.name)
-	case l.learn:
+	case l.learn.on:
 		return "a cap in flight cannot learn; Learn applies to token buckets"
 	}
 	return ""
@@ -250,25 +240,8 @@ func (l Limit) share(n int) Limit {
 }
 
 // intervalMicros is the time one unit takes to refill, in whole
-// microseconds, rounded up so that a rounded rate is never above l. It is
-// computed exactly (the count is a binary fraction), so that PerMinute(100)
-// is 600000 µs and Every(365*24*time.Hour) 31536000000000 µs, not a
-// floating-point neighbour of either.
-func (l Limit) intervalMicros() int64 {
-	count := new(big.Rat).SetFloat64(l.count)
-	if count == nil || count.Sign() <= 0 {
-		return 0 // Validate refuses such a count
-	}
-	us := new(big.Rat).Quo(new(big.Rat).SetInt64(int64(l.period)), count.Mul(count, big.NewRat(1000, 1)))
-	q, r := new(big.Int).QuoRem(us.Num(), us.Denom(), new(big.Int))
-	if r.Sign() > 0 {
-		q.Add(q, big.NewInt(1))
-	}
-	if !q.IsInt64() {
-		return math.MaxInt64
-	}
-	return q.Int64()
-}
+// microseconds (see microsPer).
+func (l Limit) intervalMicros() int64 { return microsPer(l.period, l.count) }
 
 // String formats l in the syntax ParseLimit reads, such as "100/s",
 // "10/s burst 20", "900/15m sliding" or "10 in flight". A bucket's burst is shown when it
@@ -286,25 +259,23 @@ func (l Limit) String() string {
 	case l.burst != defaultBurst(l.count):
 		s += " burst " + strconv.Itoa(l.burst)
 	}
-	if l.learn {
-		s += " learn"
-	}
-	return s
+	return s + l.learnText()
 }
 
 // ParseLimit reads a Limit written as
 //
-//	COUNT/PERIOD [burst N | sliding | fixed] [learn]
+//	COUNT/PERIOD [burst N | sliding | fixed] [learn [FLOOR..CEILING]]
 //	COUNT in flight
 //
 // COUNT is a positive number; PERIOD is s, m, h or d (second, minute, hour,
 // day), or a Go duration such as 15m or 500ms. Alone, or with a burst (which
 // defaults to COUNT rounded up), it is a token bucket; "sliding" makes it a
 // Window, "fixed" a FixedWindow (with a whole COUNT); "learn" makes a bucket
-// Learn; "COUNT in flight" is a cap of requests in flight (Concurrent).
-// Examples: "100/s", "5000/h", "10/s burst 20", "900/15m sliding",
-// "100/h fixed", "10/s learn", "10 in flight". Anything else is an error
-// that quotes the input.
+// Learn, and "learn FLOOR..CEILING" LearnWithin(FLOOR, CEILING); "COUNT in
+// flight" is a cap of requests in flight (Concurrent). Examples: "100/s",
+// "5000/h", "10/s burst 20", "900/15m sliding", "100/h fixed", "10/s learn",
+// "10/s learn 1..500", "10 in flight". Anything else is an error that
+// quotes the input.
 func ParseLimit(s string) (Limit, error) {
 	bad := func(why string) (Limit, error) {
 		return Limit{}, fmt.Errorf("pace: invalid limit %q: %s (want COUNT/PERIOD [burst N], such as \"100/s\" or \"10/s burst 20\")", s, why)
@@ -313,12 +284,12 @@ func ParseLimit(s string) (Limit, error) {
 	if len(fields) == 3 && fields[1] == "in" && fields[2] == "flight" {
 		return parseCap(fields[0], bad)
 	}
-	learn := len(fields) > 1 && fields[len(fields)-1] == "learn"
-	if learn {
-		fields = fields[:len(fields)-1]
+	fields, learn, err := parseLearn(fields)
+	if err != nil {
+		return bad(err.Error())
 	}
 	windowed := len(fields) == 2 && (fields[1] == "sliding" || fields[1] == "fixed")
-	if len(fields) != 1 && !windowed && (len(fields) != 3 || fields[1] != "burst") {
+	if len(fields) == 0 || (len(fields) != 1 && !windowed && (len(fields) != 3 || fields[1] != "burst")) {
 		return bad("want COUNT/PERIOD, then nothing, burst N, sliding or fixed")
 	}
 	countText, periodText, ok := strings.Cut(fields[0], "/")

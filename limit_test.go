@@ -34,8 +34,10 @@ func TestParseLimit(t *testing.T) {
 		// a count above 2^31 keeps its burst
 		"3000000000/d": {3e9 / 86400, 3_000_000_000, 29, "3e+09/d"},
 		// a bucket that learns the upstream's limit
-		"10/s learn":          {10, 10, 100_000, "10/s learn"},
-		"10/s burst 20 learn": {10, 20, 100_000, "10/s burst 20 learn"},
+		"10/s learn":            {10, 10, 100_000, "10/s learn"},
+		"10/s burst 20 learn":   {10, 20, 100_000, "10/s burst 20 learn"},
+		"10/s learn 1..500":     {10, 10, 100_000, "10/s learn 1..500"},
+		"5000/h learn 50..5000": {5000.0 / 3600, 5000, 720_000, "5000/h learn 50..5000"},
 	} {
 		l, err := ParseLimit(text)
 		if err != nil {
@@ -58,6 +60,10 @@ func TestParseLimitRejects(t *testing.T) {
 		"10/s bust 20", "10/s burst 20 more", "-5/s", "0/s", "NaN/s", "Inf/s", "10/s burst 0",
 		"10/s burst -1", "10 / s", "2000000/s", "1/0s", "learn", "10/s learn learn", "100/m sliding learn",
 		"100/m fixed learn", "10/s learn burst 20",
+		// learning bounds that cannot be: the count outside them, garbage, a ceiling above 10^6/s,
+		// a floor at which the burst would take more than a year to refill
+		"10/s learn 20..30", "10/s learn 1..5", "10/s learn 1..", "10/s learn x..y", "10/s learn 0..10", "10/s learn 5",
+		"10/s learn 1..2000000", "10/s burst 1000 learn 0.00001..10", "10/s learn NaN..10",
 	} {
 		_, err := ParseLimit(text)
 		if err == nil {

@@ -2,6 +2,7 @@ package pace
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"math"
@@ -25,6 +26,7 @@ type Local struct {
 	cap         slotCap
 	slots       *semaphore // the slots of cap, when the quota has one
 	lines       deferLines // of the requests their class deferred
+	retimes     retimes    // the cuts of keys' rates (see refusals.go), in microseconds of now
 	config      commonConfig
 	now         func() time.Time // time.Now, or a test's clock
 	// emptyAt, if set, is when the buckets of keys met later were empty, or,
@@ -58,7 +60,12 @@ type localShard struct {
 type localKey struct {
 	lims []*rate.Limiter
 	last time.Time
+	rate keyRate // after refusals the upstream gave without saying why
 }
+
+// rateNote is what a booking found of its key's rate after refusals: it
+// listens for a success, or it was dropped, back at the configured rate.
+type rateNote struct{ listening, recovered bool }
 
 // localBooking is what a Local booked for one request: a reservation a
 // limit, or none where the request was granted at once.
@@ -116,15 +123,21 @@ func newLocal(limits namedLimits, config commonConfig, now func() time.Time) *Lo
 // and sleeps until they are due; if ctx ends first, the tokens go back to
 // the buckets.
 func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
+	_, err := loc.waitTicket(ctx, key, cost)
+	return err
+}
+
+// waitTicket implements heeder: it waits as Wait does, and returns what it
+// booked.
+func (loc *Local) waitTicket(ctx context.Context, key string, cost int) (ticket, error) {
 	if err := checkWait(ctx, loc.costCap, key, cost); err != nil {
-		return err
+		return ticket{}, err
 	}
 	if err := loc.cap.check(ctx, key); err != nil || !loc.cap.rated {
-		return err
+		return ticket{}, err
 	}
 	costs := uniform(cost)
-	_, _, _, err := loc.wait(ctx, key, &costs)
-	return err
+	return loc.wait(ctx, key, &costs)
 }
 
 // Acquire implements Slotter: it takes one of the slots of the quota's
@@ -156,30 +169,30 @@ func (loc *Local) Reserve(ctx context.Context, key string, estimate Costs) (*Res
 	if err != nil {
 		return nil, err
 	}
-	res, delay, start, err := loc.wait(ctx, key, &costs)
+	t, err := loc.wait(ctx, key, &costs)
 	if err != nil {
 		return nil, err
 	}
-	t := ticket{limiter: "local", delay: delay, start: start, local: loc, res: res}
 	return &Reservation{limiter: loc, key: key, estimate: costs, ticket: t}, nil
 }
 
 // Settle implements Reserver: the difference between actual and the
 // reservation's estimate is charged to key's buckets, or given back (never
 // beyond full), now.
-func (loc *Local) Settle(_ context.Context, r *Reservation, actual Costs) error {
+func (loc *Local) Settle(ctx context.Context, r *Reservation, actual Costs) error {
 	costs, err := loc.checkSettle(loc, r, actual)
 	if err != nil || !r.settled.CompareAndSwap(false, true) {
 		return err
 	}
+	loc.capDebts(ctx, loc.config.observer, "local", r, &costs, loc.config.holdBound())
 	loc.settle(r.key, r.estimate, costs, loc.now())
 	return nil
 }
 
 // wait books costs for key and sleeps until they are due, booking anew
-// after a hold that came meanwhile, and returns what it booked, the wait
-// and when its decision began.
-func (loc *Local) wait(ctx context.Context, key string, costs *limitCosts) (localBooking, time.Duration, time.Time, error) {
+// after a hold that came meanwhile, or a cut of the key's rate, and returns
+// what it booked.
+func (loc *Local) wait(ctx context.Context, key string, costs *limitCosts) (ticket, error) {
 	for turn := false; ; {
 		horizon := horizonOf(ctx, loc.config, loc.limits, costs)
 		if turn {
@@ -187,26 +200,35 @@ func (loc *Local) wait(ctx context.Context, key string, costs *limitCosts) (loca
 		}
 		now := loc.now()
 		own := waitBudget(ctx, loc.config.maxWait, now)
-		var res localBooking
-		delay, ok := loc.reserve(key, costs, now, now, classBudget(own, horizon), &res)
+		t := ticket{limiter: "local", start: now, local: loc}
+		var note rateNote
+		delay, ok := loc.reserve(key, costs, now, now, classBudget(own, horizon), &t.res, &note)
+		if note.recovered {
+			reportRate(ctx, loc.config.observer, "local", key, rateFull, 0)
+		}
 		if !ok && defers(delay, own, horizon) {
 			if err := loc.deferred(ctx, key, costs, delay-horizon, own, horizon); err != nil {
-				return res, 0, now, err
+				return t, err
 			}
 			turn = true
 			continue
 		}
 		if !ok {
-			return res, 0, now, refuse(ctx, loc.config.observer, "local", key, costs[0], delay, classBudget(own, horizon))
+			return t, refuse(ctx, loc.config.observer, "local", key, costs[0], delay, classBudget(own, horizon))
 		}
+		t.delay, t.listening = delay, note.listening
 		loc.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: "local", Key: key, Cost: costs[0], Delay: delay})
-		if err := sleep(ctx, key, delay); err != nil {
-			loc.cancel(key, res, loc.now())
+		switch err := loc.retimes.sleep(ctx, key, delay, now.UnixMicro()); {
+		case errors.Is(err, errRetimed):
+			loc.cancel(key, t.res, loc.now())
+			continue // the key's rate was cut while this caller slept
+		case err != nil:
+			loc.cancel(key, t.res, loc.now())
 			loc.config.observer.emit(ctx, Event{Kind: EventCancel, Limiter: "local", Key: key, Cost: costs[0], Delay: delay, Err: err})
-			return res, 0, now, err
+			return t, err
 		}
 		if delay == 0 || !loc.heldPast(key, now.Add(delay)) {
-			return res, delay, now, nil
+			return t, nil
 		}
 		// A hold came while this caller slept, and its slot lies before
 		// the hold's end: it books anew, after the hold.
@@ -225,14 +247,17 @@ func (loc *Local) deferred(ctx context.Context, key string, costs *limitCosts, e
 	return deferred(ctx, loc.config.observer, "local", key, costs[0], retry)
 }
 
-// reserve books costs for key at notBefore or later (and after any hold),
-// under every limit at once, puts the reservations in b, and returns the
-// delay from now until they are due. When that delay would exceed budget,
-// it books nothing and returns false with the delay. Where a request is
-// granted at once, there is no reservation to give back.
-func (loc *Local) reserve(key string, costs *limitCosts, now, notBefore time.Time, budget time.Duration, b *localBooking) (delay time.Duration, ok bool) {
+// reserve books costs for key at notBefore or later (and after any hold,
+// as the key's rate after refusals allows), under every limit at once,
+// puts the reservations in b, and returns the delay from now until they
+// are due. When that delay would exceed budget, it books nothing and
+// returns false with the delay. Where a request is granted at once, there
+// is no reservation to give back. note, if not nil, hears what the booking
+// found of the key's rate.
+func (loc *Local) reserve(key string, costs *limitCosts, now, notBefore time.Time, budget time.Duration, b *localBooking, note *rateNote) (delay time.Duration, ok bool) {
 	shard := loc.shard(key)
 	shard.mu.Lock()
+	defer shard.mu.Unlock()
 	k := shard.limiter(loc, key, now)
 	// x/time/rate forgets a time ahead of now unless the reservation is
 	// made at it: the booking begins at the latest of now, notBefore, the
@@ -241,16 +266,32 @@ func (loc *Local) reserve(key string, costs *limitCosts, now, notBefore time.Tim
 	if len(shard.holds) > 0 {
 		at = latest(at, shard.holds[key])
 	}
+	us := now.UnixMicro()
+	if note != nil {
+		note.recovered, note.listening = k.rate.recovered(us), k.rate.listening()
+	}
+	unit, burst := loc.rateUnits(k, costs)
+	at = latest(at, time.UnixMicro(k.rate.allow(us, at.UnixMicro(), unit, burst)))
 	if !at.After(now) {
 		at, k.last = now, now
 		if k.allowAll(now, costs) {
-			shard.mu.Unlock()
+			k.rate.book(us, us, unit)
 			return 0, true
 		}
 	}
-	delay, ok = k.book(costs, now, at, budget, b)
-	shard.mu.Unlock()
+	if delay, ok = k.book(costs, now, at, budget, b); ok {
+		k.rate.book(us, now.Add(delay).UnixMicro(), unit)
+	}
 	return delay, ok
+}
+
+// rateUnits is what k's rate after refusals measures a request of costs
+// against (see rateUnits): nothing when it has none.
+func (loc *Local) rateUnits(k *localKey, costs *limitCosts) (unit, burst int64) {
+	if !k.rate.on {
+		return 0, 0
+	}
+	return rateUnits(loc.limits, costs, func(i int) int64 { return loc.limits[i].intervalMicros() })
 }
 
 // book books costs under every limit of k at once, at the first time from
@@ -311,8 +352,8 @@ func (loc *Local) cancel(key string, b localBooking, now time.Time) {
 }
 
 // settle charges key's buckets, at now or its last reservation time, with
-// the difference between actual and estimate under each limit: a debt of
-// any size, or a credit that fills the bucket at most.
+// the difference between actual and estimate under each limit: a debt (of
+// a burst at most: see capDebts), or a credit that fills the bucket at most.
 func (loc *Local) settle(key string, estimate, actual limitCosts, now time.Time) {
 	shard := loc.shard(key)
 	shard.mu.Lock()
@@ -342,24 +383,21 @@ func latest(a, b time.Time) time.Time {
 	return a
 }
 
-// Hold implements Holder: the next wait for key ends no sooner than h.For
-// from now, and the ones after it follow at the rate.
+// Hold implements Holder: no wait for key ends sooner than h.For from now,
+// capped at the limiter's MaxHold (see WithMaxHold); a hold of a quota that
+// none of the limits is (see Hold.Quota) holds nothing.
 func (loc *Local) Hold(ctx context.Context, key string, h Hold) error {
-	if err := checkHold(key, h); err != nil {
+	h, holds, err := loc.config.hold(loc.namedLimits, key, h)
+	if err != nil || !holds {
 		return err
 	}
 	now := loc.now()
 	until := now.Add(h.For)
 	shard := loc.shard(key)
 	shard.mu.Lock()
-	k := shard.limiter(loc, key, now)
 	changed := !shard.holds[key].After(until)
 	if changed {
 		shard.holds[key] = until
-		k.last = latest(until, k.last)
-		for _, lim := range k.lims {
-			lim.ReserveN(k.last, lim.Burst()-1) // all but the token of the first grant after the hold
-		}
 	}
 	shard.mu.Unlock()
 	reportHold(ctx, loc.config.observer, "local", key, h, changed)
@@ -398,7 +436,7 @@ func (loc *Local) heldPast(key string, slot time.Time) bool {
 func (s *localShard) limiter(loc *Local, key string, now time.Time) *localKey {
 	if !now.Before(s.nextSweep) {
 		for name, k := range s.limiters {
-			if !k.last.After(now) && k.full(now) {
+			if !k.last.After(now) && k.full(now) && !k.rate.on {
 				delete(s.limiters, name)
 			}
 		}

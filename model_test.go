@@ -17,29 +17,75 @@ type bucketModel struct {
 	tat    map[string]int64
 	gaps   map[string]map[int64]int64 // key → finish → size
 	steers map[string]*steerModel     // key → its steering, once steered
+	holds  map[string]int64           // key → when its latest hold ends
+	rates  map[string]*keyRate        // key → its rate after refusals (refusals.go is the model of rate.lua)
 }
 
 func newBucketModel() *bucketModel {
-	return &bucketModel{tat: make(map[string]int64), gaps: make(map[string]map[int64]int64), steers: make(map[string]*steerModel)}
+	return &bucketModel{tat: make(map[string]int64), gaps: make(map[string]map[int64]int64), steers: make(map[string]*steerModel),
+		holds: make(map[string]int64), rates: make(map[string]*keyRate)}
 }
 
-// reserve is reserve.lua: the caller cannot go before now + notBefore.
-// booked is the steered bucket's count of units booked (else 0).
-func (m *bucketModel) reserve(key string, interval, burst, cost, budget, notBefore, now int64) (granted bool, delay, finish, booked int64) {
-	s, arrival := m.steers[key], now+notBefore
+// reserve is reserve.lua: the caller cannot go before now + notBefore, nor
+// before the key's hold ends, nor before its rate lets it. It returns what
+// the script replies: whether it was granted, its delay, the bucket's TAT
+// after it (finishes[0]), the steered bucket's count of units booked (else
+// 0), and whether the key's rate listens for a success, or was dropped.
+func (m *bucketModel) reserve(key string, interval, burst, cost, budget, notBefore, now int64) booking {
+	s, arrival := m.steers[key], max(now+notBefore, m.holds[key])
+	var b booking
+	rate, unit := m.keyRate(key, now, &b), cost*s.interval(interval)
+	arrival = rate.allow(now, arrival, unit, burst*s.interval(interval))
 	slot := max(arrival, s.allow(m.tat[key], interval, burst, cost, arrival, now))
-	finish = s.finish(m.tat[key], interval, burst, cost, slot, now)
+	b.delay, b.now = microseconds(slot-now), now
+	b.finishes[0] = s.finish(m.tat[key], interval, burst, cost, slot, now)
 	if slot-now > budget {
-		return false, slot - now, finish, 0
+		return b
 	}
-	return true, slot - now, finish, m.book(key, finish, cost, now)
+	rate.book(now, slot, unit)
+	b.granted, b.booked[0] = true, m.book(key, interval, b.finishes[0], cost, slot, now)
+	return b
 }
 
-// book notes cost units booked, leaving the schedule at finish, and
-// returns the bucket's count of units booked (0 when not steered).
-func (m *bucketModel) book(key string, finish, cost, now int64) int64 {
+// keyRate returns key's rate after refusals, as a booking at now finds it,
+// and notes in b whether it listens for a success, or was dropped, back at
+// the configured rate.
+func (m *bucketModel) keyRate(key string, now int64, b *booking) *keyRate {
+	k := m.rateOf(key)
+	b.recovered, b.listening = k.recovered(now), k.listening()
+	return k
+}
+
+// rateOf returns key's rate after refusals, as refused.lua finds it.
+func (m *bucketModel) rateOf(key string) *keyRate {
+	k := m.rates[key]
+	if k == nil {
+		k = &keyRate{}
+		m.rates[key] = k
+	}
+	return k
+}
+
+// refused is refused.lua: it returns the share the key's rate goes at
+// after a cut, or 0.
+func (m *bucketModel) refused(key string, b booking, served bool, now int64) int64 {
+	k := m.rateOf(key)
+	switch {
+	case served:
+		k.served(b.now)
+	case k.refused(now, b.now):
+		return k.bottom
+	}
+	return 0
+}
+
+// book notes cost units booked at slot in a bucket of interval a, leaving
+// the schedule at finish, and returns the bucket's count of units booked (0
+// when not steered).
+func (m *bucketModel) book(key string, a, finish, cost, slot, now int64) int64 {
 	s := m.steers[key]
 	m.tat[key] = finish
+	s.moveCeiling(a, cost, slot, now)
 	s.written(now)
 	return s.countBooked(cost)
 }
@@ -50,9 +96,10 @@ func (m *bucketModel) book(key string, finish, cost, now int64) int64 {
 func (m *bucketModel) settle(key string, a, b, units, now int64) {
 	tat, ok := m.tat[key]
 	s := m.steers[key]
-	_, unit, _ := s.step(tat, a, b, now, now)
+	_, unit, _, _ := s.step(tat, a, b, now, now)
 	diff := units * unit
 	s.countBooked(units)
+	s.moveCeiling(a, units, now, now)
 	switch {
 	case diff > 0:
 		m.tat[key] = min(max(tat, now)+diff, now+horizon.Microseconds())
@@ -89,14 +136,12 @@ func (m *bucketModel) sync(key string, a, b int64, bk booking, i int, st steerin
 	return result
 }
 
-// hold is hold.lua for one bucket: no request before end.
-func (m *bucketModel) hold(key string, a, b, end, now int64) {
-	s := m.steers[key]
-	if target := end + (b-1)*s.fleetInterval(a); m.tat[key] < target {
-		if s != nil {
-			s.till, s.spread = 0, 0
-		}
-		m.tat[key] = target
+// hold is hold.lua, for a hold of key that outlasts the one in place: no
+// request before end, and a steered bucket's next reading taken afresh.
+func (m *bucketModel) hold(key string, end, now int64) {
+	m.holds[key] = end
+	if s := m.steers[key]; s != nil && s.seen != 0 {
+		s.seen = 0
 		s.written(now)
 	}
 }
@@ -158,8 +203,8 @@ func TestModelKeepsTheBound(t *testing.T) {
 			cost := rng.Int64N(burst) + 1
 			budget := []int64{math.MaxInt64, 0, rng.Int64N(10 * interval), rng.Int64N(10 * interval)}[rng.IntN(4)]
 			notBefore := []int64{0, 0, rng.Int64N(3 * interval)}[rng.IntN(3)]
-			if ok, delay, finish, _ := m.reserve("k", interval, burst, cost, budget, notBefore, now); ok {
-				grants = append(grants, grant{now + delay, cost, finish})
+			if b := m.reserve("k", interval, burst, cost, budget, notBefore, now); b.granted {
+				grants = append(grants, grant{now + b.delay.Microseconds(), cost, b.finishes[0]})
 			}
 		case op < 8 && len(grants) > 0:
 			// Recent bookings are the ones still ahead, and only a caller
@@ -192,25 +237,35 @@ func TestModelKeepsTheBound(t *testing.T) {
 // kind of limit: buckets (by bucketModel), sliding windows (the times of
 // their grants) and fixed windows (counts by window).
 type quotaModel struct {
-	buckets *bucketModel
+	buckets *bucketModel                // and the holds, by the key the caller names
 	grants  map[string]map[string]int64 // sliding window key → member → time
 	counts  map[string]map[int64]int64  // fixed window key → window → count
-	holds   map[string]int64            // fixed window key → hold end
 }
 
 func newQuotaModel() *quotaModel {
-	return &quotaModel{buckets: newBucketModel(), grants: map[string]map[string]int64{},
-		counts: map[string]map[int64]int64{}, holds: map[string]int64{}}
+	return &quotaModel{buckets: newBucketModel(), grants: map[string]map[string]int64{}, counts: map[string]map[int64]int64{}}
 }
 
 func windowGuard(length int64) int64 { return min(length-length%50, 2_500_000) / 50 }
 
-// reserve is quota.lua: limits[i] is kind, interval or length, burst or
-// count, keys[i] its key and costs[i] the request's cost under it.
-// It returns whether the request was granted, its delay, each bucket's TAT
-// after it and each steered bucket's count of units booked (else 0).
-func (m *quotaModel) reserve(keys []string, limits [][3]int64, costs []int64, budget, notBefore int64, id string, now int64) (bool, int64, []int64, []int64) {
-	slot := now + notBefore
+// quotaReply is what quota.lua replies.
+type quotaReply struct {
+	granted              bool
+	delay                int64
+	finishes, booked     []int64
+	listening, recovered bool
+}
+
+// reserve is quota.lua for key: limits[i] is kind, interval or length,
+// burst or count, keys[i] its Redis key and costs[i] the request's cost
+// under it. It returns whether the request was granted, its delay, each
+// bucket's TAT after it, each steered bucket's count of units booked (else
+// 0), and whether the key's rate listens for a success, or was dropped.
+func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs []int64, budget, notBefore int64, id string, now int64) quotaReply {
+	slot := max(now+notBefore, m.buckets.holds[key])
+	var b booking
+	rate := m.buckets.keyRate(key, now, &b)
+	unit, burst := m.rateUnits(keys, limits, costs)
 	for i, l := range limits {
 		kind, a, b, cost := l[0], l[1], l[2], costs[i]
 		switch kind {
@@ -229,10 +284,9 @@ func (m *quotaModel) reserve(keys []string, limits [][3]int64, costs []int64, bu
 			if k := int(b - cost); k < len(times) {
 				slot = max(slot, times[k]+a+windowGuard(a))
 			}
-		case 3:
-			slot = max(slot, m.holds[keys[i]])
 		}
 	}
+	slot = rate.allow(now, slot, unit, burst)
 	windows := make([]int64, len(limits))
 	for moved := true; moved; {
 		moved = false
@@ -256,13 +310,15 @@ func (m *quotaModel) reserve(keys []string, limits [][3]int64, costs []int64, bu
 			finishes[i] = m.buckets.steers[keys[i]].finish(m.buckets.tat[keys[i]], l[1], l[2], costs[i], slot, now)
 		}
 	}
+	reply := quotaReply{delay: slot - now, finishes: finishes, booked: booked, listening: b.listening, recovered: b.recovered}
 	if slot-now > budget {
-		return false, slot - now, finishes, booked
+		return reply
 	}
+	rate.book(now, slot, unit)
 	for i, l := range limits {
 		switch l[0] {
 		case 1:
-			booked[i] = m.buckets.book(keys[i], finishes[i], costs[i], now)
+			booked[i] = m.buckets.book(keys[i], l[1], finishes[i], costs[i], slot, now)
 		case 2:
 			if m.grants[keys[i]] == nil {
 				m.grants[keys[i]] = map[string]int64{}
@@ -278,7 +334,25 @@ func (m *quotaModel) reserve(keys []string, limits [][3]int64, costs []int64, bu
 			m.counts[keys[i]][windows[i]] += costs[i]
 		}
 	}
-	return true, slot - now, finishes, booked
+	reply.granted = true
+	return reply
+}
+
+// rateUnits is what a key's rate measures a request of costs under limits
+// against (see rateUnits), as quota.lua takes it: a bucket's interval, the
+// learned one if any, and a window's length over its count.
+func (m *quotaModel) rateUnits(keys []string, limits [][3]int64, costs []int64) (unit, burst int64) {
+	var lc limitCosts
+	ls := make([]Limit, len(limits))
+	for i, l := range limits {
+		lc[i], ls[i] = int(costs[i]), Limit{burst: int(l[2])}
+	}
+	return rateUnits(ls, &lc, func(i int) int64 {
+		if a, b := limits[i][1], limits[i][2]; limits[i][0] != 1 {
+			return int64(math.Ceil(float64(a) / float64(b)))
+		}
+		return m.buckets.steers[keys[i]].interval(limits[i][1])
+	})
 }
 
 // trim keeps a sliding window's latest count grants, in Redis's order (by

@@ -47,16 +47,19 @@ func (h *heldKeys) before(key string, slot int64) bool {
 	return ok && slot < held.at
 }
 
-// A retime (see lua/sync.lua: the interval a key learned changed) voids the
-// bookings made before it: their callers, asleep in any process, wake and
-// book anew, at the new pace. The sync script publishes "KEY\nretime AT"
-// on the hold channel (AT by Redis's clock, in microseconds); each limiter
-// notes when each key was retimed, and wakes its sleepers, which book anew
-// if theirs was.
+// A retime voids the bookings made before it: their callers, asleep in any
+// process, wake and book anew, at the new pace. The sync script publishes
+// "KEY\nretime AT" on the hold channel when the interval a key learned
+// changed (lua/sync.lua, which takes the bookings out of the schedule
+// itself), and the refused script "KEY\nrate AT" when a refusal cut the
+// key's rate (lua/refused.lua: the callers give their bookings back); AT
+// is by Redis's clock, in microseconds. Each limiter notes when each key
+// was retimed, and wakes its sleepers, which book anew if theirs was.
 type retimes struct {
 	mu   sync.Mutex
 	wake chan struct{} // closed at the next retime
-	keys latestHeard
+	keys latestHeard   // retimes of learned limits
+	cuts latestHeard   // retimes of cut rates
 }
 
 // signal returns a channel that is closed at the next retime of any key.
@@ -69,11 +72,16 @@ func (r *retimes) signal() <-chan struct{} {
 	return r.wake
 }
 
-// add notes that key was retimed at at, and wakes the sleepers.
-func (r *retimes) add(key string, at int64, now time.Time) {
+// add notes that key was retimed at at (its rate cut, when cut), and wakes
+// the sleepers.
+func (r *retimes) add(key string, at int64, cut bool, now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.keys.note(key, at, now.Add(time.Minute), now)
+	heard := &r.keys
+	if cut {
+		heard = &r.cuts
+	}
+	heard.note(key, at, now.Add(time.Minute), now)
 	if r.wake != nil {
 		close(r.wake)
 		r.wake = nil
@@ -81,12 +89,14 @@ func (r *retimes) add(key string, at int64, now time.Time) {
 }
 
 // after reports whether key was retimed after a booking decided at booked
-// (Redis's clock, in microseconds).
-func (r *retimes) after(key string, booked int64) bool {
+// (Redis's clock, in microseconds), and whether by a cut of its rate.
+func (r *retimes) after(key string, booked int64) (retimed, cut bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	last, ok := r.keys[key]
-	return ok && last.at > booked
+	learned, ok1 := r.keys[key]
+	recut, ok2 := r.cuts[key]
+	cut = ok2 && recut.at > booked
+	return cut || (ok1 && learned.at > booked), cut
 }
 
 // latestHeard keeps, for each key, the latest of the times heard for it
@@ -115,13 +125,44 @@ func (l *latestHeard) note(key string, at int64, forget, now time.Time) {
 	}
 }
 
-// parseRetimeMessage reads what the sync script publishes on a retime: the
-// key, a newline, "retime" and its time, in microseconds of Redis's clock.
-func parseRetimeMessage(payload string) (key string, at int64, ok bool) {
+// sleep sleeps for delay, unless ctx ends first, or key is retimed
+// meanwhile, after a booking decided at booked (on the clock of the
+// retimes, in microseconds): then it returns errRetimed, or errRecut for a
+// cut of the key's rate.
+func (r *retimes) sleep(ctx context.Context, key string, delay time.Duration, booked int64) error {
+	if delay <= 0 {
+		return nil
+	}
+	timer := time.NewTimer(delay)
+	defer timer.Stop()
+	for {
+		wake := r.signal()
+		if retimed, cut := r.after(key, booked); cut {
+			return errRecut
+		} else if retimed {
+			return errRetimed
+		}
+		select {
+		case <-timer.C:
+			return nil
+		case <-ctx.Done():
+			return waitEnded(ctx, key, delay)
+		case <-wake:
+		}
+	}
+}
+
+// parseRetimeMessage reads what the sync and refused scripts publish on a
+// retime: the key, a newline, "retime" or "rate" (cut says which) and its
+// time, in microseconds of Redis's clock.
+func parseRetimeMessage(payload string) (key string, at int64, cut, ok bool) {
 	key, rest, ok := strings.Cut(payload, "\n")
 	atText, found := strings.CutPrefix(rest, "retime ")
+	if !found {
+		atText, cut = strings.CutPrefix(rest, "rate ")
+	}
 	at, err := strconv.ParseInt(atText, 10, 64)
-	return key, at, ok && found && err == nil
+	return key, at, cut, ok && (found || cut) && err == nil
 }
 
 // subscriber is a client that can listen on Pub/Sub channels.
@@ -197,8 +238,8 @@ func (r *Redis) receiveHolds(ctx context.Context, ps *redis.PubSub) {
 		case *redis.Message:
 			if key, end, d, ok := parseHoldMessage(m.Payload); ok {
 				r.heard(key, end, d)
-			} else if key, at, ok := parseRetimeMessage(m.Payload); ok {
-				r.retimes.add(key, at, r.now())
+			} else if key, at, cut, ok := parseRetimeMessage(m.Payload); ok {
+				r.retimes.add(key, at, cut, r.now())
 			} else if id, ok := parseSlotMessage(m.Payload); ok {
 				r.slotWaiters.tell(id)
 			}

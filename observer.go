@@ -22,6 +22,7 @@ type Event struct {
 	Delay   time.Duration // the wait booked, refused or cut short; how long Redis was away; how long a hold lasts
 	Err     error         // why: the refusal, the cancellation, or the Redis failure
 	Reason  string        // for holds: the upstream's status and header, such as "429 Retry-After: 2"
+	Rate    float64       // for EventRate: the share of its configured rate the key now goes at, from 0.01 to 1
 }
 
 // An EventKind says what an Event reports.
@@ -50,7 +51,7 @@ const (
 	// one already in place changes nothing and is not reported.
 	EventHold
 	// EventHoldCapped: the upstream asked for a hold longer than the
-	// Transport's MaxHold; Delay is what it asked for, and the hold is
+	// limiter's MaxHold (WithMaxHold); Delay is what it asked for, and the hold is
 	// reported (EventHold) at the cap.
 	EventHoldCapped
 	// EventHoldEnd: a hold this process set has run its course.
@@ -84,6 +85,20 @@ const (
 	// EventFail: while Redis is away, FailClosed failed the request (Err
 	// wraps ErrUnavailable).
 	EventFail
+	// EventSettleCapped: a settlement's actual cost (Cost) was more than its
+	// limit (Reason) can ever hold, or a debt that would delay Key beyond
+	// the limiter's MaxHold, and was capped, as Reason says.
+	EventSettleCapped
+	// EventRate: the upstream refused a request of Key without saying why
+	// (a 429 or 503 with neither Retry-After nor counters that explain it),
+	// and Key's rate was cut to Rate, a share of its configured rate, for
+	// the whole fleet; or (Rate 1) it is back at its configured rate.
+	EventRate
+	// EventIgnored: what a response said of Key lies beyond the limiter's
+	// MaxHold (a window that resets later, a window of a limit that
+	// learns longer, Delay), and was ignored as that response's foreign
+	// data; Reason is the header.
+	EventIgnored
 )
 
 var eventKindNames = [...]string{
@@ -92,7 +107,7 @@ var eventKindNames = [...]string{
 	EventHold: "hold", EventHoldCapped: "hold-capped", EventHoldEnd: "hold-end",
 	EventReading: "reading", EventStaleReading: "stale-reading", EventLearned: "learned",
 	EventSlot: "slot", EventSlotRelease: "slot-release", EventSlotAbandon: "slot-abandon", EventSlotExpire: "slot-expire",
-	EventClass: "class", EventFail: "fail",
+	EventClass: "class", EventFail: "fail", EventSettleCapped: "settle-capped", EventRate: "rate", EventIgnored: "ignored",
 }
 
 // String returns the kind's name, such as "wait" or "fallback".

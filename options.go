@@ -22,6 +22,7 @@ type RedisOption interface {
 type commonConfig struct {
 	observer Observer
 	maxWait  time.Duration
+	maxHold  time.Duration // 0 for DefaultMaxHold
 	lease    time.Duration // 0 for DefaultLease
 	horizons map[Class]time.Duration
 }
@@ -30,11 +31,16 @@ func (c commonConfig) validate() error {
 	switch {
 	case c.maxWait < 0:
 		return fmt.Errorf("pace: WithMaxWait(%v): negative", c.maxWait)
+	case c.maxHold != 0 && (c.maxHold < time.Millisecond || c.maxHold > MaxDelay):
+		return fmt.Errorf("pace: WithMaxHold(%v): want from 1ms to MaxDelay, or 0 for the default", c.maxHold)
 	case c.lease != 0 && (c.lease < minLease || c.lease > maxLease):
 		return fmt.Errorf("pace: WithLease(%v): want from %v to %v", c.lease, minLease, maxLease)
 	}
 	return checkHorizons(c.horizons)
 }
+
+// holdBound is the longest anything a response says may delay a key.
+func (c commonConfig) holdBound() time.Duration { return cmp.Or(c.maxHold, DefaultMaxHold) }
 
 // leaseOrDefault is the lease of a slot.
 func (c commonConfig) leaseOrDefault() time.Duration { return cmp.Or(c.lease, DefaultLease) }
@@ -119,6 +125,17 @@ func WithObserver(o Observer) Option {
 // *DeadlineError. Zero, the default, means no cap beyond the context's own.
 func WithMaxWait(d time.Duration) Option {
 	return commonOption(func(c *commonConfig) { c.maxWait = d })
+}
+
+// WithMaxHold bounds every delay the upstream's word can cause a key: a
+// hold (capped at d, with EventHoldCapped), the reset of a window its
+// counters steer and the window of a limit learned (a reading of either
+// beyond d is ignored, with EventIgnored), the interval a limit learns, and
+// the debt of a settlement (an actual cost is capped so that its debt
+// delays the key by d at most, with EventSettleCapped). The default is
+// DefaultMaxHold, an hour; from 1 ms to MaxDelay.
+func WithMaxHold(d time.Duration) Option {
+	return commonOption(func(c *commonConfig) { c.maxHold = d })
 }
 
 // WithLease sets how long a slot of a cap in flight (Concurrent) lasts

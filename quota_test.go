@@ -64,7 +64,7 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 	counts := map[string]int{}
 	var lastNow int64 // the latest Redis TIME seen
 	for step := range 3500 {
-		switch op := rng.IntN(24); {
+		switch op := rng.IntN(26); {
 		case op < 11:
 			i := rng.IntN(len(keys))
 			r, key := limiters[i], keys[i]
@@ -80,13 +80,18 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 			if err != nil {
 				t.Fatalf("step %d: %v", step, err)
 			}
-			granted, delay, finishes, units := model.reserve(storeOf(r).keys(key, false), modelLimits(r), costs, budget.Microseconds(), notBefore.Microseconds(), b.id, b.now)
-			if b.granted != granted || b.delay.Microseconds() != delay || !slices.Equal(b.finishes[:len(finishes)], finishes) || !slices.Equal(b.booked[:len(units)], units) {
-				t.Fatalf("step %d: reserve(%s, costs %v, budget %v, not before %v) at %d: script granted=%v delay=%v finishes=%v booked=%v, model granted=%v delay=%dµs finishes=%v booked=%v",
-					step, key, costs, budget, notBefore, b.now, b.granted, b.delay, b.finishes[:len(finishes)], b.booked[:len(units)], granted, delay, finishes, units)
+			want := model.reserve(key, storeOf(r).keys(key, false), modelLimits(r), costs, budget.Microseconds(), notBefore.Microseconds(), b.id, b.now)
+			n := len(r.limits)
+			if b.granted != want.granted || b.delay.Microseconds() != want.delay || !slices.Equal(b.finishes[:n], want.finishes) || !slices.Equal(b.booked[:n], want.booked) ||
+				b.listening != want.listening || b.recovered != want.recovered {
+				t.Fatalf("step %d: reserve(%s, costs %v, budget %v, not before %v) at %d: script granted=%v delay=%v finishes=%v booked=%v listening=%v recovered=%v, model %+v",
+					step, key, costs, budget, notBefore, b.now, b.granted, b.delay, b.finishes[:n], b.booked[:n], b.listening, b.recovered, want)
 			}
 			lastNow = b.now
-			if granted {
+			if b.recovered {
+				counts["rate-recovered"]++
+			}
+			if b.granted {
 				counts["granted"]++
 				bookings = append(bookings, booked{i, key, b})
 			} else {
@@ -145,13 +150,27 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 				bk := q3[len(q3)-1-rng.IntN(min(len(q3), 2))]
 				counts[strings.TrimSuffix(syncQuota(t, step, limiters[bk.limiter], bk.key, bk.b, model.buckets, rng), "-learned")]++
 			}
+		case op < 23 && len(bookings) > 0:
+			// The upstream refused a recent request without saying why,
+			// or, a third of the time, served it: its key's rate takes it.
+			bk := bookings[len(bookings)-1-rng.IntN(min(len(bookings), 4))]
+			served := rng.IntN(3) == 0
+			share, now, err := storeOf(limiters[bk.limiter]).refused(ctx, bk.key, bk.b, served, "pace-model-holds")
+			if err != nil {
+				t.Fatalf("step %d: refused: %v", step, err)
+			}
+			if want := model.buckets.refused(bk.key, bk.b, served, now); share != want {
+				t.Fatalf("step %d: refused(%s, booked at %d, served %v) at %d: script %d, model %d", step, bk.key, bk.b.now, served, now, share, want)
+			}
+			counts[map[bool]string{true: "rate-cut", false: "rate-unchanged"}[share > 0]]++
 		default:
 			time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
 		}
 	}
 	t.Logf("3500 steps: %v", counts)
 	for kind, least := range map[string]int{"granted": 100, "refused": 100, "refund-tail": 50, "refund-gap": 20, "refund-nothing": 5, "settle-up": 50, "settle-down": 50,
-		"sync-applied": 20, "sync-stale": 5} { // how many syncs apply depends on the timing of the steps
+		"sync-applied": 20, "sync-stale": 5, // how many syncs apply depends on the timing of the steps
+		"rate-cut": 20, "rate-unchanged": 10} {
 		if counts[kind] < least {
 			t.Errorf("only %d %s decisions: the sequence did not exercise the scripts", counts[kind], kind)
 		}

@@ -25,7 +25,7 @@ func NewRetryClient(t *Transport) *retryablehttp.Client {
 	c.CheckRetry = retryPolicy
 	c.Backoff = func(min, max time.Duration, attempt int, resp *http.Response) time.Duration {
 		if resp != nil {
-			if _, held := ParseHold(resp, time.Now(), t.maxHold()); held {
+			if _, held := ParseHold(resp, time.Now(), DefaultMaxHold); held {
 				return 0
 			}
 		}

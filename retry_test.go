@@ -125,8 +125,8 @@ func mustRequest(t *testing.T, url string) *http.Request {
 	return req
 }
 
-// TestTransportHolds: a huge Retry-After is capped at MaxHold and reported;
-// a garbage one changes nothing.
+// TestTransportHolds: a huge Retry-After is capped at the limiter's
+// MaxHold and reported; a garbage one changes nothing.
 func TestTransportHolds(t *testing.T) {
 	header := make(chan [2]string, 1)
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -136,8 +136,8 @@ func TestTransportHolds(t *testing.T) {
 	}))
 	defer api.Close()
 	log := &eventLog{}
-	limiter := mustRedis(t, newTestRedis(t), PerSecond(100), WithObserver(log.observe))
-	transport := &Transport{Limiter: limiter, MaxHold: 300 * time.Millisecond}
+	limiter := mustRedis(t, newTestRedis(t), PerSecond(100), WithObserver(log.observe), WithMaxHold(300*time.Millisecond))
+	transport := &Transport{Limiter: limiter}
 	defer transport.CloseIdleConnections()
 	client := &http.Client{Transport: transport}
 	get := func(name, value string) time.Duration {

@@ -54,6 +54,10 @@ type Rule struct {
 	// Class is the priority class of the rule's requests (see Class),
 	// unless a request's context carries one (WithClass).
 	Class Class
+
+	// IgnoreRefusals keeps the refusals of the rule's requests from
+	// cutting its keys' rates, as Transport.IgnoreRefusals does for all.
+	IgnoreRefusals bool
 }
 
 // Rules map each request to a limiter, a key and a cost, by the first Rule

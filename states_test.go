@@ -176,15 +176,21 @@ func TestStateForeignData(t *testing.T) {
 			"a string":      {func(key string) error { return c.Set(ctx, key, "x", time.Hour).Err() }, "holds a string"},
 		},
 		"fixed window": {
-			"a hold in the year 2200": {func(key string) error { return c.HSet(ctx, key, "hold", year2200).Err() }, beyond},
-			"a hold that is text":     {func(key string) error { return c.HSet(ctx, key, "hold", "soon").Err() }, notWhole},
 			"a count that is text": {func(key string) error { // this second's window, and the next (the test may cross into it)
 				w := time.Now().Unix()
 				return c.HSet(ctx, key, strconv.FormatInt(w, 10), "many", strconv.FormatInt(w+1, 10), "many").Err()
 			}, notWhole},
 			"a set": {func(key string) error { return c.SAdd(ctx, key, "x").Err() }, "holds a set"},
 		},
+		// The key's hold, which every booking reads, under every kind.
+		"hold": {
+			"the year 2200": text(year2200, beyond),
+			"text":          text("soon", notWhole),
+			"a hash":        {func(key string) error { return c.HSet(ctx, key, "hold", "1").Err() }, "holds a hash"},
+		},
 	}
+	quotas["hold"] = AllOf{PerSecond(10), Window(5, time.Second), FixedWindow(5, time.Second)}
+	quotas["bucket hold"], values["bucket hold"] = PerSecond(10), values["hold"] // reserve.lua reads it too
 	for kind, q := range quotas {
 		r := mustRedis(t, c, q, WithObserver(log.observe))
 		for name, f := range values[kind] {
@@ -192,6 +198,9 @@ func TestStateForeignData(t *testing.T) {
 				key := kind + "/" + name
 				keys := storeOf(r).keys(key, false)
 				redisKey := keys[len(keys)-1]
+				if strings.HasSuffix(kind, "hold") {
+					redisKey = storeOf(r).holdKey(key)
+				}
 				if err := f.write(redisKey); err != nil {
 					t.Fatal(err)
 				}

@@ -3,7 +3,6 @@ package pace
 import (
 	"cmp"
 	"context"
-	"math"
 	"sync"
 	"time"
 )
@@ -20,19 +19,13 @@ type Syncer interface {
 	Sync(ctx context.Context, r *Reservation, readings []Reading, refused bool) error
 }
 
-// steerable is a limiter whose waits a Transport steers by the upstream's
-// counters: Redis.
-type steerable interface {
-	waitBooked(ctx context.Context, key string, cost int) (booking, error)
-	sync(ctx context.Context, key string, b booking, readings []Reading, refused bool, arrival time.Time) error
-}
-
 // steering is what one reading tells one limit of the quota.
 type steering struct {
 	limit   int // the limit's index
 	reading Reading
 	reset   time.Duration // from now until the window resets, or the quota is full
 	learned int64         // the interval learned, in microseconds; 0 when not learning
+	bounded bool          // the limit's bounds changed the interval advertised
 }
 
 // syncEvery is how often, at most, a process steers one key, unless a
@@ -95,7 +88,7 @@ func (r *Redis) sync(ctx context.Context, key string, b booking, readings []Read
 	if down, _ := r.failover.down(); !b.granted || down {
 		return nil // booked without Redis, or Redis away
 	}
-	steers := r.steerings(readings, now.Sub(arrival))
+	steers := r.steerings(ctx, key, readings, now.Sub(arrival))
 	if len(steers) == 0 || !r.syncs.due(key, b, steers, refused, now) {
 		return nil
 	}
@@ -110,44 +103,41 @@ func (r *Redis) sync(ctx context.Context, key string, b booking, readings []Read
 	for i, st := range steers {
 		kinds := [...][]EventKind{{EventStaleReading}, {EventReading}, {EventReading, EventLearned}}[min(reply.results[i], 2)]
 		for _, kind := range kinds {
-			r.config.observer.emit(ctx, Event{Kind: kind, Limiter: "redis", Key: key, Cost: int(st.reading.Remaining), Delay: st.reset, Reason: st.reading.Header})
+			e := Event{Kind: kind, Limiter: "redis", Key: key, Cost: int(st.reading.Remaining), Delay: st.reset, Reason: st.reading.Header}
+			if kind == EventLearned && st.bounded {
+				e.Reason += " (kept within " + r.limits[st.limit].learnText()[len(" learn"):] + ")"
+			}
+			r.config.observer.emit(ctx, e)
 		}
 	}
 	return nil
 }
 
-// steerings returns what readings tell the limits they steer, elapsed after
-// the response arrived.
-func (r *Redis) steerings(readings []Reading, elapsed time.Duration) []steering {
+// steerings returns what readings tell the limits of key they steer,
+// elapsed after the response arrived. A reading that resets, or (for a
+// limit that learns) whose window ends, beyond the limiter's MaxHold is
+// the response's foreign data, which the observer hears ignored.
+func (r *Redis) steerings(ctx context.Context, key string, readings []Reading, elapsed time.Duration) []steering {
+	bound := r.config.holdBound()
 	var steers []steering
 	for _, reading := range readings {
-		i := r.steered(reading, len(readings))
-		if i < 0 || reading.Reset <= elapsed {
+		i := r.limitOf(reading.Name, reading.own, len(readings) == 1)
+		if i < 0 || r.limits[i].kind != bucket || reading.Reset <= elapsed {
+			continue
+		}
+		l := r.limits[i]
+		learns, window := l.learn.on && reading.Limit > 0, cmp.Or(reading.Window, l.period)
+		if reading.Reset > bound || (learns && window > bound) {
+			r.config.observer.emit(ctx, Event{Kind: EventIgnored, Limiter: "redis", Key: key, Delay: max(reading.Reset, window), Reason: reading.Header})
 			continue
 		}
 		st := steering{limit: i, reading: reading, reset: reading.Reset - elapsed}
-		if l := r.limits[i]; l.learn && reading.Limit > 0 {
-			window := cmp.Or(reading.Window, l.period)
-			st.learned = max(int64(math.Ceil(float64(window.Microseconds())/float64(reading.Limit))), 1)
+		if learns {
+			st.learned, st.bounded = l.learned(reading.Limit, window, bound)
 		}
 		steers = append(steers, st)
 	}
 	return steers
-}
-
-// steered returns the index of the bucket a reading steers, or -1: the one
-// named like it, or, when the response had one reading and the quota has
-// one limit, that limit.
-func (r *Redis) steered(reading Reading, readings int) int {
-	for i, name := range r.names {
-		if name == reading.Name && r.limits[i].kind == bucket {
-			return i
-		}
-	}
-	if readings == 1 && len(r.limits) == 1 && r.limits[0].kind == bucket {
-		return 0
-	}
-	return -1
 }
 
 // throttle says, per key, whether a sync is due: one that may apply (of a

@@ -15,14 +15,15 @@ import (
 )
 
 // TestSteeringMatchesModel: the scripts and the Go model agree to the
-// microsecond with the upstream's counters in play: random readings (of
-// quotas that refill and of windows, stale and fresh, learning limits,
-// implying others' spending) between bookings, refunds, settlements and
-// holds.
+// microsecond with the upstream's word in play: random readings (of quotas
+// that refill and of windows, stale and fresh, learning limits, implying
+// others' spending), holds, and refusals and successes that steer the
+// key's rate, between bookings, refunds and settlements; and once the
+// rates have recovered, each is dropped.
 func TestSteeringMatchesModel(t *testing.T) {
 	m := newModelCheck(t, newTestRedis(t), 13)
-	for step := range 3000 {
-		switch op := m.rng.IntN(24); {
+	for step := range 4500 {
+		switch op := m.rng.IntN(25); {
 		case op < 12:
 			m.reserve(step)
 		case op < 13:
@@ -33,13 +34,18 @@ func TestSteeringMatchesModel(t *testing.T) {
 			m.sync(step)
 		case op < 21:
 			m.hold(step)
+		case op < 22:
+			m.refusal(step)
 		default:
 			time.Sleep(time.Duration(m.rng.IntN(2000)) * time.Microsecond)
 		}
 	}
+	m.recover(4500)
 	m.requireEach("granted", "refused", "granted-spread", "granted-held", "granted-steered", "refund-nothing",
-		"settle-up", "settle-down", "sync-stale", "sync-applied", "sync-learned", "sync-foreign", "hold")
-	m.require("sync-probe", 3) // others seem to spend all a window has left: rarer, 7 to 12 times in 3000 steps
+		"settle-up", "settle-down", "sync-stale", "sync-applied", "sync-learned", "sync-foreign", "hold",
+		"rate-cut", "rate-served", "rate-unchanged")
+	m.require("sync-probe", 3)     // others seem to spend all a window has left: rarer, 6 to 14 times in 4500 steps
+	m.require("rate-recovered", 1) // a key's rate back at the configured rate, dropped
 }
 
 // count returns how many events of kind the log holds.
@@ -156,7 +162,7 @@ func TestTransportFollowsCounters(t *testing.T) {
 	defer api.Close()
 	c := newTestRedis(t)
 	log := &eventLog{}
-	r := mustRedis(t, c, mustParseLimit(t, "10/s learn"), WithObserver(log.observe))
+	r := mustRedis(t, c, mustParseLimit(t, "10/s learn 10..100"), WithObserver(log.observe))
 	for _, ignore := range []bool{false, true} {
 		key := fmt.Sprintf("ignore=%v", ignore)
 		client := &http.Client{Transport: &Transport{Limiter: r, IgnoreCounters: ignore, Key: func(*http.Request) string { return key }}}
@@ -189,7 +195,7 @@ func TestRetimeWakesSleepers(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
 	booked := make(chan time.Duration, 8)
-	r := mustRedis(t, c, mustParseLimit(t, "1/s burst 1 learn"), WithObserver(func(_ context.Context, e Event) {
+	r := mustRedis(t, c, mustParseLimit(t, "1/s burst 1 learn 1..100"), WithObserver(func(_ context.Context, e Event) {
 		if e.Kind == EventWait {
 			booked <- e.Delay
 		}

@@ -1,23 +1,28 @@
 package pace
 
-import "math"
+import (
+	"cmp"
+	"math"
+)
 
 // steerModel is a steered bucket's state in the Go model, as lua/common.lua
 // keeps it after the TAT: all whole microseconds or units.
 type steerModel struct {
-	seen, till, spread, learned, left, base, synced, booked, foreign, order int64
+	seen, till, spread, learned, left, base, synced, booked, foreign, order, ceiling int64
 
 	probing bool // the window's spread is a probe (for the model check's counts)
 }
 
 // fleetInterval is fleet_interval: the upstream's interval (the learned one,
-// or a), slowed by the share others spend.
-func (s *steerModel) fleetInterval(a int64) int64 {
+// or a), slowed by the share others spend, no slower than refills a burst
+// of b in a year.
+func (s *steerModel) fleetInterval(a, b int64) int64 {
 	i := s.interval(a)
 	if s == nil || s.foreign <= 0 {
 		return i
 	}
-	return int64(math.Ceil(float64(i) / (1 - math.Min(float64(s.foreign)*float64(i)/1e12, 0.99))))
+	i = int64(math.Ceil(float64(i) / (1 - math.Min(float64(s.foreign)*float64(i)/1e12, 0.99))))
+	return min(i, max(s.interval(a), int64(math.Floor(float64(maxRefill.Microseconds())/float64(b)))))
 }
 
 // interval is interval: the learned one, or a.
@@ -29,31 +34,32 @@ func (s *steerModel) interval(a int64) int64 {
 }
 
 // step is bucket_step: the TAT a booking at slot books from, the
-// microseconds a unit takes, and whether units are spread.
-func (s *steerModel) step(tat, a, b, slot, now int64) (int64, int64, bool) {
-	i := s.fleetInterval(a)
+// microseconds a unit takes, whether units are spread, and the time no
+// booking goes before (0: none).
+func (s *steerModel) step(tat, a, b, slot, now int64) (int64, int64, bool, int64) {
+	i := s.fleetInterval(a, b)
 	if s != nil && s.till > now {
 		if s.spread > 0 && max(tat, slot) < s.till {
-			return tat, max(s.spread, i), true
+			return tat, max(s.spread, i), true, 0
 		}
-		tat = max(tat, s.till+(b-1)*i)
+		return tat, i, false, s.till
 	}
-	return tat, i, false
+	return tat, i, false, 0
 }
 
 // allow is bucket_allow.
 func (s *steerModel) allow(tat, a, b, cost, arrival, now int64) int64 {
-	base, i, spread := s.step(tat, a, b, arrival, now)
+	base, i, spread, after := s.step(tat, a, b, arrival, now)
 	t := max(arrival, base)
 	if spread {
 		return t
 	}
-	return t + cost*i - b*i
+	return max(t+cost*i-b*i, after)
 }
 
 // finish is bucket_finish.
 func (s *steerModel) finish(tat, a, b, cost, slot, now int64) int64 {
-	base, i, _ := s.step(tat, a, b, slot, now)
+	base, i, _, _ := s.step(tat, a, b, slot, now)
 	return max(base, slot) + cost*i
 }
 
@@ -61,6 +67,13 @@ func (s *steerModel) finish(tat, a, b, cost, slot, now int64) int64 {
 func (s *steerModel) movedBack(free int64) {
 	if s != nil {
 		s.order = max(s.order, free)
+	}
+}
+
+// moveCeiling is move_ceiling.
+func (s *steerModel) moveCeiling(a, units, slot, now int64) {
+	if s != nil {
+		s.ceiling = min(max(max(s.ceiling, slot)+units*s.interval(a), now), now+horizon.Microseconds())
 	}
 }
 
@@ -85,7 +98,7 @@ const (
 func (s *steerModel) sync(tat, a, b, finish, booked, slot int64, burst bool, cost int64, refused bool, left, reset int64, refills bool, learned, now int64) (int64, *steerModel, int64) {
 	fresh := s == nil || (booked > s.synced && slot >= s.order)
 	slower := learned > s.interval(a)
-	_, unit, spreading := s.step(tat, a, b, now, now)
+	_, unit, spreading, _ := s.step(tat, a, b, now, now)
 	waiting := s.queued(tat, a, b, now)
 	free := max(s.allow(tat, a, b, 1, now, now), now)
 	if refused && s != nil {
@@ -99,7 +112,11 @@ func (s *steerModel) sync(tat, a, b, finish, booked, slot int64, burst bool, cos
 		s, left = s.takeIn(tat, a, finish, booked, slot, burst, cost, left, refills, now)
 	}
 	if learned > 0 && learned != s.learned {
+		before := s.interval(a)
 		s.learned, s.seen, result, ahead = learned, 0, 2, waiting
+		if s.ceiling > now {
+			s.ceiling = now + max(int64(math.Ceil(float64(s.ceiling-now)/float64(before)))-ahead, 0)*learned
+		}
 	}
 	switch {
 	case fresh:
@@ -114,7 +131,7 @@ func (s *steerModel) sync(tat, a, b, finish, booked, slot int64, burst bool, cos
 			s.movedBack(free)
 		}
 	case ahead > 0:
-		tat = now + max(int64(math.Ceil(float64(old-now)/float64(unit)))-ahead, 0)*s.fleetInterval(a)
+		tat = now + max(int64(math.Ceil(float64(old-now)/float64(unit)))-ahead, 0)*s.fleetInterval(a, b)
 	}
 	return tat, s, result
 }
@@ -132,7 +149,7 @@ func (s *steerModel) takeIn(tat, a, finish, booked, slot int64, burst bool, cost
 	}
 	first := s == nil
 	if first {
-		s = &steerModel{}
+		s = &steerModel{ceiling: cmp.Or(tat, now)} // the bucket alone: its TAT, or now for an empty one
 	} else if !burst {
 		s.estimateForeign(a, left, slot, refills, now)
 	}
@@ -157,13 +174,14 @@ func (s *steerModel) spend(tat, free, last, a, b, cost, left, reset int64, refil
 	others := float64(max(s.foreign, 0))
 	s.probing = false
 	if refills {
-		spare := int64(math.Ceil(50000 / float64(s.fleetInterval(a))))
+		i := s.fleetInterval(a, b)
+		spare := int64(math.Ceil(50000 / float64(i)))
 		if s.foreign != 0 {
 			spare = int64(math.Ceil(others / 2e7))
 		}
 		mine := left - cost - min(spare, b/2)
 		s.till, s.spread = 0, 0
-		return min(now+(b-min(mine, b))*s.fleetInterval(a), now+horizon.Microseconds())
+		return max(s.ceiling, now+(b-min(mine, b))*i)
 	}
 	mine := left - int64(math.Ceil(others*float64(reset)/1e12))
 	s.till, s.spread = now+reset, 0
@@ -191,7 +209,7 @@ func (s *steerModel) queued(tat, a, b, now int64) int64 {
 	if tat <= now {
 		return 0
 	}
-	_, unit, _ := s.step(tat, a, b, now, now)
+	_, unit, _, _ := s.step(tat, a, b, now, now)
 	return max(int64(math.Ceil(float64(tat-now)/float64(unit)))-b, 0)
 }
 

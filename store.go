@@ -70,6 +70,7 @@ const (
 	gapsSuffix      = "#gaps"
 	holdSuffix      = "#hold"
 	settledSuffix   = "#settled:"
+	rateSuffix      = "#rate"     // the key's rate after refusals
 	slotsSuffix     = "#slots:"   // the holders of a cap's slots
 	lineSuffix      = "#line:"    // its line of waiters
 	waitersSuffix   = "#waiters:" // their leases
@@ -104,9 +105,14 @@ var (
 	slotsSource string
 	//go:embed lua/line.lua
 	lineSource string
+	//go:embed lua/rate.lua
+	rateSource string
+	//go:embed lua/refused.lua
+	refusedSource string
 
-	reserveScript = newScript(reserveSource)
-	quotaScript   = newScript(quotaSource)
+	reserveScript = newScript(rateSource, reserveSource)
+	quotaScript   = newScript(rateSource, quotaSource)
+	refusedScript = newScript(rateSource, refusedSource)
 	refundScript  = newScript(bookingSource, refundSource)
 	holdScript    = newScript(holdSource)
 	heldScript    = newScript(heldSource)
@@ -118,7 +124,8 @@ var (
 
 // newScript is a script of parts, after the common prelude.
 func newScript(parts ...string) *redis.Script {
-	return redis.NewScript(fmt.Sprintf("local horizon = %d\n", horizon.Microseconds()) + commonSource + strings.Join(parts, ""))
+	prelude := fmt.Sprintf("local horizon = %d\nlocal max_refill = %d\n", horizon.Microseconds(), maxRefill.Microseconds())
+	return redis.NewScript(prelude + commonSource + strings.Join(parts, ""))
 }
 
 func newStore(calls *caller, prefix, member string, limits []Limit) *store {
@@ -142,13 +149,15 @@ func newStore(calls *caller, prefix, member string, limits []Limit) *store {
 
 // booking is what the reserve script decided.
 type booking struct {
-	granted  bool
-	delay    time.Duration
-	now      int64            // the Redis TIME of the decision, in microseconds
-	finishes [maxLimits]int64 // each bucket's schedule time after the booking (0 for windows)
-	booked   [maxLimits]int64 // each steered bucket's count of units booked after the booking (else 0)
-	id       string           // the request's id: its grants in sliding windows, its settlement
-	costs    limitCosts
+	granted   bool
+	delay     time.Duration
+	now       int64            // the Redis TIME of the decision, in microseconds
+	finishes  [maxLimits]int64 // each bucket's schedule time after the booking (0 for windows)
+	booked    [maxLimits]int64 // each steered bucket's count of units booked after the booking (else 0)
+	listening bool             // the key's rate listens for a success (see refusals.go)
+	recovered bool             // the key's rate was dropped, back at the configured one
+	id        string           // the request's id: its grants in sliding windows, its settlement
+	costs     limitCosts
 }
 
 // slot is when the request goes, by Redis's clock, in microseconds.
@@ -161,11 +170,11 @@ func (b booking) slot() int64 { return b.now + b.delay.Microseconds() }
 func (s *store) reserve(ctx context.Context, key string, costs limitCosts, budget, notBefore time.Duration, withID bool) (booking, error) {
 	b := booking{costs: costs}
 	n := len(s.limits)
-	keys := s.keys(key, false)
+	keys := s.bookingKeys(key)
 	if withID || s.sliding {
 		b.id = s.member + ":" + strconv.FormatUint(s.requestIDs.Add(1), 10)
 	}
-	var reply [3 + 2*maxLimits]int64
+	var reply [5 + 2*maxLimits]int64
 	var cmd *redis.Cmd
 	budgetArg := maxDelayArg // a caller without a deadline: boxed once
 	if budget != MaxDelay {
@@ -180,9 +189,9 @@ func (s *store) reserve(ctx context.Context, key string, costs limitCosts, budge
 		}
 		cmd = s.calls.run(ctx, quotaScript, keys, args...)
 	}
-	err := int64Reply(cmd, reply[:3+2*n])
+	err := int64Reply(cmd, reply[:5+2*n])
 	if err == nil && (reply[0] < 0 || reply[0] > 1 || reply[1] < 0) {
-		err = fmt.Errorf("replied %v, want [granted delay now finish... booked...]", append([]int64(nil), reply[:3+2*n]...))
+		err = fmt.Errorf("replied %v, want [granted delay now finish... booked... listening recovered]", append([]int64(nil), reply[:5+2*n]...))
 	}
 	if err != nil {
 		return booking{}, s.fail(key, "reserve", keys, err)
@@ -190,7 +199,26 @@ func (s *store) reserve(ctx context.Context, key string, costs limitCosts, budge
 	b.granted, b.delay, b.now = reply[0] == 1, microseconds(reply[1]), reply[2]
 	copy(b.finishes[:], reply[3:3+n])
 	copy(b.booked[:], reply[3+n:3+2*n])
+	b.listening, b.recovered = reply[3+2*n] == 1, reply[4+2*n] == 1
 	return b, nil
+}
+
+// refused tells key's rate what became of the request booked as b: the
+// upstream refused it (served false: the rate may be cut, and the fleet
+// told on channel), or served it. It returns the share of its configured
+// rate the key goes at after a cut, in parts per million (0: nothing was
+// cut), and the Redis TIME it used.
+func (s *store) refused(ctx context.Context, key string, b booking, served bool, channel string) (share, now int64, err error) {
+	op := "refused"
+	if served {
+		op = "served"
+	}
+	keys := []string{s.rateKey(key)}
+	var reply [2]int64
+	if err := int64Reply(s.calls.run(ctx, refusedScript, keys, op, b.now, channel, key), reply[:]); err != nil {
+		return 0, 0, s.fail(key, "refused", keys, err)
+	}
+	return reply[1], reply[0], nil
 }
 
 // refundResult says what the refund script did with a booking under one
@@ -430,6 +458,20 @@ func (s *store) keys(key string, withGaps bool) []string {
 	}
 	return keys
 }
+
+// bookingKeys are the Redis keys a booking of key reads: its limits', then
+// its hold's and its rate's.
+func (s *store) bookingKeys(key string) []string {
+	base := s.prefix + "{" + key + "}"
+	keys := make([]string, 0, len(s.suffixes)+2)
+	for _, suffix := range s.suffixes {
+		keys = append(keys, base+suffix)
+	}
+	return append(keys, base+holdSuffix, base+rateSuffix)
+}
+
+// rateKey is the Redis key of key's rate after refusals.
+func (s *store) rateKey(key string) string { return s.prefix + "{" + key + "}" + rateSuffix }
 
 // holdKey is the Redis key that says when key's latest hold ends.
 func (s *store) holdKey(key string) string { return s.prefix + "{" + key + "}" + holdSuffix }

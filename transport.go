@@ -75,14 +75,17 @@ type Transport struct {
 	Estimate func(*http.Request) Costs
 	Settle   Settler
 
-	// MaxHold caps how long a response can hold its key (see ParseHold and
-	// Holder). If zero, DefaultMaxHold is used.
-	MaxHold time.Duration
-
 	// IgnoreCounters stops the Transport from steering a Syncer (Redis)
 	// by the upstream's counters in each response (see ParseReadings and
-	// Redis.Sync), which it does by default.
+	// Redis.Sync), which it does by default. Holds are still heeded.
 	IgnoreCounters bool
+
+	// IgnoreRefusals stops the Transport from cutting a key's rate, on
+	// Local or Redis, when the upstream refuses a request (a 429 or 503)
+	// without a Retry-After or counters that explain it, which it does by
+	// default: see EventRate, and the README's "When the API says slow
+	// down". A Rule can turn it off for its requests alone.
+	IgnoreRefusals bool
 
 	// Rules, if set, decide each request's limiter, key and cost, and
 	// Limiter, Key and Cost are not used.
@@ -117,15 +120,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		p.slot.Release()
 		return resp, err
 	}
-	arrival := time.Now()
-	if holder, ok := p.limiter.(Holder); ok {
-		if h, ok := ParseHold(resp, arrival, t.maxHold()); ok {
-			holder.Hold(req.Context(), p.key, h) // a failure reaches the Limiter's observer
-		}
-	}
-	if p.steered {
-		p.steer(req.Context(), resp, arrival)
-	}
+	p.heed(req.Context(), resp, time.Now())
 	if p.slot != nil || (p.res != nil && p.settle != nil) {
 		resp.Body = p.endingBody(req.Context(), resp)
 	}
@@ -134,17 +129,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // paced is how a Transport paced one request: by which limiter (nil when
 // none paces it), under which key, and, for a request whose costs are
-// estimated, its reservation and the Settler of its response. When the
-// response's counters steer the limiter (steered), booking is what the
-// request booked. Under a cap in flight, slot is the request's, until its
-// response ends.
+// estimated, its reservation and the Settler of its response. On a
+// limiter that heeds the upstream's word (heeder), ticket is what the
+// request booked, and heeding what its response may steer. Under a cap in
+// flight, slot is the request's, until its response ends.
 type paced struct {
 	limiter Limiter
 	key     string
 	res     *Reservation
 	settle  Settler
-	steered bool
-	booking booking
+	ticket  ticket
+	heeding heeding
 	slot    *Slot
 	class   Class // the Rule's, for a request whose context carries none
 }
@@ -159,7 +154,9 @@ func (t *Transport) wait(req *http.Request) (paced, error) {
 		if err != nil || rule.Unlimited {
 			return paced{key: key}, err
 		}
-		return t.waitFor(req, paced{limiter: rule.Limiter, key: key, settle: rule.Settle, class: rule.Class}, cost, rule.Estimate)
+		h := t.heeding()
+		h.refusals = h.refusals && !rule.IgnoreRefusals
+		return t.waitFor(req, paced{limiter: rule.Limiter, key: key, settle: rule.Settle, class: rule.Class, heeding: h}, cost, rule.Estimate)
 	}
 	if t.Settle != nil && t.Estimate == nil {
 		return paced{}, errors.New("pace: Transport.Settle without an Estimate: nothing would be reserved to settle")
@@ -172,7 +169,12 @@ func (t *Transport) wait(req *http.Request) (paced, error) {
 	if t.Cost != nil && t.Estimate == nil {
 		cost = t.Cost(req)
 	}
-	return t.waitFor(req, paced{limiter: t.Limiter, key: keyOf(req), settle: t.Settle}, cost, t.Estimate)
+	return t.waitFor(req, paced{limiter: t.Limiter, key: keyOf(req), settle: t.Settle, heeding: t.heeding()}, cost, t.Estimate)
+}
+
+// heeding is what the responses to t's requests may steer.
+func (t *Transport) heeding() heeding {
+	return heeding{counters: !t.IgnoreCounters, refusals: !t.IgnoreRefusals}
 }
 
 // waitFor waits on p's limiter for req: for a slot, when the limiter caps
@@ -203,34 +205,37 @@ func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(
 // rate limit, or, with an estimate, for a reservation of the estimated
 // costs.
 func (t *Transport) waitRates(ctx context.Context, req *http.Request, p paced, cost int, estimate func(*http.Request) Costs) (paced, error) {
-	s, steered := p.limiter.(steerable)
-	p.steered = steered && !t.IgnoreCounters
-	if estimate == nil && p.steered {
-		var err error
-		p.booking, err = s.waitBooked(ctx, p.key, cost)
-		return p, err
-	}
-	if estimate == nil {
-		return p, p.limiter.Wait(ctx, p.key, cost)
-	}
-	reserver, ok := p.limiter.(Reserver)
-	if !ok {
-		return p, fmt.Errorf("pace: key %s: an Estimate needs a Limiter that is a Reserver, such as Local or Redis, not a %T", quoteKey(p.key), p.limiter)
-	}
 	var err error
-	if p.res, err = reserver.Reserve(ctx, p.key, estimate(req)); err == nil {
-		p.booking = p.res.ticket.booking
+	h, heeds := p.limiter.(heeder)
+	switch reserver, ok := p.limiter.(Reserver); {
+	case estimate == nil && heeds:
+		p.ticket, err = h.waitTicket(ctx, p.key, cost)
+	case estimate == nil:
+		err = p.limiter.Wait(ctx, p.key, cost)
+	case !ok:
+		err = fmt.Errorf("pace: key %s: an Estimate needs a Limiter that is a Reserver, such as Local or Redis, not a %T", quoteKey(p.key), p.limiter)
+	default:
+		if p.res, err = reserver.Reserve(ctx, p.key, estimate(req)); err == nil {
+			p.ticket = p.res.ticket
+		}
 	}
 	return p, err
 }
 
-// steer syncs p's key with the counters of resp, which arrived at arrival.
-// The sync runs past the request's context: the response has been counted
-// already.
-func (p paced) steer(ctx context.Context, resp *http.Response, arrival time.Time) {
-	if readings := ParseReadings(resp, arrival); len(readings) > 0 {
-		refused := resp.StatusCode == http.StatusTooManyRequests
-		p.limiter.(steerable).sync(context.WithoutCancel(ctx), p.key, p.booking, readings, refused, arrival) // a failure reaches the Limiter's observer
+// heed hands what resp, which arrived at arrival, says of p's key to p's
+// limiter: to a heeder whole (holds, counters, refusals), to another Holder
+// its holds. It runs past the request's context: the response has been
+// counted already. Failures reach the limiter's observer.
+func (p paced) heed(ctx context.Context, resp *http.Response, arrival time.Time) {
+	ctx = context.WithoutCancel(ctx)
+	if h, ok := p.limiter.(heeder); ok {
+		h.heed(ctx, p.key, p.ticket, hear(resp, arrival, h.holdBound()), p.heeding)
+		return
+	}
+	if holder, ok := p.limiter.(Holder); ok {
+		for _, hold := range hear(resp, arrival, DefaultMaxHold).holds {
+			holder.Hold(ctx, p.key, hold)
+		}
 	}
 }
 
@@ -241,7 +246,7 @@ func (p paced) steer(ctx context.Context, resp *http.Response, arrival time.Time
 // has been counted already. The slot lapses if the body shows no sign of
 // life for a lease and is never closed.
 func (p paced) endingBody(ctx context.Context, resp *http.Response) io.ReadCloser {
-	b := &endingBody{body: resp.Body, slot: p.slot}
+	b := &endingBody{body: resp.Body, slot: p.slot, length: resp.ContentLength}
 	if p.res != nil && p.settle != nil {
 		ctx = context.WithoutCancel(ctx)
 		b.settle = func(ends BodyEnds) {
@@ -252,13 +257,6 @@ func (p paced) endingBody(ctx context.Context, resp *http.Response) io.ReadClose
 	}
 	p.slot.watch(time.Now())
 	return b
-}
-
-func (t *Transport) maxHold() time.Duration {
-	if t.MaxHold > 0 {
-		return t.MaxHold
-	}
-	return DefaultMaxHold
 }
 
 // CloseIdleConnections closes the idle connections of Base, if it has such a

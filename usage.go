@@ -20,8 +20,12 @@ type Settler func(resp *http.Response, ends BodyEnds) (Costs, bool)
 // shorter body is in both).
 type BodyEnds struct {
 	Head, Tail []byte
-	// Complete says the body was read to its end; false when it was
-	// closed before, as by a client that stopped reading a stream.
+	// Complete says the body was read to its end: to its EOF, or, closed
+	// before the EOF was read (as by a client that decodes JSON and
+	// closes, which over HTTP/2 never reads the EOF), as far as its
+	// Content-Length, or through one whole JSON object or array. False
+	// when it was closed before, as by a client that stopped reading a
+	// stream; a stream's Settler may still find its final event there.
 	Complete bool
 }
 
@@ -34,12 +38,13 @@ const BodyEndSize = 8 << 10
 // reads chat/completions and completions (prompt_tokens, completion_tokens,
 // total_tokens) and the Responses API (input_tokens, output_tokens), whole
 // or streamed (the chunk that stream_options.include_usage adds before
-// [DONE], or the response.completed event). A stream cut short has no usage:
-// its reservation keeps its estimate.
+// [DONE], or the response.completed event): a stream closed once [DONE]
+// or response.completed came settles, though its EOF was never read. A
+// stream cut short has no usage: its reservation keeps its estimate.
 func OpenAIUsage(tokens string) Settler {
 	return func(_ *http.Response, ends BodyEnds) (Costs, bool) {
 		u, ok := lastUsage(ends.Tail)
-		if !ok || !ends.Complete {
+		if !ok || !ended(ends, "[DONE]", `"response.completed"`) {
 			return nil, false
 		}
 		switch {
@@ -59,12 +64,13 @@ func OpenAIUsage(tokens string) Settler {
 // count as input; those read from it do not) under the limit named input,
 // and the output tokens under the limit named output. An empty name leaves
 // that limit out. A stream gives its input tokens in message_start, at its
-// head, and its output tokens in its last message_delta; a stream cut short
-// keeps its estimate.
+// head, and its output tokens in its last message_delta; one closed once
+// message_stop came settles, though its EOF was never read; a stream cut
+// short keeps its estimate.
 func AnthropicUsage(input, output string) Settler {
 	return func(_ *http.Response, ends BodyEnds) (Costs, bool) {
 		last, ok := lastUsage(ends.Tail)
-		if !ok || !ends.Complete || last.OutputTokens == nil {
+		if !ok || !ended(ends, "message_stop") || last.OutputTokens == nil {
 			return nil, false
 		}
 		in := last
@@ -95,6 +101,17 @@ func HeaderCost(header, limit string) Settler {
 		}
 		return Costs{limit: n}, true
 	}
+}
+
+// ended reports whether a body ended: it was Complete, or its tail holds
+// one of the markers of a stream's final event.
+func ended(ends BodyEnds, finals ...string) bool {
+	for _, final := range finals {
+		if bytes.Contains(ends.Tail, []byte(final)) {
+			return true
+		}
+	}
+	return ends.Complete
 }
 
 // usage is the usage object of an LLM API's response, in the forms of

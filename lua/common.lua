@@ -1,12 +1,12 @@
--- The start of every script, prepended at init after a line that sets
--- horizon: Redis's clock, the reads that tell pace's own data at a key from
--- foreign data, and the expiry formulas.
+-- The start of every script, prepended at init after the lines that set
+-- horizon and max_refill: Redis's clock, the reads that tell pace's own
+-- data at a key from foreign data, and the expiry formulas.
 --
 -- horizon is the furthest ahead of now that a time pace writes can lie: the
--- longest wait a limiter books (MaxDelay) and the longest refill (a year),
--- in microseconds. A time further ahead, a value that is not a whole number
--- (or beyond 2^53, where Lua's numbers stop being exact), or a key of
--- another type than pace writes there is foreign: the script
+-- longest wait a limiter books (MaxDelay) and the longest refill (a year,
+-- max_refill), in microseconds. A time further ahead, a value that is not a
+-- whole number (or beyond 2^53, where Lua's numbers stop being exact), or a
+-- key of another type than pace writes there is foreign: the script
 -- stops with an error that starts with PACEKEY, the index of the key in
 -- KEYS and what is wrong there. The limiter returns it to that key's callers
 -- alone (a *KeyError); it is not an outage. Every script reads and checks
@@ -71,8 +71,8 @@ local function guard(length)
 end
 
 -- A bucket's value is its schedule, the theoretical arrival time (TAT), or,
--- once the upstream's counters have steered it, eleven whole numbers,
--- "TAT SEEN TILL SPREAD LEARNED LEFT BASE SYNCED BOOKED FOREIGN ORDER":
+-- once the upstream's counters have steered it, twelve whole numbers,
+-- "TAT SEEN TILL SPREAD LEARNED LEFT BASE SYNCED BOOKED FOREIGN ORDER CEILING":
 --   SEEN     the slot of the request whose response steered it last (0
 --            after the first)
 --   TILL     until when the units a window has left are spread (0: none)
@@ -90,6 +90,11 @@ end
 --            overstate what it spent)
 --   ORDER    the next free slot before the schedule last moved back: a
 --            request booked since but slotted before it went out of order
+--   CEILING  the schedule of the bucket alone, at the upstream's interval
+--            (the learned one, or the configured), which only the fleet's
+--            bookings and settlements move: no reading moves the TAT
+--            before it, so that no reading lets the fleet beyond the
+--            bucket's own b + r*t
 -- A steered bucket is kept for a minute after its last steering at least.
 
 -- read_bucket reads the bucket at KEYS[i]: its TAT and its steering (nil
@@ -101,13 +106,13 @@ local function read_bucket(i)
   end
   local f = {}
   for field in string.gmatch(v, '%S+') do f[#f + 1] = field end
-  if #f ~= 11 then
+  if #f ~= 12 then
     foreign(i, 'holds a value that is not a whole number')
   end
   return time(i, f[1]), {seen = time(i, f[2]), till = time(i, f[3]), spread = number(i, f[4], horizon),
     learned = number(i, f[5], horizon), left = number(i, f[6], 2^53, -2^53), base = number(i, f[7], 2^53),
     synced = number(i, f[8], 2^53), booked = number(i, f[9], 2^53), foreign = number(i, f[10], 1e15, -1e15),
-    order = time(i, f[11])}
+    order = time(i, f[11]), ceiling = time(i, f[12])}
 end
 
 -- write_bucket sets the bucket at key to the TAT and steering given.
@@ -119,8 +124,8 @@ local function write_bucket(key, tat, steer)
   if steer.till <= now then
     steer.till, steer.spread = 0, 0
   end
-  local value = string.format('%d %d %d %d %d %d %d %d %d %d %d', tat, steer.seen, steer.till, steer.spread,
-    steer.learned, steer.left, steer.base, steer.synced, steer.booked, steer.foreign, steer.order)
+  local value = string.format('%d %d %d %d %d %d %d %d %d %d %d %d', tat, steer.seen, steer.till, steer.spread,
+    steer.learned, steer.left, steer.base, steer.synced, steer.booked, steer.foreign, steer.order, steer.ceiling)
   redis.call('SET', key, value, 'PXAT', math.max(full_expiry(tat), ms_expiry(steer.till), ms_expiry(now + 60000000)))
 end
 
@@ -148,40 +153,52 @@ local function interval(steer, a)
   return a
 end
 
--- fleet_interval is the interval the fleet books a bucket at: the
--- upstream's, slowed by the share others spend (at most 99% of it).
-local function fleet_interval(steer, a)
+-- move_ceiling moves a steered bucket's CEILING as units (fewer, when
+-- negative: a settlement's credit) booked at slot move the bucket alone:
+-- from slot, or its CEILING if later, never before now.
+local function move_ceiling(steer, a, units, slot)
+  if steer then
+    steer.ceiling = math.min(math.max(math.max(steer.ceiling, slot) + units * interval(steer, a), now), now + horizon)
+  end
+end
+
+-- fleet_interval is the interval the fleet books a bucket of burst b at:
+-- the upstream's, slowed by the share others spend (at most 99% of it),
+-- and never so slow that the burst would take more than a year to refill,
+-- so that no schedule can reach beyond the horizon.
+local function fleet_interval(steer, a, b)
   local i = interval(steer, a)
   if not steer or steer.foreign <= 0 then return i end
-  return math.ceil(i / (1 - math.min(steer.foreign * i / 1e12, 0.99)))
+  i = math.ceil(i / (1 - math.min(steer.foreign * i / 1e12, 0.99)))
+  return math.min(i, math.max(interval(steer, a), math.floor(max_refill / b)))
 end
 
 -- bucket_step returns, for a booking at slot, the TAT a bucket books from,
--- the microseconds a unit takes, and whether its units are spread: while a
--- window's units are spread and some are left before its reset, one at a
--- time, at the spread, from the TAT; once none are left, as if held until
--- the reset (the first request then, the next at the fleet's interval);
--- else at the fleet's interval, as the burst allows.
+-- the microseconds a unit takes, whether its units are spread, and the
+-- time no booking goes before (0: none): while a window's units are spread
+-- and some are left before its reset, one at a time, at the spread, from
+-- the TAT; once none are left, not before the reset, with the burst the
+-- bucket has then, as after a hold; else at the fleet's interval, as the
+-- burst allows.
 local function bucket_step(tat, steer, a, b, slot)
-  local i = fleet_interval(steer, a)
+  local i = fleet_interval(steer, a, b)
   if steer and steer.till > now then
     if steer.spread > 0 and math.max(tat or slot, slot) < steer.till then
-      return tat, math.max(steer.spread, i), true
+      return tat, math.max(steer.spread, i), true, 0
     end
-    local held = steer.till + (b - 1) * i
-    if not tat or tat < held then tat = held end
+    return tat, i, false, steer.till
   end
-  return tat, i, false
+  return tat, i, false, 0
 end
 
 -- bucket_allow is the earliest time a bucket allows cost units for a
 -- request that cannot go before arrival.
 local function bucket_allow(tat, steer, a, b, cost, arrival)
-  local base, i, spread = bucket_step(tat, steer, a, b, arrival)
+  local base, i, spread, after = bucket_step(tat, steer, a, b, arrival)
   local t = arrival
   if base and base > t then t = base end
   if spread then return t end
-  return t + cost * i - b * i
+  return math.max(t + cost * i - b * i, after)
 end
 
 -- bucket_finish is a bucket's TAT after cost units booked at slot.

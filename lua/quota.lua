@@ -2,10 +2,15 @@
 -- of them or, when the wait would exceed the caller's budget, none, and
 -- returns the exact wait.
 --
--- KEYS[i]   limit i's key: a bucket's schedule (a string: its theoretical
---           arrival time, TAT), a sliding window's grants (a sorted set of
---           their times, a member a unit), or a fixed window's counts (a
---           hash, by window)
+-- KEYS[i]   limit i's key, for i = 1 .. #KEYS - 2: a bucket's schedule (a
+--           string: its theoretical arrival time, TAT), a sliding window's
+--           grants (a sorted set of their times, a member a unit), or a fixed
+--           window's counts (a hash, by window)
+-- KEYS[#KEYS - 1]  the key's hold (see hold.lua): no request goes before it
+--           ends
+-- KEYS[#KEYS]  the key's rate after refusals (see rate.lua), which holds the
+--           request too: by the time the fastest limit the request costs
+--           anything under takes to refill its cost
 -- ARGV[1]   budget: the longest wait the caller accepts, in microseconds
 -- ARGV[2]   not before: the caller cannot go sooner than this many
 --           microseconds from now
@@ -17,14 +22,19 @@
 --           request's cost under it
 --
 -- All times are integer microseconds of Redis's clock. Returns {granted (1
--- or 0), delay, now, finish_1, ..., finish_n, booked_1, ..., booked_n}: the
--- wait, the TIME the decision used (the request goes at now + delay), each
--- bucket's TAT after the booking (0 for windows), and each steered bucket's
--- count of units booked after it (else 0). reserve.lua is the same for one
+-- or 0), delay, now, finish_1, ..., finish_n, booked_1, ..., booked_n,
+-- listening, recovered}: the wait, the TIME the decision used (the request
+-- goes at now + delay), each bucket's TAT after the booking (0 for
+-- windows), each steered bucket's count of units booked after it (else 0),
+-- 1 when the key's rate listens for a success, and 1 when the key's rate was
+-- dropped, back at the configured one. reserve.lua is the same for one
 -- bucket.
-local n = #KEYS
+local n = #KEYS - 2
 local kinds, as, bs, costs, stored, steers = {}, {}, {}, {}, {}, {}
 local slot = now + tonumber(ARGV[2])
+local held = time(n + 1, read(n + 1, 'GET'))
+if held and held > slot then slot = held end
+local unit, burst = nil, nil -- see rate.lua
 
 -- Every bucket and sliding window allows any time from a threshold on.
 for i = 1, n do
@@ -40,9 +50,21 @@ for i = 1, n do
     local nth = time(i, redis.call('ZREVRANGE', KEYS[i], b - cost, b - cost, 'WITHSCORES')[2])
     if nth and nth + a + guard(a) > slot then slot = nth + a + guard(a) end
   else
-    local hold = time(i, read(i, 'HGET', 'hold'))
-    if hold and hold > slot then slot = hold end
+    read(i, 'HLEN')
   end
+  local per = math.ceil(a / b) -- a unit's time: a window's length over its count
+  if kind == 1 then per = interval(steers[i], a) end
+  if cost > 0 and (not unit or cost * per < unit) then unit = cost * per end
+  if not burst or b * per < burst then burst = b * per end
+end
+
+local rate, recovered, listening = read_rate(n + 2), 0, 0
+if rate and rate_share(rate, now) >= rate_full then
+  rate, recovered = nil, 1 -- dropped below, once every key is read
+end
+if rate then
+  slot = rate_allow(rate, slot, unit or 0, burst)
+  if not rate.heard then listening = 1 end
 end
 
 -- A fixed window allows the windows with room: move on to the first one,
@@ -75,6 +97,10 @@ while moved do
   end
 end
 
+if recovered == 1 then
+  redis.call('DEL', KEYS[n + 2])
+end
+
 -- Each bucket books as if the request arrived at the slot.
 local reply = {0, slot - now, now}
 for i = 1, n do
@@ -83,11 +109,16 @@ for i = 1, n do
     reply[3 + i] = bucket_finish(stored[i], steers[i], as[i], bs[i], costs[i], slot)
   end
 end
+reply[2 * n + 4], reply[2 * n + 5] = listening, recovered
 if slot - now > tonumber(ARGV[1]) then
   return reply
 end
 
 reply[1] = 1
+if rate then
+  rate_book(rate, slot, unit or 0)
+  write_rate(KEYS[n + 2], rate)
+end
 for i = 1, n do
   local a = as[i]
   if kinds[i] == 1 then
@@ -98,6 +129,7 @@ for i = 1, n do
       redis.call('SET', KEYS[i], string.format('%d', finish), 'KEEPTTL')
     else
       reply[3 + n + i] = count_booked(steers[i], costs[i])
+      move_ceiling(steers[i], a, costs[i], slot)
       write_bucket(KEYS[i], finish, steers[i])
     end
   elseif kinds[i] == 2 then

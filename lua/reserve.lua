@@ -6,6 +6,9 @@
 --
 -- KEYS[1]  the bucket: its theoretical arrival time (TAT), integer
 --          microseconds of Redis's clock; the bucket is full when TAT <= now
+-- KEYS[2]  the key's hold (see hold.lua): no request goes before it ends
+-- KEYS[3]  the key's rate after refusals (see rate.lua), which holds the
+--          request too; dropped once the key is back at its configured rate
 -- ARGV[1]  interval: microseconds one token adds to the schedule
 -- ARGV[2]  burst: how many tokens the bucket holds
 -- ARGV[3]  cost: how many tokens the caller wants
@@ -13,34 +16,58 @@
 -- ARGV[5]  not before: the caller cannot go sooner than this many
 --          microseconds from now; the bucket books it as arriving then
 --
--- Returns {granted (1 or 0), delay, now, finish, booked}: the wait in
--- microseconds, the TIME the decision used, the TAT the booking leaves (or
--- would have left), and, for a bucket the upstream's counters steer, its
--- count of units booked after the booking (else 0). All are whole numbers,
--- which Redis replies exactly.
-local interval = tonumber(ARGV[1])
+-- Returns {granted (1 or 0), delay, now, finish, booked, listening,
+-- recovered}: the wait in microseconds, the TIME the decision used, the TAT
+-- the booking leaves (or would have left), for a bucket the upstream's
+-- counters steer its count of units booked after the booking (else 0), 1
+-- when the key's rate listens for a success (see refused.lua), and 1 when
+-- the key's rate was dropped, back at the configured one. All are whole
+-- numbers, which Redis replies exactly.
+local a, b, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local arrival = now + tonumber(ARGV[5])
 local stored, steer = read_bucket(1)
+local held = time(2, read(2, 'GET'))
+if held and held > arrival then arrival = held end
+local rate, recovered = read_rate(3), 0
+if rate and rate_share(rate, now) >= rate_full then
+  redis.call('DEL', KEYS[3])
+  rate, recovered = nil, 1
+end
+local unit, listening = cost * interval(steer, a), 0
+if rate then
+  arrival = rate_allow(rate, arrival, unit, b * interval(steer, a))
+  if not rate.heard then listening = 1 end
+end
+
+-- book notes the booking at slot in the key's rate, if any.
+local function book(slot)
+  if rate then
+    rate_book(rate, slot, unit)
+    write_rate(KEYS[3], rate)
+  end
+end
+
 if steer then -- the upstream's counters steer it: the general way
-  local burst, cost = tonumber(ARGV[2]), tonumber(ARGV[3])
-  local slot = math.max(arrival, bucket_allow(stored, steer, interval, burst, cost, arrival))
-  local finish = bucket_finish(stored, steer, interval, burst, cost, slot)
+  local slot = math.max(arrival, bucket_allow(stored, steer, a, b, cost, arrival))
+  local finish = bucket_finish(stored, steer, a, b, cost, slot)
   if slot - now > tonumber(ARGV[4]) then
-    return {0, slot - now, now, finish, 0}
+    return {0, slot - now, now, finish, 0, listening, recovered}
   end
   local booked = count_booked(steer, cost)
+  move_ceiling(steer, a, cost, slot)
   write_bucket(KEYS[1], finish, steer)
-  return {1, slot - now, now, finish, booked}
+  book(slot)
+  return {1, slot - now, now, finish, booked, listening, recovered}
 end
 
 local tat = arrival
 if stored and stored > arrival then tat = stored end
 
-local finish = tat + ARGV[3] * interval
-local delay = finish - ARGV[2] * interval - now
+local finish = tat + cost * a
+local delay = finish - b * a - now
 if delay < arrival - now then delay = arrival - now end
 if delay > tonumber(ARGV[4]) then
-  return {0, delay, now, finish, 0}
+  return {0, delay, now, finish, 0, listening, recovered}
 end
 
 -- While the TAT stays within one second the expiry stands, and KEEPTTL
@@ -51,4 +78,5 @@ if stored and stored - stored % 1000000 == second then
 else
   redis.call('SET', KEYS[1], string.format('%d', finish), 'PXAT', full_expiry(finish))
 end
-return {1, delay, now, finish, 0}
+book(now + delay)
+return {1, delay, now, finish, 0, listening, recovered}

@@ -26,9 +26,10 @@ local id, slot = ARGV[1], tonumber(ARGV[2])
 local mark = #KEYS
 local n = (mark - 1) / 2
 
-local function settle_bucket(key, gaps, tat, steer, units, unit, free)
+local function settle_bucket(key, gaps, tat, steer, a, units, unit, free)
   local diff = units * unit
   count_booked(steer, units)
+  move_ceiling(steer, a, units, now)
   if diff > 0 then
     local base = now
     if tat and tat > now then base = tat end
@@ -81,7 +82,7 @@ for i = 1, n do
   local key = KEYS[2 * i - 1]
   if kinds[i] == 1 then
     local free = math.max(bucket_allow(tats[i], steers[i], a, b, 1, now), now)
-    settle_bucket(key, KEYS[2 * i], tats[i], steers[i], actual - estimate, unit(steers[i], tats[i], a, b), free)
+    settle_bucket(key, KEYS[2 * i], tats[i], steers[i], a, actual - estimate, unit(steers[i], tats[i], a, b), free)
   elseif kinds[i] == 2 then
     settle_sliding(key, a, b, estimate, actual)
   elseif used[i] then

@@ -9,9 +9,11 @@
 -- about half a second), and the fleet books at the upstream's rate less
 -- theirs, leaving them what they spend over the next 50 ms, or, for a
 -- window, until its reset. A quota that refills sets the bucket's level to
--- what is left for the fleet, which then refills at the fleet's interval; a
--- window's units left for the fleet are spread evenly until it resets. An
--- advertised limit may be learned: its interval replaces the bucket's.
+-- what is left for the fleet, when that is lower (no reading refills the
+-- bucket: the configured limit is a ceiling), and the bucket then refills
+-- at the fleet's interval; a window's units left for the fleet are spread
+-- evenly until it resets. An advertised limit may be learned: its interval,
+-- which the limiter has bounded, replaces the bucket's.
 --
 -- A reading applies only if its request was booked after the last reading
 -- was applied, and in order (see ORDER in common.lua): an older reading,
@@ -99,7 +101,9 @@ end
 -- what others spend in 50 ms (half the burst at most; until their rate is
 -- estimated, what the bucket refills in 50 ms: the rest of the burst is the
 -- headroom that a pause of the fleet's, or a clump of arrivals, spends
--- before the upstream's bucket is full and its refills are lost);
+-- before the upstream's bucket is full and its refills are lost), but
+-- never before its CEILING (see common.lua), the bucket alone: no reading
+-- refills it beyond what the limit itself allows;
 -- a window's units, less what others spend until its reset, are spread
 -- from free, the next slot free after those booked already, or, when the
 -- bucket was spreading, from last, the slot of the last unit booked, at
@@ -111,11 +115,12 @@ end
 local function spend(tat, free, last, steer, a, b, cost, left, reset, refills)
   local others = math.max(steer.foreign, 0)
   if refills then
-    local spare = math.ceil(50000 / fleet_interval(steer, a))
+    local i = fleet_interval(steer, a, b)
+    local spare = math.ceil(50000 / i)
     if steer.foreign ~= 0 then spare = math.ceil(others / 2e7) end
     local mine = left - cost - math.min(spare, math.floor(b / 2))
     steer.till, steer.spread = 0, 0
-    return math.min(now + (b - math.min(mine, b)) * fleet_interval(steer, a), now + horizon)
+    return math.max(steer.ceiling, now + (b - math.min(mine, b)) * i)
   end
   local mine = left - math.ceil(others * reset / 1e12)
   steer.till, steer.spread = now + reset, 0
@@ -175,7 +180,8 @@ end
 local function take_in(tat, steer, r)
   local left = r.left - since(tat, steer, r.a, r.finish, r.booked, r.slot, r.burst, r.cost)
   local first = not steer
-  steer = steer or {seen = 0, till = 0, spread = 0, learned = 0, left = 0, base = 0, synced = 0, booked = 0, foreign = 0, order = 0}
+  steer = steer or {seen = 0, till = 0, spread = 0, learned = 0, left = 0, base = 0, synced = 0, booked = 0, foreign = 0, order = 0,
+    ceiling = tat or now}
   if not first and not r.burst then estimate_foreign(steer, r.a, left, r.slot, r.refills) end
   steer.seen, steer.left, steer.base, steer.synced = r.slot, math.max(left, -2^53), r.booked, steer.booked
   if first or r.burst then steer.seen = 0 end
@@ -202,8 +208,13 @@ local function steer_bucket(i, r, refused)
   if fresh then steer, left = take_in(tat, steer, r) end
   if r.learned > 0 and r.learned ~= steer.learned then
     -- The units booked to go after now book anew, at the new pace, and the
-    -- bookings to come are not all new: no baseline.
+    -- bookings to come are not all new: no baseline. The bucket alone
+    -- (CEILING) keeps the units not voided, at the new interval.
+    local before = interval(steer, a)
     steer.learned, steer.seen, result, ahead = r.learned, 0, 2, waiting
+    if steer.ceiling > now then
+      steer.ceiling = now + math.max(math.ceil((steer.ceiling - now) / before) - ahead, 0) * r.learned
+    end
   end
   if fresh then
     -- The units booked go before free or, while spreading, at last at most:
@@ -213,7 +224,7 @@ local function steer_bucket(i, r, refused)
     tat = spend(tat, free, last, steer, a, b, r.cost, left + ahead, r.reset, r.refills)
     if ahead == 0 and math.max(bucket_allow(tat, steer, a, b, 1, now), now) <= booked then moved_back(steer, free) end
   elseif ahead > 0 then -- an older reading, of a slower limit: the units ahead, at the new pace
-    tat = now + math.max(math.ceil((old - now) / unit) - ahead, 0) * fleet_interval(steer, a)
+    tat = now + math.max(math.ceil((old - now) / unit) - ahead, 0) * fleet_interval(steer, a, b)
   end
   retime(ahead)
   write_bucket(KEYS[i], tat, steer)

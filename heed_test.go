@@ -1,0 +1,132 @@
+package pace
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetpace/pace/internal/quotaapi"
+)
+
+// sendFor sends requests to url through a Transport on lim (with
+// IgnoreRefusals as given), from goroutines, one after the other each,
+// for d, and returns when each was answered and with what.
+func sendFor(t *testing.T, lim Limiter, url string, goroutines int, d time.Duration, ignore bool) []quotaapi.Arrival {
+	t.Helper()
+	transport := &Transport{Limiter: lim, Key: func(*http.Request) string { return t.Name() }, IgnoreRefusals: ignore}
+	defer transport.CloseIdleConnections()
+	client := &http.Client{Transport: transport}
+	end := time.Now().Add(d)
+	var mu sync.Mutex
+	var answers []quotaapi.Arrival
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Go(func() {
+			for {
+				ctx, cancel := context.WithDeadline(context.Background(), end)
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+				resp, err := client.Do(req)
+				cancel()
+				if err != nil {
+					return // the next grant would come after the end
+				}
+				resp.Body.Close()
+				mu.Lock()
+				answers = append(answers, quotaapi.Arrival{At: time.Now(), Status: resp.StatusCode})
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return answers
+}
+
+// TestRefusalsSteerTheRate: a limiter configured at 100/s before an
+// upstream that enforces 50/s burst 5 strictly and says nothing but 429,
+// on Local and on Redis, 8 goroutines for 3 s. The refusals cut the key's
+// rate: within the first half second it converges (at most 12 refused),
+// and after it at most 6% of the requests are refused (a probe above a
+// limit with a burst of only 100 ms costs one: 4 to 7 in these 2.5 s) and
+// the upstream serves at least 90% of its 50/s; the observer hears the
+// cuts. With IgnoreRefusals
+// nothing steers it, and about half the requests are refused to the end.
+func TestRefusalsSteerTheRate(t *testing.T) {
+	c := newTestRedis(t)
+	for name, newLimiter := range map[string]func(Option) Limiter{
+		"redis": func(o Option) Limiter { return mustRedis(t, c, PerSecond(100).WithBurst(5), o) },
+		"local": func(o Option) Limiter { return mustLocal(t, PerSecond(100).WithBurst(5), o) },
+	} {
+		for _, ignore := range []bool{false, true} {
+			t.Run(name+map[bool]string{true: "/ignored", false: ""}[ignore], func(t *testing.T) {
+				api := startQuotaAPI(t, quotaapi.Config{Rate: 50, Burst: 5})
+				log := &eventLog{}
+				start := time.Now()
+				answers := sendFor(t, newLimiter(WithObserver(log.observe)), api.URL(), 8, 3*time.Second, ignore)
+				var served, refused, first int
+				for _, a := range answers {
+					switch {
+					case a.At.Before(start.Add(500*time.Millisecond)) && a.Status != http.StatusOK:
+						first++
+					case a.At.Before(start.Add(500 * time.Millisecond)):
+					case a.Status == http.StatusOK:
+						served++
+					default:
+						refused++
+					}
+				}
+				cuts := log.count(EventRate)
+				t.Logf("%d refused in the first 500 ms; then %d served (%.1f/s), %d refused of %d; %d cuts", first, served, float64(served)/2.5, refused, served+refused, cuts)
+				switch {
+				case ignore && (cuts > 0 || refused < (served+refused)/3):
+					t.Errorf("ignored refusals: %d cuts and %d of %d refused; want none, and about half", cuts, refused, served+refused)
+				case !ignore && (cuts == 0 || first > 12 || refused*100 > 6*(served+refused) || float64(served) < 0.9*50*2.5):
+					t.Errorf("%d cuts, %d refused in the first 500 ms, then %d of %d refused, %d served; want some cuts, at most 12, at most 6%% and at least 90%% of 50/s",
+						cuts, first, refused, served+refused, served)
+				}
+			})
+		}
+	}
+}
+
+// TestRefusalsExplainedDoNotCut: a 429 with Retry-After holds the key, and
+// one whose counters say nothing is left steers or holds it; neither cuts
+// its rate, on Local or Redis. A 429 whose counters say units are left is
+// not explained by them, and cuts it.
+func TestRefusalsExplainedDoNotCut(t *testing.T) {
+	c := newTestRedis(t)
+	for name, header := range map[string][]string{
+		"Retry-After":        {"Retry-After", "1"},
+		"a spent window":     {"X-RateLimit-Limit", "100", "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "1"},
+		"a spent bucket":     {"X-Ratelimit-Remaining-Requests", "0", "X-Ratelimit-Reset-Requests", "100ms"},
+		"units left: unsaid": {"X-Ratelimit-Remaining-Requests", "30", "X-Ratelimit-Reset-Requests", "100ms"},
+	} {
+		api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			for i := 0; i < len(header); i += 2 {
+				w.Header().Set(header[i], header[i+1])
+			}
+			w.WriteHeader(http.StatusTooManyRequests)
+		}))
+		t.Cleanup(api.Close)
+		for lname, lim := range map[string]func(Option) Limiter{
+			"redis": func(o Option) Limiter { return mustRedis(t, c, PerSecond(100), o) },
+			"local": func(o Option) Limiter { return mustLocal(t, PerSecond(100), o) },
+		} {
+			t.Run(name+"/"+lname, func(t *testing.T) {
+				log := &eventLog{}
+				client := &http.Client{Transport: &Transport{Limiter: lim(WithObserver(log.observe))}}
+				resp, err := client.Get(api.URL)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				cut := log.count(EventRate) > 0
+				if want := name == "units left: unsaid"; cut != want {
+					t.Errorf("the key's rate cut: %v, want %v", cut, want)
+				}
+			})
+		}
+	}
+}
