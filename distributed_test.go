@@ -75,7 +75,7 @@ type modelBooking struct {
 }
 
 func newModelCheck(t *testing.T, c redis.UniversalClient, seed uint64) *modelCheck {
-	return &modelCheck{t: t, keys: []string{"a", "b", "c", "d", "e"}, model: newBucketModel(),
+	return &modelCheck{t: t, keys: []string{"a", "b", "c", "d", "e", "f"}, model: newBucketModel(),
 		rng: rand.New(rand.NewPCG(seed, 11)), counts: map[string]int{}, holdEnds: map[string]int64{}, lines: map[string]int64{},
 		limiters: []*Redis{
 			mustRedis(t, c, PerSecond(1000).WithBurst(5)), // 1000 µs a token
@@ -110,13 +110,19 @@ func (m *modelCheck) recent() (modelBooking, bool) {
 	return bk, true
 }
 
-func (m *modelCheck) reserve(step int) { m.reserveKey(step, m.keys[m.rng.IntN(len(m.keys))]) }
-
-func (m *modelCheck) reserveKey(step int, key string) {
-	r, a, burst := m.limiterOf(key)
+// reserve books a random key at a random cost, with a random budget and
+// time not before.
+func (m *modelCheck) reserve(step int) {
+	key := m.keys[m.rng.IntN(len(m.keys))]
+	_, a, burst := m.limiterOf(key)
 	cost := m.rng.Int64N(burst) + 1
 	budget := []time.Duration{MaxDelay, 0, time.Duration(m.rng.Int64N(5*a)) * time.Microsecond}[m.rng.IntN(3)]
 	notBefore := []time.Duration{0, 0, time.Duration(m.rng.Int64N(3*a)) * time.Microsecond}[m.rng.IntN(3)]
+	m.reserveWith(step, key, cost, budget, notBefore)
+}
+
+func (m *modelCheck) reserveWith(step int, key string, cost int64, budget, notBefore time.Duration) {
+	r, a, burst := m.limiterOf(key)
 	b, err := storeOf(r).reserve(context.Background(), key, uniform(int(cost)), budget, notBefore, true)
 	if err != nil {
 		m.t.Fatalf("step %d: %v", step, err)
@@ -223,8 +229,12 @@ func (m *modelCheck) sync(step int) {
 		m.bookings = append(m.bookings, bk)
 	}
 	r, a, burst := m.limiterOf(bk.key)
-	st := randomSteering(m.rng, 0, a, burst)
-	refused := m.rng.IntN(4) == 0
+	m.syncOne(step, r, a, burst, bk, randomSteering(m.rng, 0, a, burst), m.rng.IntN(4) == 0)
+}
+
+// syncOne steers the key of booking bk, on r (a limit of interval a and
+// burst), with st, for a request the upstream served or refused.
+func (m *modelCheck) syncOne(step int, r *Redis, a, burst int64, bk modelBooking, st steering, refused bool) {
 	reply, err := storeOf(r).sync(context.Background(), bk.key, bk.b, []steering{st}, refused, "pace-model-holds")
 	if err != nil {
 		m.t.Fatalf("step %d: sync: %v", step, err)
@@ -258,15 +268,18 @@ func randomSteering(rng *rand.Rand, i int, a, b int64) steering {
 		learned: []int64{0, 0, a / 2, 2 * a}[rng.IntN(4)]}
 }
 
-// refusal tells the key of a recent booking that the upstream refused its
-// request without saying why, or, a third of the time, served it: the
-// key's rate takes it, in the script and the model. The booking stays in
-// the list.
+// refusal tells the key of a recent booking of key f (whose rate after
+// refusals then interleaves with everything else, while the other keys'
+// grants are not cut to nothing) that the upstream refused its request
+// without saying why, or, a third of the time, served it: the key's rate
+// takes it, in the script and the model. The booking stays in the list.
 func (m *modelCheck) refusal(step int) {
-	if len(m.bookings) == 0 {
-		return
+	for i := len(m.bookings) - 1; i >= max(len(m.bookings)-8, 0); i-- {
+		if bk := m.bookings[i]; bk.key == "f" {
+			m.refusalOf(step, bk, m.rng.IntN(3) == 0)
+			return
+		}
 	}
-	m.refusalOf(step, m.bookings[len(m.bookings)-1-m.rng.IntN(min(len(m.bookings), 4))], m.rng.IntN(3) == 0)
 }
 
 // refusalOf tells the key of booking bk that the upstream refused its
@@ -296,11 +309,36 @@ func (m *modelCheck) refusalOf(step int, bk modelBooking, served bool) {
 // probe), for 3 s at most.
 func (m *modelCheck) recover(step int) {
 	const key = "z"
-	m.reserveKey(step, key)
+	m.reserveWith(step, key, 1, MaxDelay, 0)
 	m.refusalOf(step, m.bookings[len(m.bookings)-1], false)
 	time.Sleep(1600 * time.Millisecond)
 	for deadline := time.Now().Add(3 * time.Second); m.counts["rate-recovered"] == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		m.reserveKey(step, key)
+		m.reserveWith(step, key, 1, MaxDelay, 0)
+	}
+}
+
+// probe drives a window of a key of its own into a probe (see spend in
+// lua/sync.lua): readings of 100, then 99 left in a window of 600 ms (the
+// first steers the bucket, the second is the baseline of others'
+// spending), then, a request later, one of 1 left, which says that others
+// spend all of it.
+func (m *modelCheck) probe(step int) {
+	const key = "p"
+	r, a, burst := m.limiterOf(key)
+	var last modelBooking
+	for i := int64(0); i <= burst; i++ { // the burst, and one that waits
+		m.reserveWith(step, key, 1, MaxDelay, 0)
+		last = m.bookings[len(m.bookings)-1]
+	}
+	probes := m.counts["sync-probe"]
+	for _, left := range []int64{100, 99, 1} {
+		st := steering{reading: Reading{Remaining: left}, reset: time.Duration(600*a) * time.Microsecond}
+		m.syncOne(step, r, a, burst, last, st, false)
+		m.reserveWith(step, key, 1, MaxDelay, 0)
+		last = m.bookings[len(m.bookings)-1]
+	}
+	if m.counts["sync-probe"] == probes {
+		m.t.Errorf("the window of 1 left after 99, a request later, was not probed")
 	}
 }
 

@@ -18,8 +18,8 @@ import (
 // microsecond with the upstream's word in play: random readings (of quotas
 // that refill and of windows, stale and fresh, learning limits, implying
 // others' spending), holds, and refusals and successes that steer the
-// key's rate, between bookings, refunds and settlements; and once the
-// rates have recovered, each is dropped.
+// key's rate, between bookings, refunds and settlements; then a window
+// driven into a probe, and a rate that recovers and is dropped.
 func TestSteeringMatchesModel(t *testing.T) {
 	m := newModelCheck(t, newTestRedis(t), 13)
 	for step := range 4500 {
@@ -40,11 +40,12 @@ func TestSteeringMatchesModel(t *testing.T) {
 			time.Sleep(time.Duration(m.rng.IntN(2000)) * time.Microsecond)
 		}
 	}
+	m.probe(4500)
 	m.recover(4500)
 	m.requireEach("granted", "refused", "granted-spread", "granted-held", "granted-steered", "refund-nothing",
 		"settle-up", "settle-down", "sync-stale", "sync-applied", "sync-learned", "sync-foreign", "hold",
 		"rate-cut", "rate-served", "rate-unchanged")
-	m.require("sync-probe", 3)     // others seem to spend all a window has left: rarer, 6 to 14 times in 4500 steps
+	m.require("sync-probe", 1)     // others seem to spend all a window has left: rare at random, and once by probe
 	m.require("rate-recovered", 1) // a key's rate back at the configured rate, dropped
 }
 
