@@ -239,7 +239,7 @@ func (m *modelCheck) syncOne(step int, r *Redis, a, burst int64, bk modelBooking
 	if err != nil {
 		m.t.Fatalf("step %d: sync: %v", step, err)
 	}
-	want := m.model.sync(bk.key, a, burst, bk.b, 0, st, refused, m.now(step, reply.now))
+	want := m.model.sync(bk.key, bk.key, a, burst, bk.b, 0, st, refused, m.now(step, reply.now))
 	var synced int64
 	if s := m.model.steers[bk.key]; s != nil {
 		synced = s.synced
@@ -357,7 +357,7 @@ func (m *modelCheck) hold(step int) {
 	}
 	if changed {
 		m.holdEnds[key] = end
-		m.model.hold(key, end, now)
+		m.model.hold(key, end)
 		m.counts["hold"]++
 	}
 }

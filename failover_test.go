@@ -82,7 +82,7 @@ func (s *fakeStore) sync(_ context.Context, key string, b booking, steers []stee
 	}
 	r := syncReply{now: s.clock.Now().UnixMicro()}
 	for i, st := range steers {
-		r.results[i] = s.model.sync(key, s.interval, s.burst, b, 0, st, refused, r.now)
+		r.results[i] = s.model.sync(key, key, s.interval, s.burst, b, 0, st, refused, r.now)
 		if steer := s.model.steers[key]; steer != nil {
 			r.synced[i] = steer.synced
 		}
@@ -96,7 +96,7 @@ func (s *fakeStore) hold(_ context.Context, key string, d time.Duration, _ strin
 	}
 	now := s.clock.Now().UnixMicro()
 	end := now + d.Microseconds()
-	s.model.hold(key, end, now)
+	s.model.hold(key, end)
 	s.holds[key] = end
 	return true, end, nil
 }

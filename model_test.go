@@ -124,27 +124,21 @@ func (m *bucketModel) settle(key string, a, b, units, now int64) {
 }
 
 // sync is sync.lua for one bucket of interval a and burst b, for a reading
-// of a request booked as bk.
-func (m *bucketModel) sync(key string, a, b int64, bk booking, i int, st steering, refused bool, now int64) int64 {
-	s := m.steers[key]
-	tat, s, result := s.sync(m.tat[key], a, b, bk.finishes[i], bk.booked[i], bk.slot(), bk.delay == 0, int64(bk.costs[i]), refused,
-		st.reading.Remaining, st.reset.Microseconds(), st.reading.Refills, st.learned, now)
+// of a request of key booked as bk. bucket is the bucket's Redis key.
+func (m *bucketModel) sync(key, bucket string, a, b int64, bk booking, i int, st steering, refused bool, now int64) int64 {
+	s := m.steers[bucket]
+	tat, s, result := s.sync(m.tat[bucket], a, b, bk.finishes[i], bk.booked[i], bk.slot(), bk.delay == 0, int64(bk.costs[i]), refused,
+		st.reading.Remaining, st.reset.Microseconds(), st.reading.Refills, st.learned, m.holds[key], now)
 	if result > 0 || (refused && s != nil) {
-		m.tat[key], m.steers[key] = tat, s
+		m.tat[bucket], m.steers[bucket] = tat, s
 		s.written(now)
 	}
 	return result
 }
 
 // hold is hold.lua, for a hold of key that outlasts the one in place: no
-// request before end, and a steered bucket's next reading taken afresh.
-func (m *bucketModel) hold(key string, end, now int64) {
-	m.holds[key] = end
-	if s := m.steers[key]; s != nil && s.seen != 0 {
-		s.seen = 0
-		s.written(now)
-	}
-}
+// request before end.
+func (m *bucketModel) hold(key string, end int64) { m.holds[key] = end }
 
 // refund is refund.lua.
 func (m *bucketModel) refund(key string, finish, size, now int64) refundResult {

@@ -198,7 +198,7 @@ func syncQuota(t *testing.T, step int, r *Redis, key string, b booking, model *b
 	if err != nil {
 		t.Fatalf("step %d: sync: %v", step, err)
 	}
-	want := model.sync(storeOf(r).keys(key, false)[i], a, burst, b, i, st, refused, reply.now)
+	want := model.sync(key, storeOf(r).keys(key, false)[i], a, burst, b, i, st, refused, reply.now)
 	if reply.results[0] != want {
 		t.Fatalf("step %d: sync(%s, limit %d, %+v) at %d: script %d, model %d", step, key, i, st, reply.now, reply.results[0], want)
 	}

@@ -95,7 +95,7 @@ const (
 // sync is sync.lua for one bucket stored as tat and s (nil when not
 // steered): it returns the bucket's new TAT and steering, and 0 (stale), 1
 // (applied) or 2 (applied, and learned anew).
-func (s *steerModel) sync(tat, a, b, finish, booked, slot int64, burst bool, cost int64, refused bool, left, reset int64, refills bool, learned, now int64) (int64, *steerModel, int64) {
+func (s *steerModel) sync(tat, a, b, finish, booked, slot int64, burst bool, cost int64, refused bool, left, reset int64, refills bool, learned, held, now int64) (int64, *steerModel, int64) {
 	fresh := s == nil || (booked > s.synced && slot >= s.order)
 	slower := learned > s.interval(a)
 	_, unit, spreading, _ := s.step(tat, a, b, now, now)
@@ -109,7 +109,7 @@ func (s *steerModel) sync(tat, a, b, finish, booked, slot int64, burst bool, cos
 	}
 	old, result, ahead := tat, int64(1), int64(0)
 	if fresh {
-		s, left = s.takeIn(tat, a, finish, booked, slot, burst, cost, left, refills, now)
+		s, left = s.takeIn(tat, a, finish, booked, slot, burst, cost, left, refills, held, now)
 	}
 	if learned > 0 && learned != s.learned {
 		before := s.interval(a)
@@ -136,8 +136,9 @@ func (s *steerModel) sync(tat, a, b, finish, booked, slot int64, burst bool, cos
 	return tat, s, result
 }
 
-// takeIn is take_in: it returns the steering and the units left.
-func (s *steerModel) takeIn(tat, a, finish, booked, slot int64, burst bool, cost, left int64, refills bool, now int64) (*steerModel, int64) {
+// takeIn is take_in: it returns the steering and the units left. held is
+// when the key's latest hold ends (0: none).
+func (s *steerModel) takeIn(tat, a, finish, booked, slot int64, burst bool, cost, left int64, refills bool, held, now int64) (*steerModel, int64) {
 	switch {
 	case s != nil:
 		left -= max(s.booked-booked, 0)
@@ -150,7 +151,7 @@ func (s *steerModel) takeIn(tat, a, finish, booked, slot int64, burst bool, cost
 	first := s == nil
 	if first {
 		s = &steerModel{ceiling: cmp.Or(tat, now)} // the bucket alone: its TAT, or now for an empty one
-	} else if !burst {
+	} else if !burst && held <= s.seen {
 		s.estimateForeign(a, left, slot, refills, now)
 	}
 	s.seen, s.left, s.base, s.synced = slot, max(left, -1<<53), booked, s.booked

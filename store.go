@@ -289,13 +289,14 @@ type syncReply struct {
 // as of a hold.
 func (s *store) sync(ctx context.Context, key string, b booking, steers []steering, refused bool, channel string) (syncReply, error) {
 	keys := s.keys(key, false)
-	syncKeys := make([]string, 0, len(steers))
+	syncKeys := make([]string, 0, len(steers)+1)
 	args := append(make([]any, 0, 3+11*len(steers)), channel, key, flag(refused))
 	for _, st := range steers {
 		syncKeys = append(syncKeys, keys[st.limit])
 		args = append(args, s.limitArgs[3*st.limit+1], s.limitArgs[3*st.limit+2], b.finishes[st.limit], b.booked[st.limit],
 			b.slot(), flag(b.delay == 0), b.costs[st.limit], st.reading.Remaining, st.reset.Microseconds(), flag(st.reading.Refills), st.learned)
 	}
+	syncKeys = append(syncKeys, s.holdKey(key))
 	var reply [1 + 2*maxLimits]int64
 	n := len(steers)
 	if err := int64Reply(s.calls.run(ctx, syncScript, syncKeys, args...), reply[:1+2*n]); err != nil {
@@ -315,14 +316,13 @@ func flag(b bool) int {
 	return 0
 }
 
-// hold holds key under every limit for d from now, by Redis's clock, and
-// tells the fleet on channel. It returns whether the hold outlasts the one in
-// place, and when it ends, in microseconds of Redis's clock.
+// hold holds key for d from now, by Redis's clock, and tells the fleet on
+// channel. It returns whether the hold outlasts the one in place, and when
+// it ends, in microseconds of Redis's clock.
 func (s *store) hold(ctx context.Context, key string, d time.Duration, channel string) (bool, int64, error) {
-	keys := append(s.keys(key, false), s.holdKey(key))
-	args := append(make([]any, 0, 3+len(s.limitArgs)), d.Microseconds(), channel, key)
+	keys := []string{s.holdKey(key)}
 	var reply [2]int64
-	if err := int64Reply(s.calls.run(ctx, holdScript, keys, append(args, s.limitArgs...)...), reply[:]); err != nil {
+	if err := int64Reply(s.calls.run(ctx, holdScript, keys, d.Microseconds(), channel, key), reply[:]); err != nil {
 		return false, 0, s.fail(key, "hold", keys, err)
 	}
 	return reply[0] == 1, reply[1] + d.Microseconds(), nil

@@ -23,7 +23,11 @@
 -- learned from a stale reading too. When the limit learned changes, the
 -- requests booked ahead book anew, at the new pace (see retime).
 --
--- KEYS[i]   a bucket (see reserve.lua and common.lua)
+-- KEYS[i]   a bucket (see reserve.lua and common.lua), for i = 1 .. #KEYS - 1
+-- KEYS[#KEYS]  the key's hold (see hold.lua): across a hold, the upstream's
+--           quota filled up, and the refills it lost are nobody's spending:
+--           a reading whose last one's request went before the hold ended
+--           is a baseline only
 -- ARGV[1]   the Pub/Sub channel of holds; ARGV[2] the key, as the fleet
 --           names it (see hold.lua); ARGV[3] 1 when the upstream refused
 --           the request (a 429), else 0
@@ -42,6 +46,7 @@
 -- steered), by which a process can tell stale readings without asking.
 local tau = 500000 -- the time constant of the estimate of others' rate
 local probe = 1000000 -- the fleet's interval while others seem to spend all of a window
+local held = time(#KEYS, read(#KEYS, 'GET')) or 0
 
 -- since is how many units the upstream had not counted of a bucket stored
 -- as tat and steer when it counted a request of cost units, booked with
@@ -174,15 +179,15 @@ local function reading(i)
 end
 
 -- take_in takes a fresh reading r into the steering of a bucket stored as
--- tat and steer (nil: not steered yet): the estimate of others' rate, and
--- the reading as the baseline of the next. It returns the steering and the
+-- tat and steer (nil: not steered yet): the estimate of others' rate (none
+-- across a hold), and the reading as the baseline of the next. It returns the steering and the
 -- units left, less those booked after the request.
 local function take_in(tat, steer, r)
   local left = r.left - since(tat, steer, r.a, r.finish, r.booked, r.slot, r.burst, r.cost)
   local first = not steer
   steer = steer or {seen = 0, till = 0, spread = 0, learned = 0, left = 0, base = 0, synced = 0, booked = 0, foreign = 0, order = 0,
     ceiling = tat or now}
-  if not first and not r.burst then estimate_foreign(steer, r.a, left, r.slot, r.refills) end
+  if not first and not r.burst and held <= steer.seen then estimate_foreign(steer, r.a, left, r.slot, r.refills) end
   steer.seen, steer.left, steer.base, steer.synced = r.slot, math.max(left, -2^53), r.booked, steer.booked
   if first or r.burst then steer.seen = 0 end
   return steer, left
@@ -232,7 +237,8 @@ local function steer_bucket(i, r, refused)
 end
 
 local reply = {now}
-for i = 1, #KEYS do
-  reply[i + 1], reply[1 + #KEYS + i] = steer_bucket(i, reading(i), ARGV[3] == '1')
+local n = #KEYS - 1
+for i = 1, n do
+  reply[i + 1], reply[1 + n + i] = steer_bucket(i, reading(i), ARGV[3] == '1')
 end
 return reply

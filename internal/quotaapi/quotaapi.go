@@ -62,7 +62,8 @@ type Config struct {
 	WindowsFrom time.Time
 	// Once, when its At is set, is the answer the server gives its first
 	// request after At instead of the quota's, such as a 429 with
-	// Retry-After: 1.
+	// Retry-After: 1. It spends nothing, and its counters say what the
+	// quota has left, as a service's do when another of its parts refuses.
 	Once Once
 	// Service is how long the server takes to answer a request, which is
 	// in flight meanwhile (see Counts.MaxInFlight).
@@ -245,26 +246,28 @@ func (s *Server) take(a Arrival, h http.Header) Arrival {
 	a.At = time.Now()
 	now, c := a.At, s.config
 	a.Status = http.StatusOK
-	switch {
-	case !c.Once.At.IsZero() && !s.spoke && now.After(c.Once.At) && !a.Foreign:
+	if c.Dialect.Windowed() {
+		if w := int64(now.Sub(c.WindowsFrom) / c.Window); w != s.window {
+			s.window, s.used = w, 0
+		}
+	}
+	switch once := !c.Once.At.IsZero() && !s.spoke && now.After(c.Once.At) && !a.Foreign; {
+	case once:
 		s.spoke, a.Status = true, c.Once.Status
 		if h != nil {
 			h.Set(c.Once.Header, c.Once.Value)
 		}
+	case c.Dialect.Windowed() && s.used < c.Count:
+		s.used++
 	case c.Dialect.Windowed():
-		if w := int64(now.Sub(c.WindowsFrom) / c.Window); w != s.window {
-			s.window, s.used = w, 0
-		}
-		if s.used < c.Count {
-			s.used++
-		} else {
-			a.Status = http.StatusTooManyRequests
-		}
+		a.Status = http.StatusTooManyRequests
+	case s.bucket != nil && !s.bucket.AllowN(now, 1):
+		a.Status = http.StatusTooManyRequests
+	}
+	switch {
+	case c.Dialect.Windowed():
 		a.Left = c.Count - s.used
 	case s.bucket != nil:
-		if !s.bucket.AllowN(now, 1) {
-			a.Status = http.StatusTooManyRequests
-		}
 		a.Left = int(max(s.bucket.TokensAt(now), 0))
 	}
 	if h != nil {
