@@ -1,12 +1,13 @@
-# make test: what CI runs. It installs redis-server from Debian's packages when
-# it is missing, since the distributed path is tested against a real one, and
-# tests every module of the repository: the core with its examples, and each
-# module of its own beneath it (bench/, extra/...).
-.PHONY: test bench redis-server
+# make test: what CI runs. It installs redis-server, nginx and HAProxy from
+# Debian's packages when they are missing, since the distributed path is
+# tested against a real Redis, and the refusals that steer it against real
+# rate limiters, and tests every module of the repository: the core with its
+# examples, and each module of its own beneath it (bench/, extra/...).
+.PHONY: test bench redis-server limiters
 
 MODULES := $(sort $(shell find . -name go.mod -not -path './.git/*' -exec dirname {} \;))
 
-test: redis-server
+test: redis-server limiters
 	test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt: the files above need formatting"; exit 1; }
 	# -p 1: one package at a time. The failover's logic is table-tested on a
 	# fake clock, but its end-to-end proofs (the fault fleets, the demo) run
@@ -30,3 +31,13 @@ redis-server:
 		$$sudo apt-get install -y redis-server redis-tools || { $$sudo apt-get update && $$sudo apt-get install -y redis-server redis-tools; }; \
 	}
 	@redis-server --version
+
+# The limiters that no one here wrote, which examples/fleet's tests start
+# on loopback (internal/limitertest).
+limiters:
+	@PATH="$$PATH:/usr/sbin"; command -v nginx >/dev/null && command -v haproxy >/dev/null || { \
+		sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		$$sudo apt-get install -y nginx-light haproxy || { $$sudo apt-get update && $$sudo apt-get install -y nginx-light haproxy; }; \
+	}
+	@PATH="$$PATH:/usr/sbin"; nginx -v && haproxy -v | head -1

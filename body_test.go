@@ -2,6 +2,7 @@ package pace
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -137,3 +138,44 @@ func TestTransportEstimateBadInput(t *testing.T) {
 
 // waitOnly is a Limiter that cannot settle.
 type waitOnly struct{ Limiter }
+
+// TestBodySettlesWhenDecoded: a client that decodes the JSON of a response
+// (json.Decoder) and closes it, as most Go clients do, never reads its
+// EOF: over HTTP/2, whose EOF comes in a further read, and over HTTP/1.1
+// when the last chunk comes late. The body read is whole nonetheless, and
+// Close settles the reservation at the usage: 29 tokens, not the 400
+// estimated.
+func TestBodySettlesWhenDecoded(t *testing.T) {
+	for name, http2 := range map[string]bool{"HTTP/2": true, "HTTP/1.1 chunked": false} {
+		t.Run(name, func(t *testing.T) {
+			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				w.(http.Flusher).Flush() // no Content-Length: the body streams
+				io.WriteString(w, openAIChat)
+				w.(http.Flusher).Flush()
+				time.Sleep(200 * time.Millisecond) // the end of the stream comes late
+			}))
+			srv.EnableHTTP2 = http2
+			srv.StartTLS()
+			t.Cleanup(srv.Close)
+			lim := mustLocal(t, hourlyTokens)
+			client := settlingClient(lim)
+			client.Transport.(*Transport).Base = srv.Client().Transport
+			resp, err := client.Get(srv.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := resp.ProtoMajor == 2; got != http2 {
+				t.Fatalf("the response came over %s", resp.Proto)
+			}
+			var v struct{ ID string }
+			if err := json.NewDecoder(resp.Body).Decode(&v); err != nil || v.ID == "" {
+				t.Fatalf("decode: %v, %+v", err, v)
+			}
+			resp.Body.Close()
+			if used := tokensUsed(t, lim, "llm"); used != 29 {
+				t.Errorf("the key used %d tokens after the body was decoded and closed, want the usage's 29", used)
+			}
+		})
+	}
+}

@@ -163,3 +163,62 @@ func TestCostsBadInput(t *testing.T) {
 		})
 	}
 }
+
+// TestSettlementBounded: a usage object that says a request took 2^40
+// tokens (which OpenAIUsage accepts), against a daily quota of a million
+// tokens, on Local and on Redis. The actual cost is capped, and the
+// observer hears so: under a bucket, so that the debt delays the key by
+// the default MaxHold, an hour, at most (a wait past the deadline is
+// refused at once, and says so); under a fixed window, at its count, which
+// is no outage, and other keys go on.
+func TestSettlementBounded(t *testing.T) {
+	ctx := context.Background()
+	c := newTestRedis(t)
+	daily := AllOf{PerSecond(100).Named("requests"), Per(1e6, 24*time.Hour).Named("tokens")}
+	for name, newLimiter := range map[string]func(Option) Reserver{
+		"redis": func(o Option) Reserver { return mustRedis(t, c, daily, o) },
+		"local": func(o Option) Reserver { return mustLocal(t, daily, o) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			log := &eventLog{}
+			lim := newLimiter(WithObserver(log.observe))
+			if _, err := lim.Reserve(ctx, "k", Costs{"tokens": 1e6 - 100}); err != nil { // the day's tokens, but 100
+				t.Fatal(err)
+			}
+			res, err := lim.Reserve(ctx, "k", Costs{"tokens": 100})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := lim.Settle(ctx, res, Costs{"tokens": 1 << 40}); err != nil {
+				t.Fatal(err)
+			}
+			if e, ok := log.last(EventSettleCapped); !ok || e.Cost != 1<<40 {
+				t.Errorf("the cap was reported as %+v, %v; want the 2^40 asked", e, ok)
+			}
+			dctx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			var de *DeadlineError
+			err = promptly(t, func() error { _, err := lim.Reserve(dctx, "k", Costs{"tokens": 1}); return err })
+			if !errors.As(err, &de) || de.Delay < 59*time.Minute || de.Delay > time.Hour+time.Minute {
+				t.Errorf("the next request: %v; want refused at once, with a wait of an hour: the debt the cap allows", err)
+			}
+		})
+	}
+	t.Run("redis/fixed window", func(t *testing.T) {
+		log := &eventLog{}
+		r := mustRedis(t, c, AllOf{PerSecond(100).Named("requests"), FixedWindow(1e6, 24*time.Hour).Named("tokens")}, WithObserver(log.observe))
+		res, err := r.Reserve(ctx, "fixed", Costs{"tokens": 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Settle(ctx, res, Costs{"tokens": 1e18}); err != nil {
+			t.Errorf("Settle of 1e18 tokens: %v, want it capped", err)
+		}
+		if _, err := r.Reserve(ctx, "other", Costs{"tokens": 1}); err != nil {
+			t.Errorf("another key: %v", err)
+		}
+		if e, ok := log.last(EventFallback); ok {
+			t.Errorf("a settlement was taken for an outage: %+v", e)
+		}
+	})
+}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/fleetpace/pace/internal/exampletest"
+	"github.com/fleetpace/pace/internal/limitertest"
 	"github.com/fleetpace/pace/internal/redistest"
 )
 
@@ -128,15 +129,58 @@ func TestDemoOnRedis(t *testing.T) {
 
 // TestDemoFaults: the store stopped for a second mid-run, with pace's
 // default options: the fleet goes on, and the upstream answers at most one
-// burst of 429s a process; and one 429 with Retry-After from the upstream:
-// the fleet pauses.
+// burst of 429s a process; and one 429 with Retry-After: 1 from the
+// upstream, a third into the demo's 5 s: the fleet pauses for that second,
+// and resumes with the quota it had, at 75% of the run at least and with
+// at most two more 429s, whether the upstream speaks OpenAI's counters or
+// GitHub's (whose window the 429 does not say is spent).
 func TestDemoFaults(t *testing.T) {
 	s := demo(t, "-kill-redis-at", "1s", "-duration", "3s")
 	if s.Requests == 0 || s.Utilisation < 0.8 || s.ScriptCalls == nil || s.TooMany > 4*10 {
 		t.Errorf("-kill-redis-at 1s: %d requests, utilisation %.3f, %d 429s; want at least 0.8 and at most 4 processes x burst 10", s.Requests, s.Utilisation, s.TooMany)
 	}
-	if s := demo(t, "-retry-after"); s.TooMany < 1 || s.TooMany > 3 || s.Utilisation > 0.55 {
-		t.Errorf("-retry-after: %d 429s, utilisation %.3f; want the one sent (and at most two in flight) and the fleet paused for one of the two seconds", s.TooMany, s.Utilisation)
+	for _, dialect := range []string{"openai", "github"} {
+		if s := demo(t, "-retry-after", "-headers", dialect, "-duration", "5s"); s.TooMany < 1 || s.TooMany > 3 || s.Utilisation < 0.75 || s.Utilisation > 0.82 {
+			t.Errorf("-retry-after -headers %s: %d 429s, utilisation %.3f; want the one sent and at most two more, and the fleet paused for one of the five seconds (from 0.75 to 0.82)",
+				dialect, s.TooMany, s.Utilisation)
+		}
+	}
+}
+
+// TestDemoAgainstRealLimiters: the fleet, 4 processes of 4 workers for
+// 8 s with default options, against rate limiters that no one here wrote,
+// from Debian's packages, on loopback: nginx's limit_req at 200r/s burst
+// 10 nodelay, which refuses what is beyond and does not count it, and
+// HAProxy's stick table that denies while its estimate of the last
+// second's requests, those it denies among them, is above 200. Against
+// each, pace is configured as the limiter or above it; what the upstream
+// refuses without a word steers the fleet down, through a real
+// redis-server. What nginx serves is held
+// to its b + r*t, 10 + 200*8; what HAProxy serves to 200*8, as its count
+// of the last second lets through no more over 8 s.
+func TestDemoAgainstRealLimiters(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, tc := range []struct {
+		limiter, limit         string
+		served, refused, bound float64 // the least share of bound served, the most share of the requests refused
+	}{
+		{"nginx", "200/s burst 10", 0.97, 0, 1610},
+		{"nginx", "400/s burst 10", 0.93, 0.03, 1610},
+		{"haproxy", "200/s sliding", 0.93, 0.02, 1600},
+		{"haproxy", "400/s burst 10", 0.90, 0.03, 1600},
+	} {
+		t.Run(tc.limiter+" "+tc.limit, func(t *testing.T) {
+			url := limitertest.HAProxy(t, 200)
+			if tc.limiter == "nginx" {
+				url = limitertest.Nginx(t, 200, 10)
+			}
+			s := demo(t, "-redis", "redis://"+srv.Addr+"/0", "-target", url, "-procs", "4", "-workers", "4", "-duration", "8s", "-limit", tc.limit)
+			served, refused := float64(s.OK)/tc.bound, float64(s.TooMany)/float64(s.Requests)
+			t.Logf("%s before %s: %d served, %.1f%% of %.0f; %d refused, %.1f%% of %d requests", tc.limit, tc.limiter, s.OK, 100*served, tc.bound, s.TooMany, 100*refused, s.Requests)
+			if served < tc.served || refused > tc.refused {
+				t.Errorf("served %.1f%%, refused %.1f%%; want at least %.0f%% and at most %.0f%%", 100*served, 100*refused, 100*tc.served, 100*tc.refused)
+			}
+		})
 	}
 }
 

@@ -1,0 +1,167 @@
+// Package limitertest starts real rate limiters that no one here wrote, on
+// loopback, for tests: nginx's limit_req and HAProxy's stick tables, each
+// before a static answer, from Debian's packages (make test installs
+// nginx-light and haproxy when they are missing).
+package limitertest
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// Nginx starts nginx on a free loopback port, limiting every request to
+// rate a second with a burst of burst, nodelay (what limit_req refuses, it
+// answers 429, and does not count), before a static file; and stops it when
+// the test ends. It returns the URL.
+func Nginx(tb testing.TB, rate, burst int) string {
+	tb.Helper()
+	dir := workDir(tb, "nginx")
+	if err := os.WriteFile(filepath.Join(dir, "index.html"), []byte("ok\n"), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	port := freePort(tb)
+	// A "return" would answer in the rewrite phase, before limit_req: the
+	// file goes through it.
+	conf := fmt.Sprintf(`worker_processes 1;
+daemon off;
+error_log %[1]s/error.log;
+pid %[1]s/nginx.pid;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  client_body_temp_path %[1]s/body;
+  proxy_temp_path %[1]s/proxy;
+  fastcgi_temp_path %[1]s/fastcgi;
+  uwsgi_temp_path %[1]s/uwsgi;
+  scgi_temp_path %[1]s/scgi;
+  limit_req_zone $server_name zone=api:1m rate=%[3]dr/s;
+  server {
+    listen 127.0.0.1:%[2]d;
+    server_name api;
+    root %[1]s;
+    location / {
+      limit_req zone=api burst=%[4]d nodelay;
+      limit_req_status 429;
+      try_files /index.html =404;
+    }
+  }
+}
+`, dir, port, rate, burst)
+	run(tb, "nginx", dir, conf, port, "-p", dir, "-c", filepath.Join(dir, "limiter.conf"))
+	return fmt.Sprintf("http://127.0.0.1:%d/", port)
+}
+
+// HAProxy starts HAProxy on a free loopback port, denying with a 429 the
+// requests while its estimate of the last second's requests (its
+// http_req_rate(1s), which counts the requests it denies too) is above
+// limit, and answering 200 to the others; and stops it when the test ends.
+// It returns the URL.
+func HAProxy(tb testing.TB, limit int) string {
+	tb.Helper()
+	dir := workDir(tb, "haproxy")
+	port := freePort(tb)
+	conf := fmt.Sprintf(`global
+  maxconn 1000
+defaults
+  mode http
+  timeout connect 1s
+  timeout client 10s
+  timeout server 10s
+frontend api
+  bind 127.0.0.1:%d
+  stick-table type string len 8 size 10 expire 10s store http_req_rate(1s)
+  http-request track-sc0 str(api)
+  http-request deny deny_status 429 if { sc_http_req_rate(0) gt %d }
+  http-request return status 200
+`, port, limit)
+	run(tb, "haproxy", dir, conf, port, "-db", "-f", filepath.Join(dir, "limiter.conf"))
+	return fmt.Sprintf("http://127.0.0.1:%d/", port)
+}
+
+// startTimeout bounds how long a limiter may take to answer.
+const startTimeout = 10 * time.Second
+
+// packages are the Debian packages of the limiters.
+var packages = map[string]string{"nginx": "nginx-light", "haproxy": "haproxy"}
+
+// run writes conf to dir, runs the program name with args, waits until it
+// accepts connections on port (a connection is no request: neither limiter
+// counts it), and stops it when the test ends.
+func run(tb testing.TB, name, dir, conf string, port int, args ...string) {
+	tb.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "limiter.conf"), []byte(conf), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	bin, err := exec.LookPath(name)
+	if err != nil {
+		if bin, err = exec.LookPath(filepath.Join("/usr/sbin", name)); err != nil {
+			tb.Fatalf("limitertest: %s is not installed (%v); install it with `apt-get install -y %s`, or run `make test`, which does", name, err, packages[name])
+		}
+	}
+	out, err := os.Create(filepath.Join(dir, "output.log"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		tb.Fatalf("limitertest: starting %s: %v", bin, err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	tb.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+		out.Close()
+	})
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	for deadline := time.Now().Add(startTimeout); ; time.Sleep(10 * time.Millisecond) {
+		select {
+		case err := <-exited:
+			log, _ := os.ReadFile(filepath.Join(dir, "output.log"))
+			errLog, _ := os.ReadFile(filepath.Join(dir, "error.log"))
+			tb.Fatalf("limitertest: %s exited: %v\n%s%s", name, err, log, errLog)
+		default:
+		}
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			conn.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("limitertest: %s did not accept connections on %s within %v: %v", name, addr, startTimeout, err)
+		}
+	}
+}
+
+// workDir returns a new directory for a limiter's files, which its worker
+// processes (nginx's run as nobody when started by root) can read, removed
+// when the test ends.
+func workDir(tb testing.TB, name string) string {
+	tb.Helper()
+	dir, err := os.MkdirTemp("", "pace-"+name)
+	if err == nil {
+		err = os.Chmod(dir, 0o755)
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// freePort returns a port on loopback that nothing listens on now.
+func freePort(tb testing.TB) int {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("limitertest: finding a free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}

@@ -1,0 +1,302 @@
+package pace
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// scriptedAPI is an upstream on loopback that answers its n-th request
+// (from 1) with the status and headers answer gives, and counts them.
+func scriptedAPI(t *testing.T, answer func(n int64, h http.Header) int) (*httptest.Server, *atomic.Int64) {
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(answer(n.Add(1), w.Header()))
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &n
+}
+
+// github sets GitHub's headers on h: of its core quota of 5000, left
+// remain, resetting at reset.
+func github(h http.Header, resource string, limit, left int64, reset time.Time) {
+	h.Set("X-RateLimit-Limit", strconv.FormatInt(limit, 10))
+	h.Set("X-RateLimit-Remaining", strconv.FormatInt(left, 10))
+	h.Set("X-RateLimit-Used", strconv.FormatInt(limit-left, 10))
+	h.Set("X-RateLimit-Reset", strconv.FormatInt(reset.Unix(), 10))
+	h.Set("X-RateLimit-Resource", resource)
+}
+
+// getWithin sends one request through client, under a deadline of d, and
+// returns its status or error.
+func getWithin(client *http.Client, url string, d time.Duration) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// TestHoldOfASpreadWindow: a GitHub client as a README might write it
+// (PerHour(5000)), whose responses say 20 are left in a window ending in
+// 3 s, and whose sixth request is answered 429 with Retry-After: 1; 12
+// goroutines send 2 requests each, each under a deadline of 10 s. The hold
+// pauses the spread; none is refused by pace, the key lasts minutes in
+// Redis at most, not a hundred hours, and a process that starts afterwards
+// is not held either.
+func TestHoldOfASpreadWindow(t *testing.T) {
+	c := newTestRedis(t)
+	reset := time.Now().Add(3 * time.Second)
+	api, _ := scriptedAPI(t, func(n int64, h http.Header) int {
+		github(h, "core", 5000, max(20-n, 0), reset)
+		if n == 6 {
+			h.Set("Retry-After", "1")
+			return http.StatusTooManyRequests
+		}
+		return http.StatusOK
+	})
+	r := mustRedis(t, c, PerHour(5000))
+	client := &http.Client{Transport: &Transport{Limiter: r}}
+	var wg sync.WaitGroup
+	var refused atomic.Int64
+	for range 12 {
+		wg.Go(func() {
+			for range 2 {
+				if _, err := getWithin(client, api.URL, 10*time.Second); err != nil {
+					refused.Add(1)
+					t.Errorf("a request: %v", err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	key := HostKey(httptest.NewRequest(http.MethodGet, api.URL, nil))
+	ttl := c.PTTL(context.Background(), storeOf(r).bucketKey(key)).Val()
+	later := mustRedis(t, c, PerHour(5000))
+	start := time.Now()
+	err := later.Wait(context.Background(), key, 1)
+	t.Logf("%d of 24 refused by pace; the key's TTL then %v; a later process waited %v (%v)", refused.Load(), ttl, time.Since(start), err)
+	if ttl > 10*time.Minute || err != nil || time.Since(start) > time.Second {
+		t.Errorf("the key lasts %v in Redis, and a later process waited %v (%v); want minutes at most, and no wait", ttl, time.Since(start), err)
+	}
+}
+
+// TestHoldBeforeTheFirstSync: the first response is a 403 with
+// Retry-After: 1 whose counters say 3,999 of 5,000 are left, for 40
+// minutes. The hold is no booking: 1.5 s later, a request goes at once,
+// rather than wait 40 minutes.
+func TestHoldBeforeTheFirstSync(t *testing.T) {
+	c := newTestRedis(t)
+	reset := time.Now().Add(40 * time.Minute)
+	api, _ := scriptedAPI(t, func(n int64, h http.Header) int {
+		github(h, "core", 5000, 4000-n, reset)
+		if n == 1 {
+			h.Set("Retry-After", "1")
+			return http.StatusForbidden
+		}
+		return http.StatusOK
+	})
+	client := &http.Client{Transport: &Transport{Limiter: mustRedis(t, c, PerHour(5000))}}
+	if _, err := getWithin(client, api.URL, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	start := time.Now()
+	if _, err := getWithin(client, api.URL, 2*time.Second); err != nil || time.Since(start) > 200*time.Millisecond {
+		t.Errorf("1.5 s after a hold of 1 s: %v after %v; want a request at once", err, time.Since(start))
+	}
+}
+
+// TestSteeringBounded: what a response says of a window or a learned limit
+// beyond the limiter's MaxHold is that response's foreign data, ignored
+// with an event; a hold beyond it is capped. Neither stalls the key, nor
+// makes its data foreign to pace (a *KeyError).
+func TestSteeringBounded(t *testing.T) {
+	c := newTestRedis(t)
+	for name, tc := range map[string]struct {
+		limit   string
+		maxHold time.Duration
+		answer  func(h http.Header)
+		want    EventKind // heard of the first response
+	}{
+		"a GitHub window spent for ten years, under a MaxHold of 1 s": {"10/s", time.Second, func(h http.Header) {
+			github(h, "core", 5000, 0, time.Now().AddDate(10, 0, 0))
+		}, EventIgnored},
+		"a learned policy of one request per 95 years": {"10/s learn", 0, func(h http.Header) {
+			h.Set("RateLimit-Policy", `"p";q=1;w=3000000000`)
+			h.Set("RateLimit", `"p";r=1;t=1`)
+		}, EventIgnored},
+		"a learned limit of one a minute, below the floor": {"100/s burst 1 learn", 0, func(h http.Header) {
+			h.Set("X-Ratelimit-Limit-Requests", "1")
+			h.Set("X-Ratelimit-Remaining-Requests", "1")
+			h.Set("X-Ratelimit-Reset-Requests", "1ms")
+		}, EventLearned},
+	} {
+		t.Run(name, func(t *testing.T) {
+			log := &eventLog{}
+			first := true
+			api, _ := scriptedAPI(t, func(_ int64, h http.Header) int {
+				if first {
+					first = false
+					tc.answer(h)
+				}
+				return http.StatusOK
+			})
+			lim := mustParseLimit(t, tc.limit)
+			r := mustRedis(t, c, lim, WithObserver(log.observe), WithMaxHold(tc.maxHold))
+			client := &http.Client{Transport: &Transport{Limiter: r, Key: func(*http.Request) string { return t.Name() }}}
+			if _, err := getWithin(client, api.URL, time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := log.last(tc.want); !ok {
+				t.Errorf("the observer heard no %v", tc.want)
+			}
+			start := time.Now()
+			for range 10 { // the last goes 1.2 s on at most: the hold (1 s), or 10 at the floor of 10/s
+				var keyErr *KeyError
+				if _, err := getWithin(client, api.URL, 3*time.Second); errors.As(err, &keyErr) || err != nil {
+					t.Fatalf("a request after it: %v", err)
+				}
+			}
+			if took := time.Since(start); took > 1500*time.Millisecond {
+				t.Errorf("10 requests took %v, want 1.2 s at most", took)
+			}
+		})
+	}
+}
+
+// TestReadingsNeverRefill: four processes' limiters of 10/s burst 10, 8
+// goroutines each, for 3 s, before an upstream whose counters always say
+// 599 of 600 requests a minute are left. No reading refills a bucket: the
+// fleet gets at most b + r*t = 40.
+func TestReadingsNeverRefill(t *testing.T) {
+	c := newTestRedis(t)
+	api, n := scriptedAPI(t, func(_ int64, h http.Header) int {
+		h.Set("X-Ratelimit-Limit-Requests", "600")
+		h.Set("X-Ratelimit-Remaining-Requests", "599")
+		h.Set("X-Ratelimit-Reset-Requests", "100ms")
+		return http.StatusOK
+	})
+	var wg sync.WaitGroup
+	for range 4 {
+		r := mustRedis(t, c, PerSecond(10))
+		wg.Go(func() { sendFor(t, r, api.URL, 8, 3*time.Second, false) })
+	}
+	wg.Wait()
+	t.Logf("%d requests in 3 s", n.Load())
+	if got := n.Load(); got > 41 {
+		t.Errorf("%d requests in 3 s, want at most b + r*t = 40 (and one at the edge)", got)
+	}
+}
+
+// TestResourcesHoldWhatMapsToThem: a spent GitHub search resource holds a
+// limit named search, and not the core limit of a README's client, which
+// the response is not about.
+func TestResourcesHoldWhatMapsToThem(t *testing.T) {
+	c := newTestRedis(t)
+	reset := time.Now().Add(50 * time.Second)
+	api, _ := scriptedAPI(t, func(n int64, h http.Header) int {
+		if n == 1 {
+			github(h, "search", 30, 0, reset)
+			return http.StatusForbidden
+		}
+		github(h, "core", 5000, 4000, reset)
+		return http.StatusOK
+	})
+	for name, tc := range map[string]struct {
+		limit Limit
+		held  bool
+	}{
+		"core":   {PerHour(5000), false},
+		"search": {PerMinute(30).Named("search"), true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			client := &http.Client{Transport: &Transport{Limiter: mustRedis(t, c, tc.limit), Key: func(*http.Request) string { return t.Name() }}}
+			if _, err := getWithin(client, api.URL, time.Second); err != nil {
+				t.Fatal(err)
+			}
+			_, err := getWithin(client, api.URL, time.Second)
+			var de *DeadlineError
+			if held := errors.As(err, &de); held != tc.held || (held && de.Delay < 49*time.Second) {
+				t.Errorf("the next request: %v; want held for 50 s: %v", err, tc.held)
+			}
+		})
+	}
+}
+
+// TestOneClock: ParseHold and ParseReadings take a reset on one clock: a
+// 403 whose Date is 30 s behind ours, resetting 60 s after its Date, holds
+// for 60 s, as its reading resets in 60 s.
+func TestOneClock(t *testing.T) {
+	now := time.Now()
+	resp := response(403, "Date", now.Add(-30*time.Second).UTC().Format(http.TimeFormat),
+		"X-RateLimit-Limit", "5000", "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", strconv.FormatInt(now.Add(30*time.Second).Unix(), 10))
+	h, _ := ParseHold(resp, now, time.Hour)
+	readings := ParseReadings(resp, now)
+	if len(readings) != 1 || h.For != readings[0].Reset.Truncate(time.Millisecond)+time.Millisecond && h.For != readings[0].Reset {
+		t.Fatalf("hold %v, readings %+v; want one reading, and a hold as long as it resets", h.For, readings)
+	}
+	if h.For < 59*time.Second || h.For > 61*time.Second {
+		t.Errorf("hold %v, want 60 s: the Date's clock", h.For)
+	}
+}
+
+// TestHoldKeepsTheBurst: a PerHour(5000) bucket that 100 requests have
+// used, held for 2 s: the 60 requests after the hold go at once, with the
+// burst the key had, not at the hourly rate, on Local and on Redis.
+func TestHoldKeepsTheBurst(t *testing.T) {
+	ctx := context.Background()
+	for name, lim := range map[string]Holder{
+		"redis": mustRedis(t, newTestRedis(t), PerHour(5000)),
+		"local": mustLocal(t, PerHour(5000)),
+	} {
+		t.Run(name, func(t *testing.T) {
+			for range 100 {
+				if err := lim.Wait(ctx, "k", 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := lim.Hold(ctx, "k", Hold{For: 2 * time.Second, Reason: "test"}); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			for range 60 {
+				if err := lim.Wait(ctx, "k", 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Logf("60 requests after the hold took %v", time.Since(start))
+			if took := time.Since(start); took < 1900*time.Millisecond || took > 2300*time.Millisecond {
+				t.Errorf("60 requests after a 2 s hold took %v, want the hold and no more", took)
+			}
+		})
+	}
+}
+
+// TestLearnedLimitCeiling: a limit that learns, configured at 10/s burst
+// 10, before an upstream that advertises 9e15 requests a minute: the
+// configured rate is the ceiling of what it learns, and 8 goroutines get
+// at most b + r*t in 2 s, not 40 in 11 ms.
+func TestLearnedLimitCeiling(t *testing.T) {
+	api, n := scriptedAPI(t, func(_ int64, h http.Header) int {
+		h.Set("X-Ratelimit-Limit-Requests", "9000000000000000")
+		h.Set("X-Ratelimit-Remaining-Requests", "8999999999999999")
+		h.Set("X-Ratelimit-Reset-Requests", "1ms")
+		return http.StatusOK
+	})
+	sendFor(t, mustRedis(t, newTestRedis(t), mustParseLimit(t, "10/s learn")), api.URL, 8, 2*time.Second, false)
+	t.Logf("%d requests in 2 s", n.Load())
+	if got := n.Load(); got > 31 {
+		t.Errorf("%d requests in 2 s, want at most b + r*t = 30 (and one at the edge)", got)
+	}
+}
