@@ -92,7 +92,8 @@ const (
 	// EventRate: the upstream refused a request of Key without saying why
 	// (a 429 or 503 with neither Retry-After nor counters that explain it),
 	// and Key's rate was cut to Rate, a share of its configured rate, for
-	// the whole fleet; or (Rate 1) it is back at its configured rate.
+	// the whole fleet, back at its configured rate within Delay unless
+	// refused again; or (Rate 1) it is back at its configured rate.
 	EventRate
 	// EventIgnored: what a response said of Key lies beyond the limiter's
 	// MaxHold (a window that resets later, a window of a limit that

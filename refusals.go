@@ -168,7 +168,11 @@ func reportRate(ctx context.Context, o Observer, limiter, key string, share int6
 	if share < rateFull {
 		reason = strconv.Itoa(status) + " without Retry-After or counters"
 	}
-	o.emit(ctx, Event{Kind: EventRate, Limiter: limiter, Key: key, Rate: float64(share) / rateFull, Reason: reason})
+	e := Event{Kind: EventRate, Limiter: limiter, Key: key, Rate: float64(share) / rateFull, Reason: reason}
+	if share < rateFull {
+		e.Delay = ratePeriod
+	}
+	o.emit(ctx, e)
 }
 
 // rateUnits returns, for a request of costs under limits, the time the

@@ -18,7 +18,10 @@
 // them for the whole fleet (Redis.Sync): it leaves others their share of a
 // quota pace does not see whole, spreads a window's rest instead of
 // bursting and stalling, and can learn the limit the upstream advertises
-// (Limit.Learn).
+// (Limit.Learn). A refusal that nothing in the response explains cuts the
+// key's rate for the whole fleet, which then climbs back as requests are
+// served, never above the configured limit (see EventRate). Nothing a
+// response says can delay a key beyond the limiter's MaxHold (WithMaxHold).
 //
 // A quota may also cap the requests in flight (Concurrent): a request then
 // holds a slot, a lease in Redis, until its response body ends. And
@@ -97,13 +100,16 @@ var _ http.RoundTripper = (*Transport)(nil)
 // RoundTrip waits until the Limiter grants the request's cost under its key,
 // or its context ends, then sends it with Base and returns Base's response
 // and error untouched. It never modifies the request, and closes its body on
-// every path where Base does not receive it. When the response says the
-// key's quota is spent (ParseHold) and the Limiter is a Holder, the key is
-// held for the whole fleet before RoundTrip returns; when it states the
-// upstream's counters (ParseReadings) and the Limiter is a Redis, they steer
-// the key for the whole fleet (Redis.Sync), unless IgnoreCounters. Under a
-// cap in flight (Concurrent), the request holds a slot from before its rate
-// wait until its response body reaches EOF or is closed, or Base fails.
+// every path where Base does not receive it. Before it returns, what the
+// response says of the key's quota reaches the Limiter, for the whole fleet:
+// when it says the quota is spent (ParseHold), the key is held, on any
+// Holder; when it states the upstream's counters (ParseReadings), they steer
+// the key on a Redis (Redis.Sync), unless IgnoreCounters; when it refuses
+// the request without saying why (a 429 or 503, with neither Retry-After nor
+// counters that explain it), the key's rate is cut on Local or Redis (see
+// EventRate), unless IgnoreRefusals. Under a cap in flight (Concurrent),
+// the request holds a slot from before its rate wait until its response
+// body reaches EOF or is closed, or Base fails.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.Limiter == nil && t.Rules == nil {
 		return t.base().RoundTrip(req)

@@ -120,6 +120,8 @@ func read(ctx context.Context, c redis.UniversalClient, prefix, name string, now
 		return readFleet(ctx, c, p, strings.TrimPrefix(suffix, "#"), now)
 	case strings.HasPrefix(suffix, "#hold"):
 		return readTime(ctx, c, p, "hold", "held until", now)
+	case strings.HasPrefix(suffix, "#rate"):
+		return readRate(ctx, c, p, now)
 	case strings.HasPrefix(suffix, "#deferred"):
 		return readTime(ctx, c, p, "deferred", "the line of deferred requests ends", now)
 	case strings.Contains(suffix, "#gaps"):
@@ -178,6 +180,22 @@ func readLimit(ctx context.Context, c redis.UniversalClient, p part, typ string,
 func readTime(ctx context.Context, c redis.UniversalClient, p part, kind, what string, now time.Time) (part, error) {
 	text, err := c.Get(ctx, p.redis).Result()
 	p.kind, p.state = kind, what+" "+since(text, now)
+	return p, err
+}
+
+// readRate reads a key's rate after refusals: "EDGE BOTTOM CUT HEARD
+// TAT", in parts per million of the configured rate and microseconds of
+// Redis's clock (see pace's lua/rate.lua).
+func readRate(ctx context.Context, c redis.UniversalClient, p part, now time.Time) (part, error) {
+	text, err := c.Get(ctx, p.redis).Result()
+	p.kind = "rate after refusals"
+	var edge, bottom float64
+	var cut string
+	if _, scanErr := fmt.Sscanf(text, "%f %f %s", &edge, &bottom, &cut); scanErr != nil {
+		p.state = strconv.Quote(text) + ", not pace's"
+		return p, err
+	}
+	p.state = fmt.Sprintf("cut to %.1f%% of the configured rate %s, climbing to 3%% below %.1f%%, where the upstream refused", bottom/1e4, since(cut, now), edge/1e4)
 	return p, err
 }
 

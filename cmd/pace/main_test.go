@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -14,8 +16,8 @@ import (
 )
 
 // TestInspect: against a real redis-server holding known state (a booked
-// schedule, a hold, a sliding window, a cap's slots, two fleet members),
-// the report says each.
+// schedule, a hold, a rate cut by a refusal, a sliding window, a cap's
+// slots, two fleet members), the report says each.
 func TestInspect(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
@@ -51,6 +53,11 @@ func TestInspect(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer slot.Release()
+	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTooManyRequests) }))
+	defer refusing.Close()
+	if resp, err := (&http.Client{Transport: &pace.Transport{Limiter: booked, Key: func(*http.Request) string { return "refused" }}}).Get(refusing.URL); err == nil {
+		resp.Body.Close()
+	}
 	now, _ := c.Time(ctx).Result()
 	c.ZAdd(ctx, "pace:{fleet}#default", redis.Z{Score: float64(now.Add(-400 * time.Millisecond).UnixMicro()), Member: "host-a:1:aa"},
 		redis.Z{Score: float64(now.Add(-1200 * time.Millisecond).UnixMicro()), Member: "host-b:2:bb"})
@@ -64,6 +71,7 @@ func TestInspect(t *testing.T) {
 	for _, want := range []string{
 		"pace:{api}", "bucket", "schedule booked until in 9", // a second ahead, less the time since
 		"pace:{held}#hold", "held until in 29.9",
+		"pace:{refused}#rate", "cut to 70.0% of the configured rate", "climbing to 3% below 100.0%",
 		"pace:{search}:5/m sliding", "sliding window", "3 grants kept, the oldest",
 		"pace:{tts}#slots:4 in flight", "1 held, leases end in 2.9",
 		"pace:{fleet}#default", "2 members: host-b:2:bb, last heartbeat 1.2", "host-a:1:aa, last heartbeat 40",

@@ -17,6 +17,11 @@
 //	pace.waiting            up-down   callers asleep now
 //	pace.holds              counter   holds the upstream asked for
 //	pace.hold.duration      histogram seconds each hold lasts
+//	pace.rate               gauge     the share of its configured rate a key
+//	                                  goes at after refusals the upstream gave
+//	                                  without saying why (1: none), the last
+//	                                  key cut's (by key, WithKey)
+//	pace.rate.cuts          counter   the cuts of keys' rates
 //	pace.redis.unavailable  gauge     1 while the limiter paces without Redis
 //	pace.redis.call.duration histogram seconds of each script call (see
 //	                                  InstrumentClient)
@@ -103,7 +108,9 @@ type observer struct {
 	waits        metric.Float64Histogram
 	holds        metric.Int64Counter
 	holdLengths  metric.Float64Histogram
+	rateCuts     metric.Int64Counter
 	asleep       sleepers
+	rates        rates
 	unavailable  unavailable
 	mu           sync.Mutex
 	attributeSet map[[2]string]metric.MeasurementOption // by limiter and result
@@ -114,7 +121,7 @@ type observer struct {
 func NewObserver(opts ...Option) (pace.Observer, error) {
 	o := &observer{config: newConfig(opts), attributeSet: make(map[[2]string]metric.MeasurementOption)}
 	meter := o.meters.Meter(meterName)
-	var errs [6]error
+	var errs [8]error
 	o.decisions, errs[0] = meter.Int64Counter("pace.decisions", metric.WithUnit("{decision}"), metric.WithDescription("Decisions of pace's limiters, by result."))
 	o.waits, errs[1] = meter.Float64Histogram("pace.wait.duration", metric.WithUnit("s"), metric.WithDescription("How long a granted request waits."), metric.WithExplicitBucketBoundaries(waitBuckets...))
 	o.holds, errs[2] = meter.Int64Counter("pace.holds", metric.WithUnit("{hold}"), metric.WithDescription("Holds the upstream asked for."))
@@ -127,6 +134,18 @@ func NewObserver(opts ...Option) (pace.Observer, error) {
 	_, errs[5] = meter.Int64ObservableGauge("pace.redis.unavailable", metric.WithUnit("1"), metric.WithDescription("1 while the limiter paces without Redis."),
 		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
 			obs.Observe(o.unavailable.value(), metric.WithAttributes(o.base()...))
+			return nil
+		}))
+	o.rateCuts, errs[6] = meter.Int64Counter("pace.rate.cuts", metric.WithUnit("{cut}"), metric.WithDescription("Cuts of keys' rates after refusals."))
+	_, errs[7] = meter.Float64ObservableGauge("pace.rate", metric.WithUnit("1"), metric.WithDescription("The share of its configured rate a key goes at after refusals."),
+		metric.WithFloat64Callback(func(_ context.Context, obs metric.Float64Observer) error {
+			o.rates.each(time.Now(), func(key string, share float64) {
+				kvs := o.base()
+				if key != "" {
+					kvs = append(kvs, attribute.String("pace.key", key))
+				}
+				obs.Observe(share, metric.WithAttributes(kvs...))
+			})
 			return nil
 		}))
 	if err := errors.Join(errs[:]...); err != nil {
@@ -161,6 +180,15 @@ func (o *observer) observe(ctx context.Context, e pace.Event) {
 		o.holds.Add(ctx, 1, o.attributes(e, ""))
 		o.holdLengths.Record(ctx, e.Delay.Seconds(), o.attributes(e, ""))
 		spanEvent(ctx, "pace.hold", e)
+	case pace.EventRate:
+		if e.Rate < 1 {
+			o.rateCuts.Add(ctx, 1, o.attributes(e, ""))
+		}
+		key := ""
+		if o.key {
+			key = e.Key
+		}
+		o.rates.set(key, e.Rate, time.Now().Add(e.Delay))
 	case pace.EventFallback:
 		o.unavailable.set(true)
 	case pace.EventRecover:

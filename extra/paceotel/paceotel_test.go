@@ -3,6 +3,8 @@ package paceotel
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -179,4 +181,51 @@ func has(set attribute.Set, want []attribute.KeyValue) bool {
 		}
 	}
 	return true
+}
+
+// TestObserverRate: a Transport on a Local limiter whose upstream answers a
+// plain 429, which says nothing of why: the key's rate is cut, and the
+// observer counts the cut and gauges its share, 70% of the configured
+// rate; until then the share is 1.
+func TestObserverRate(t *testing.T) {
+	ctx := context.Background()
+	reader := sdkmetric.NewManualReader()
+	observer, err := NewObserver(WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTooManyRequests) }))
+	defer api.Close()
+	lim, err := pace.NewLocal(pace.PerSecond(100), pace.WithObserver(observer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	share := func() float64 {
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(ctx, &rm); err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range metricsNamed(rm, "pace.rate") {
+			if g, ok := m.Data.(metricdata.Gauge[float64]); ok && len(g.DataPoints) == 1 {
+				return g.DataPoints[0].Value
+			}
+		}
+		t.Fatal("no pace.rate")
+		return 0
+	}
+	if s := share(); s != 1 {
+		t.Errorf("pace.rate %v before any refusal, want 1", s)
+	}
+	resp, err := (&http.Client{Transport: &pace.Transport{Limiter: lim}}).Get(api.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	if s, cuts := share(), sumOf(t, rm, "pace.rate.cuts"); s != 0.7 || cuts != 1 {
+		t.Errorf("after a plain 429: pace.rate %v, %d cuts; want 0.7 and 1", s, cuts)
+	}
 }

@@ -85,3 +85,49 @@ func (u *unavailable) value() int64 {
 	}
 	return 0
 }
+
+// rates are the shares of their configured rates that keys go at after
+// refusals, until each is back at its configured rate (its share is then
+// 1, and forgotten), by key: "" for all keys, when the observer does not
+// tell keys apart.
+type rates struct {
+	mu     sync.Mutex
+	shares map[string]rateShare
+}
+
+type rateShare struct {
+	share float64
+	until time.Time // back at 1 by then
+}
+
+// set notes that key goes at share until until (share 1: recovered).
+func (r *rates) set(key string, share float64, until time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.shares == nil {
+		r.shares = make(map[string]rateShare)
+	}
+	if share >= 1 {
+		delete(r.shares, key)
+		return
+	}
+	r.shares[key] = rateShare{share, until}
+}
+
+// each calls f for each key's share at now (for all keys, 1 when none was
+// cut), and forgets those back at their configured rate.
+func (r *rates) each(now time.Time, f func(key string, share float64)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for key, s := range r.shares {
+		if !now.Before(s.until) {
+			delete(r.shares, key)
+		}
+	}
+	if _, ok := r.shares[""]; !ok && len(r.shares) == 0 {
+		f("", 1)
+	}
+	for key, s := range r.shares {
+		f(key, s.share)
+	}
+}
