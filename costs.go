@@ -75,14 +75,16 @@ func limitName(l Limit) string { return cmp.Or(l.name, l.String()) }
 
 // namedLimits are the limits of a quota and the name each goes by.
 type namedLimits struct {
-	limits []Limit
-	names  []string
+	limits    []Limit
+	names     []string
+	intervals []int64 // each limit's intervalMicros, computed once: it is exact, and costly
 }
 
 func newNamedLimits(limits []Limit) namedLimits {
 	n := namedLimits{limits: limits}
 	for _, l := range limits {
 		n.names = append(n.names, limitName(l))
+		n.intervals = append(n.intervals, l.intervalMicros())
 	}
 	return n
 }
@@ -139,7 +141,7 @@ func (n namedLimits) capDebts(ctx context.Context, o Observer, limiter string, r
 	for i, l := range n.limits {
 		most := l.burst
 		if l.kind == bucket {
-			most = min(most, r.estimate[i]+int(min(bound.Microseconds()/l.intervalMicros(), int64(l.burst))))
+			most = min(most, r.estimate[i]+int(min(bound.Microseconds()/n.intervals[i], int64(l.burst))))
 		}
 		if actual[i] > most {
 			o.emit(ctx, Event{Kind: EventSettleCapped, Limiter: limiter, Key: r.key, Cost: actual[i],

@@ -525,11 +525,13 @@ func (r *Redis) failed(ctx context.Context, q request, probe bool, err error) *L
 // hold) if that is later, since Redis may have granted the whole burst and
 // booked callers who still wait.
 func (r *Redis) outageLimiter(since time.Time, floors map[string]time.Time) *Local {
-	shares := namedLimits{names: r.names}
+	var shares []Limit
 	for _, l := range r.limits {
-		shares.limits = append(shares.limits, l.asBucket().share(r.fleet.Size()))
+		shares = append(shares, l.asBucket().share(r.fleet.Size()))
 	}
-	loc := newLocal(shares, r.config.commonConfig, r.now)
+	named := newNamedLimits(shares)
+	named.names = r.names // the quota's: the shares' texts differ
+	loc := newLocal(named, r.config.commonConfig, r.now)
 	loc.emptyAt, loc.floors = since, floors
 	return loc
 }

@@ -123,21 +123,28 @@ func newLocal(limits namedLimits, config commonConfig, now func() time.Time) *Lo
 // and sleeps until they are due; if ctx ends first, the tokens go back to
 // the buckets.
 func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
-	_, err := loc.waitTicket(ctx, key, cost)
-	return err
+	var t ticket
+	return loc.waitFor(ctx, key, cost, &t)
 }
 
 // waitTicket implements heeder: it waits as Wait does, and returns what it
 // booked.
 func (loc *Local) waitTicket(ctx context.Context, key string, cost int) (ticket, error) {
+	var t ticket
+	err := loc.waitFor(ctx, key, cost, &t)
+	return t, err
+}
+
+// waitFor waits as Wait does, and puts what it booked in t.
+func (loc *Local) waitFor(ctx context.Context, key string, cost int, t *ticket) error {
 	if err := checkWait(ctx, loc.costCap, key, cost); err != nil {
-		return ticket{}, err
+		return err
 	}
 	if err := loc.cap.check(ctx, key); err != nil || !loc.cap.rated {
-		return ticket{}, err
+		return err
 	}
 	costs := uniform(cost)
-	return loc.wait(ctx, key, &costs)
+	return loc.wait(ctx, key, &costs, t)
 }
 
 // Acquire implements Slotter: it takes one of the slots of the quota's
@@ -169,11 +176,11 @@ func (loc *Local) Reserve(ctx context.Context, key string, estimate Costs) (*Res
 	if err != nil {
 		return nil, err
 	}
-	t, err := loc.wait(ctx, key, &costs)
-	if err != nil {
+	r := &Reservation{limiter: loc, key: key, estimate: costs}
+	if err := loc.wait(ctx, key, &costs, &r.ticket); err != nil {
 		return nil, err
 	}
-	return &Reservation{limiter: loc, key: key, estimate: costs, ticket: t}, nil
+	return r, nil
 }
 
 // Settle implements Reserver: the difference between actual and the
@@ -190,9 +197,9 @@ func (loc *Local) Settle(ctx context.Context, r *Reservation, actual Costs) erro
 }
 
 // wait books costs for key and sleeps until they are due, booking anew
-// after a hold that came meanwhile, or a cut of the key's rate, and returns
-// what it booked.
-func (loc *Local) wait(ctx context.Context, key string, costs *limitCosts) (ticket, error) {
+// after a hold that came meanwhile, or a cut of the key's rate, and puts
+// what it booked in t.
+func (loc *Local) wait(ctx context.Context, key string, costs *limitCosts, t *ticket) error {
 	for turn := false; ; {
 		horizon := horizonOf(ctx, loc.config, loc.limits, costs)
 		if turn {
@@ -200,7 +207,7 @@ func (loc *Local) wait(ctx context.Context, key string, costs *limitCosts) (tick
 		}
 		now := loc.now()
 		own := waitBudget(ctx, loc.config.maxWait, now)
-		t := ticket{limiter: "local", start: now, local: loc}
+		t.limiter, t.start, t.local, t.res = "local", now, loc, localBooking{}
 		var note rateNote
 		delay, ok := loc.reserve(key, costs, now, now, classBudget(own, horizon), &t.res, &note)
 		if note.recovered {
@@ -208,13 +215,13 @@ func (loc *Local) wait(ctx context.Context, key string, costs *limitCosts) (tick
 		}
 		if !ok && defers(delay, own, horizon) {
 			if err := loc.deferred(ctx, key, costs, delay-horizon, own, horizon); err != nil {
-				return t, err
+				return err
 			}
 			turn = true
 			continue
 		}
 		if !ok {
-			return t, refuse(ctx, loc.config.observer, "local", key, costs[0], delay, classBudget(own, horizon))
+			return refuse(ctx, loc.config.observer, "local", key, costs[0], delay, classBudget(own, horizon))
 		}
 		t.delay, t.listening = delay, note.listening
 		loc.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: "local", Key: key, Cost: costs[0], Delay: delay})
@@ -225,10 +232,10 @@ func (loc *Local) wait(ctx context.Context, key string, costs *limitCosts) (tick
 		case err != nil:
 			loc.cancel(key, t.res, loc.now())
 			loc.config.observer.emit(ctx, Event{Kind: EventCancel, Limiter: "local", Key: key, Cost: costs[0], Delay: delay, Err: err})
-			return t, err
+			return err
 		}
 		if delay == 0 || !loc.heldPast(key, now.Add(delay)) {
-			return t, nil
+			return nil
 		}
 		// A hold came while this caller slept, and its slot lies before
 		// the hold's end: it books anew, after the hold.
@@ -266,32 +273,35 @@ func (loc *Local) reserve(key string, costs *limitCosts, now, notBefore time.Tim
 	if len(shard.holds) > 0 {
 		at = latest(at, shard.holds[key])
 	}
-	us := now.UnixMicro()
-	if note != nil {
-		note.recovered, note.listening = k.rate.recovered(us), k.rate.listening()
+	var unit int64 // what the key's rate after refusals measures costs by
+	if k.rate.on {
+		at, unit = loc.underRate(k, costs, now, at, note)
 	}
-	unit, burst := loc.rateUnits(k, costs)
-	at = latest(at, time.UnixMicro(k.rate.allow(us, at.UnixMicro(), unit, burst)))
 	if !at.After(now) {
 		at, k.last = now, now
 		if k.allowAll(now, costs) {
-			k.rate.book(us, us, unit)
-			return 0, true
+			delay, ok = 0, true
 		}
 	}
-	if delay, ok = k.book(costs, now, at, budget, b); ok {
-		k.rate.book(us, now.Add(delay).UnixMicro(), unit)
+	if !ok {
+		delay, ok = k.book(costs, now, at, budget, b)
+	}
+	if ok && unit > 0 {
+		k.rate.book(now.UnixMicro(), now.Add(delay).UnixMicro(), unit)
 	}
 	return delay, ok
 }
 
-// rateUnits is what k's rate after refusals measures a request of costs
-// against (see rateUnits): nothing when it has none.
-func (loc *Local) rateUnits(k *localKey, costs *limitCosts) (unit, burst int64) {
-	if !k.rate.on {
-		return 0, 0
+// underRate returns the earliest time from at that k's rate after refusals
+// lets a request of costs go, booked at now, and what the rate measures it
+// by (see rateUnits); note, if not nil, hears what it found of the rate.
+func (loc *Local) underRate(k *localKey, costs *limitCosts, now, at time.Time, note *rateNote) (time.Time, int64) {
+	us := now.UnixMicro()
+	if note != nil {
+		note.recovered, note.listening = k.rate.recovered(us), k.rate.listening()
 	}
-	return rateUnits(loc.limits, costs, func(i int) int64 { return loc.limits[i].intervalMicros() })
+	unit, burst := rateUnits(loc.limits, costs, func(i int) int64 { return loc.intervals[i] })
+	return latest(at, time.UnixMicro(k.rate.allow(us, at.UnixMicro(), unit, burst))), unit
 }
 
 // book books costs under every limit of k at once, at the first time from

@@ -131,8 +131,13 @@ func (l *latestHeard) note(key string, at int64, forget, now time.Time) {
 // cut of the key's rate.
 func (r *retimes) sleep(ctx context.Context, key string, delay time.Duration, booked int64) error {
 	if delay <= 0 {
-		return nil
+		return nil // inlined: a grant at once costs no call
 	}
+	return r.sleepFor(ctx, key, delay, booked)
+}
+
+// sleepFor is sleep's wait, for a delay above zero.
+func (r *retimes) sleepFor(ctx context.Context, key string, delay time.Duration, booked int64) error {
 	timer := time.NewTimer(delay)
 	defer timer.Stop()
 	for {

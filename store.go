@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -24,6 +25,8 @@ type store struct {
 	prefix     string
 	limits     []Limit
 	suffixes   []string // each limit's key is prefix{key} and its suffix
+	gapped     []string // each limit's suffix, then its gaps key's
+	booked     []string // the suffixes of the keys a booking reads: its limits', its hold's, its rate's
 	limitArgs  []any    // each limit's kind, interval or length, and burst or count, boxed once
 	oneBucket  bool     // the quota is one bucket: reserve.lua, not quota.lua
 	sliding    bool     // some limit is a sliding window, whose grants need ids
@@ -142,7 +145,9 @@ func newStore(calls *caller, prefix, member string, limits []Limit) *store {
 			suffix = "" // the layout of a single bucket: prefix{key}
 		}
 		s.suffixes = append(s.suffixes, suffix)
+		s.gapped = append(s.gapped, suffix, suffix+gapsSuffix)
 	}
+	s.booked = append(slices.Clone(s.suffixes), holdSuffix, rateSuffix)
 	s.oneBucket = len(limits) == 1 && limits[0].kind == bucket
 	return s
 }
@@ -443,31 +448,47 @@ func int64Reply(cmd *redis.Cmd, dst []int64) error {
 }
 
 // keys are the Redis keys of key's limits, each followed by its gaps key when
-// withGaps. They share one hash tag: one Redis Cluster slot.
+// withGaps.
 func (s *store) keys(key string, withGaps bool) []string {
-	base := s.prefix + "{" + key + "}"
-	if len(s.suffixes) == 1 && !withGaps {
-		return []string{base + s.suffixes[0]}
+	if withGaps {
+		return s.tagged(key, s.gapped)
 	}
-	keys := make([]string, 0, 2*len(s.suffixes)+1) // room for one key more: a hold's or a settlement's
-	for _, suffix := range s.suffixes {
-		keys = append(keys, base+suffix)
-		if withGaps {
-			keys = append(keys, base+suffix+gapsSuffix)
-		}
-	}
-	return keys
+	return s.tagged(key, s.suffixes)
 }
 
 // bookingKeys are the Redis keys a booking of key reads: its limits', then
 // its hold's and its rate's.
-func (s *store) bookingKeys(key string) []string {
-	base := s.prefix + "{" + key + "}"
-	keys := make([]string, 0, len(s.suffixes)+2)
-	for _, suffix := range s.suffixes {
-		keys = append(keys, base+suffix)
+func (s *store) bookingKeys(key string) []string { return s.tagged(key, s.booked) }
+
+// tagged returns key's Redis key with each of suffixes, all under one hash
+// tag (one Redis Cluster slot), with room for one key more (a hold's or a
+// settlement's). Their text is one allocation: a booking's keys are made
+// on every call.
+func (s *store) tagged(key string, suffixes []string) []string {
+	base := len(s.prefix) + len(key) + len("{}")
+	var text strings.Builder
+	text.Grow(len(suffixes)*base + lenSum(suffixes))
+	for _, suffix := range suffixes {
+		text.WriteString(s.prefix)
+		text.WriteByte('{')
+		text.WriteString(key)
+		text.WriteByte('}')
+		text.WriteString(suffix)
 	}
-	return append(keys, base+holdSuffix, base+rateSuffix)
+	all, at := text.String(), 0
+	keys := make([]string, len(suffixes), len(suffixes)+1)
+	for i, suffix := range suffixes {
+		keys[i], at = all[at:at+base+len(suffix)], at+base+len(suffix)
+	}
+	return keys
+}
+
+// lenSum is the sum of the lengths of texts.
+func lenSum(texts []string) (n int) {
+	for _, t := range texts {
+		n += len(t)
+	}
+	return n
 }
 
 // rateKey is the Redis key of key's rate after refusals.

@@ -205,22 +205,23 @@ func TestReadingsNeverRefill(t *testing.T) {
 func TestResourcesHoldWhatMapsToThem(t *testing.T) {
 	c := newTestRedis(t)
 	reset := time.Now().Add(50 * time.Second)
-	api, _ := scriptedAPI(t, func(n int64, h http.Header) int {
-		if n == 1 {
-			github(h, "search", 30, 0, reset)
-			return http.StatusForbidden
-		}
-		github(h, "core", 5000, 4000, reset)
-		return http.StatusOK
-	})
-	for name, tc := range map[string]struct {
+	for _, tc := range []struct {
+		name  string
 		limit Limit
 		held  bool
 	}{
-		"core":   {PerHour(5000), false},
-		"search": {PerMinute(30).Named("search"), true},
+		{"core", PerHour(5000), false},
+		{"search", PerMinute(30).Named("search"), true},
 	} {
-		t.Run(name, func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
+			api, _ := scriptedAPI(t, func(n int64, h http.Header) int {
+				if n == 1 {
+					github(h, "search", 30, 0, reset)
+					return http.StatusForbidden
+				}
+				github(h, "core", 5000, 4000, reset)
+				return http.StatusOK
+			})
 			client := &http.Client{Transport: &Transport{Limiter: mustRedis(t, c, tc.limit), Key: func(*http.Request) string { return t.Name() }}}
 			if _, err := getWithin(client, api.URL, time.Second); err != nil {
 				t.Fatal(err)

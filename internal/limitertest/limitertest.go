@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/fleetpace/pace/internal/loopback"
 )
 
 // Nginx starts nginx on a free loopback port, limiting every request to
@@ -24,7 +26,7 @@ func Nginx(tb testing.TB, rate, burst int) string {
 	if err := os.WriteFile(filepath.Join(dir, "index.html"), []byte("ok\n"), 0o644); err != nil {
 		tb.Fatal(err)
 	}
-	port := freePort(tb)
+	port := loopback.FreePort(tb)
 	// A "return" would answer in the rewrite phase, before limit_req: the
 	// file goes through it.
 	conf := fmt.Sprintf(`worker_processes 1;
@@ -64,7 +66,7 @@ http {
 func HAProxy(tb testing.TB, limit int) string {
 	tb.Helper()
 	dir := workDir(tb, "haproxy")
-	port := freePort(tb)
+	port := loopback.FreePort(tb)
 	conf := fmt.Sprintf(`global
   maxconn 1000
 defaults
@@ -153,15 +155,4 @@ func workDir(tb testing.TB, name string) string {
 	}
 	tb.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
-}
-
-// freePort returns a port on loopback that nothing listens on now.
-func freePort(tb testing.TB) int {
-	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("limitertest: finding a free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetpace/pace/internal/loopback"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -40,7 +41,7 @@ func Start(tb testing.TB, extra ...string) *Server {
 	if err != nil {
 		tb.Fatalf("redistest: redis-server is not on PATH (%v); install it with `apt-get install -y redis-server`, or run `make test`, which does", err)
 	}
-	port := freePort(tb)
+	port := loopback.FreePort(tb)
 	s := &Server{
 		Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
 		tb:   tb,
@@ -186,14 +187,4 @@ func CommandStats(ctx context.Context, c redis.UniversalClient) (map[string]Comm
 		stats[strings.TrimPrefix(name, "cmdstat_")] = stat
 	}
 	return stats, nil
-}
-
-func freePort(tb testing.TB) int {
-	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("redistest: finding a free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
