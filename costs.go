@@ -70,6 +70,21 @@ func uniform(cost int) limitCosts {
 	return c
 }
 
+// limitSet is a set of a quota's limits, by position: bit i for limit i.
+type limitSet uint8
+
+// estimated is the set of limits that estimate names: their costs are
+// estimates, which the upstream's counters may correct until they are
+// settled (see lua/common.lua's CEILING).
+func (n namedLimits) estimated(estimate Costs) (set limitSet) {
+	for i, name := range n.names {
+		if _, ok := estimate[name]; ok {
+			set |= 1 << i
+		}
+	}
+	return set
+}
+
 // limitName is the name a limit goes by in Costs and in its Redis key.
 func limitName(l Limit) string { return cmp.Or(l.name, l.String()) }
 

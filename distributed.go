@@ -65,7 +65,7 @@ var (
 // sharedStore is what a Redis limiter asks of Redis: a *store, or a test's
 // fake.
 type sharedStore interface {
-	reserve(ctx context.Context, key string, costs limitCosts, budget, notBefore time.Duration, withID bool) (booking, error)
+	reserve(ctx context.Context, q request, budget, notBefore time.Duration) (booking, error)
 	refund(ctx context.Context, key string, b booking) ([maxLimits]refundResult, int64, error)
 	settle(ctx context.Context, key string, b booking, actual limitCosts) (settled bool, now int64, err error)
 	sync(ctx context.Context, key string, b booking, steers []steering, refused bool, channel string) (syncReply, error)
@@ -172,7 +172,8 @@ func (r *Redis) Reserve(ctx context.Context, key string, estimate Costs) (*Reser
 	if err != nil {
 		return nil, err
 	}
-	t, err := r.wait(ctx, request{key: key, costs: costs, settled: true, horizon: horizonOf(ctx, r.config.commonConfig, r.limits, &costs)})
+	q := request{key: key, costs: costs, settled: true, estimated: r.estimated(estimate), horizon: horizonOf(ctx, r.config.commonConfig, r.limits, &costs)}
+	t, err := r.wait(ctx, q)
 	if err != nil {
 		return nil, err
 	}
@@ -180,13 +181,15 @@ func (r *Redis) Reserve(ctx context.Context, key string, estimate Costs) (*Reser
 }
 
 // request is one wait: its key, its cost under each limit, whether it will
-// be settled, and the horizon of its class (0 for none; see Class).
+// be settled and which of its costs are estimates, and the horizon of its
+// class (0 for none; see Class).
 type request struct {
-	key     string
-	costs   limitCosts
-	settled bool
-	horizon time.Duration
-	own     time.Duration // the caller's budget, before its class narrowed it
+	key       string
+	costs     limitCosts
+	settled   bool
+	estimated limitSet
+	horizon   time.Duration
+	own       time.Duration // the caller's budget, before its class narrowed it
 }
 
 // wait books the wait of q and sleeps until it is due, booking anew after a
@@ -287,7 +290,7 @@ func (r *Redis) decide(ctx context.Context, q request, now time.Time) (ticket, e
 // decideShared books the request in Redis, not before the local slot of
 // first (the outage's share, while returning; else none).
 func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budget time.Duration, route route, first ticket) (ticket, error) {
-	b, err := r.store.reserve(ctx, q.key, q.costs, budget, first.delay, q.settled)
+	b, err := r.store.reserve(ctx, q, budget, first.delay)
 	if isOutage(err) {
 		return r.decideWithout(ctx, q, r.failed(ctx, q, route == viaProbe, err), err, budget)
 	}

@@ -110,26 +110,31 @@ func (m *modelCheck) recent() (modelBooking, bool) {
 	return bk, true
 }
 
-// reserve books a random key at a random cost, with a random budget and
-// time not before.
+// reserve books a random key at a random cost, an estimate half the time,
+// with a random budget and time not before.
 func (m *modelCheck) reserve(step int) {
 	key := m.keys[m.rng.IntN(len(m.keys))]
 	_, a, burst := m.limiterOf(key)
 	cost := m.rng.Int64N(burst) + 1
 	budget := []time.Duration{MaxDelay, 0, time.Duration(m.rng.Int64N(5*a)) * time.Microsecond}[m.rng.IntN(3)]
 	notBefore := []time.Duration{0, 0, time.Duration(m.rng.Int64N(3*a)) * time.Microsecond}[m.rng.IntN(3)]
-	m.reserveWith(step, key, cost, budget, notBefore)
+	q := request{key: key, costs: uniform(int(cost)), settled: true}
+	if m.rng.IntN(2) == 0 {
+		q.estimated = 1
+	}
+	m.reserveWith(step, q, budget, notBefore)
 }
 
-func (m *modelCheck) reserveWith(step int, key string, cost int64, budget, notBefore time.Duration) {
+func (m *modelCheck) reserveWith(step int, q request, budget, notBefore time.Duration) {
+	key, cost := q.key, int64(q.costs[0])
 	r, a, burst := m.limiterOf(key)
-	b, err := storeOf(r).reserve(context.Background(), key, uniform(int(cost)), budget, notBefore, true)
+	b, err := storeOf(r).reserve(context.Background(), q, budget, notBefore)
 	if err != nil {
 		m.t.Fatalf("step %d: %v", step, err)
 	}
 	now := m.now(step, b.now)
 	steer := m.model.steers[key]
-	want := m.model.reserve(key, a, burst, cost, budget.Microseconds(), notBefore.Microseconds(), now)
+	want := m.model.reserve(key, a, burst, cost, budget.Microseconds(), notBefore.Microseconds(), now, q.estimated.has(0))
 	if b.granted != want.granted || b.delay != want.delay || b.finishes[0] != want.finishes[0] || b.booked[0] != want.booked[0] ||
 		b.listening != want.listening || b.recovered != want.recovered {
 		m.t.Fatalf("step %d: reserve(%s, cost %d, budget %v, not before %v) at %d: script granted=%v delay=%v finish=%d booked=%d listening=%v recovered=%v, model %v %v %d %d %v %v",
@@ -211,7 +216,7 @@ func (m *modelCheck) settle(step int) {
 	if err != nil || !settled {
 		m.t.Fatalf("step %d: settle: %v, %v", step, settled, err)
 	}
-	m.model.settle(bk.key, a, burst, actual-int64(bk.b.costs[0]), m.now(step, now))
+	m.model.settle(bk.key, a, burst, actual-int64(bk.b.costs[0]), actual-known(bk.b.estimated.has(0), int64(bk.b.costs[0])), m.now(step, now))
 	m.counts[map[bool]string{true: "settle-up", false: "settle-down"}[actual > int64(bk.b.costs[0])]]++
 }
 
@@ -309,11 +314,11 @@ func (m *modelCheck) refusalOf(step int, bk modelBooking, served bool) {
 // probe), for 3 s at most.
 func (m *modelCheck) recover(step int) {
 	const key = "z"
-	m.reserveWith(step, key, 1, MaxDelay, 0)
+	m.reserveWith(step, request{key: key, costs: uniform(1), settled: true}, MaxDelay, 0)
 	m.refusalOf(step, m.bookings[len(m.bookings)-1], false)
 	time.Sleep(1600 * time.Millisecond)
 	for deadline := time.Now().Add(3 * time.Second); m.counts["rate-recovered"] == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		m.reserveWith(step, key, 1, MaxDelay, 0)
+		m.reserveWith(step, request{key: key, costs: uniform(1), settled: true}, MaxDelay, 0)
 	}
 }
 
@@ -327,14 +332,14 @@ func (m *modelCheck) probe(step int) {
 	r, a, burst := m.limiterOf(key)
 	var last modelBooking
 	for i := int64(0); i <= burst; i++ { // the burst, and one that waits
-		m.reserveWith(step, key, 1, MaxDelay, 0)
+		m.reserveWith(step, request{key: key, costs: uniform(1), settled: true}, MaxDelay, 0)
 		last = m.bookings[len(m.bookings)-1]
 	}
 	probes := m.counts["sync-probe"]
 	for _, left := range []int64{100, 99, 1} {
 		st := steering{reading: Reading{Remaining: left}, reset: time.Duration(600*a) * time.Microsecond}
 		m.syncOne(step, r, a, burst, last, st, false)
-		m.reserveWith(step, key, 1, MaxDelay, 0)
+		m.reserveWith(step, request{key: key, costs: uniform(1), settled: true}, MaxDelay, 0)
 		last = m.bookings[len(m.bookings)-1]
 	}
 	if m.counts["sync-probe"] == probes {
@@ -391,7 +396,7 @@ func checkDeadlineBooksNothing(t *testing.T, c redis.UniversalClient) {
 	r := mustRedis(t, c, PerSecond(20).WithBurst(1))
 	firstBooked := time.Now()
 	for range 10 {
-		if _, err := storeOf(r).reserve(ctx, "k", uniform(1), MaxDelay, 0, false); err != nil {
+		if _, err := storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, MaxDelay, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -400,7 +405,7 @@ func checkDeadlineBooksNothing(t *testing.T, c redis.UniversalClient) {
 	if err := r.Wait(ctx, "warm-up", 1); err != nil {
 		t.Fatal(err)
 	}
-	before, err := storeOf(r).reserve(ctx, "k", uniform(1), 0, 0, false) // a probe: refused, books nothing
+	before, err := storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, 0, 0) // a probe: refused, books nothing
 	if err != nil || before.granted {
 		t.Fatalf("probe: %+v, %v", before, err)
 	}
@@ -421,7 +426,7 @@ func checkDeadlineBooksNothing(t *testing.T, c redis.UniversalClient) {
 	if elapsed >= 5*time.Millisecond {
 		t.Errorf("Wait took %v to refuse, want under 5ms", elapsed)
 	}
-	after, err := storeOf(r).reserve(ctx, "k", uniform(1), 0, 0, false)
+	after, err := storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -451,7 +456,7 @@ func TestRedisMaxWait(t *testing.T) {
 			t.Fatalf("wait %d: %v", i, err)
 		}
 	}
-	storeOf(r).reserve(ctx, "k", uniform(1), MaxDelay, 0, false) // the next caller would wait about 200 ms
+	storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, MaxDelay, 0) // the next caller would wait about 200 ms
 	err := r.Wait(ctx, "k", 1)
 	var de *DeadlineError
 	if !errors.As(err, &de) || !errors.Is(err, context.DeadlineExceeded) || de.Budget != 150*time.Millisecond || de.Delay < 150*time.Millisecond {
@@ -472,7 +477,7 @@ func checkCancelGivesBack(t *testing.T, c redis.UniversalClient) {
 			booked <- e
 		}
 	}))
-	if _, err := storeOf(r).reserve(ctx, "k", uniform(1), MaxDelay, 0, false); err != nil { // empty the bucket
+	if _, err := storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, MaxDelay, 0); err != nil { // empty the bucket
 		t.Fatal(err)
 	}
 	var cancels []context.CancelFunc
@@ -502,7 +507,7 @@ func checkCancelGivesBack(t *testing.T, c redis.UniversalClient) {
 		firstFive.Wait()
 		lastFive.Wait()
 	}()
-	before, err := storeOf(r).reserve(ctx, "k", uniform(1), 0, 0, false)
+	before, err := storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -512,7 +517,7 @@ func checkCancelGivesBack(t *testing.T, c redis.UniversalClient) {
 	}
 	lastFive.Wait() // each Wait returns once its refund is done
 
-	after, err := storeOf(r).reserve(ctx, "k", uniform(1), 0, 0, false)
+	after, err := storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -537,7 +542,7 @@ func TestRedisSurvivesScriptFlush(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
 	r := mustRedis(t, c, PerSecond(10).WithBurst(1)) // 100 ms a token
-	first, err := storeOf(r).reserve(ctx, "k", uniform(1), MaxDelay, 0, false)
+	first, err := storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, MaxDelay, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -547,7 +552,7 @@ func TestRedisSurvivesScriptFlush(t *testing.T) {
 	if err := c.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	second, err := storeOf(r).reserve(ctx, "k", uniform(1), MaxDelay, 0, false)
+	second, err := storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, MaxDelay, 0)
 	if err != nil {
 		t.Fatalf("reserve after SCRIPT FLUSH: %v", err)
 	}
@@ -572,7 +577,7 @@ func TestRedisKeyLayout(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
 	r := mustRedis(t, c, PerMinute(60).WithBurst(3), WithPrefix("quota:")) // 1 s a token
-	b, err := storeOf(r).reserve(ctx, "api.example.com:443", uniform(2), MaxDelay, 0, false)
+	b, err := storeOf(r).reserve(ctx, request{key: "api.example.com:443", costs: uniform(2)}, MaxDelay, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,8 @@ func newFakeStore(clock *fakeClock, l Limit) *fakeStore {
 	return &fakeStore{clock: clock, interval: l.intervalMicros(), burst: int64(l.burst), model: newBucketModel(), holds: map[string]int64{}}
 }
 
-func (s *fakeStore) reserve(_ context.Context, key string, costs limitCosts, budget, notBefore time.Duration, _ bool) (booking, error) {
+func (s *fakeStore) reserve(_ context.Context, q request, budget, notBefore time.Duration) (booking, error) {
+	key, costs := q.key, q.costs
 	s.reserves++
 	if f := s.during; f != nil {
 		s.during = nil
@@ -42,7 +43,7 @@ func (s *fakeStore) reserve(_ context.Context, key string, costs limitCosts, bud
 		return booking{}, s.down
 	}
 	now := s.clock.Now().UnixMicro()
-	b := s.model.reserve(key, s.interval, s.burst, int64(costs[0]), budget.Microseconds(), notBefore.Microseconds(), now)
+	b := s.model.reserve(key, s.interval, s.burst, int64(costs[0]), budget.Microseconds(), notBefore.Microseconds(), now, q.estimated.has(0))
 	b.costs = costs
 	return b, nil
 }
@@ -71,7 +72,7 @@ func (s *fakeStore) settle(_ context.Context, key string, b booking, actual limi
 		return false, 0, s.down
 	}
 	now := s.clock.Now().UnixMicro()
-	s.model.settle(key, s.interval, s.burst, int64(actual[0]-b.costs[0]), now)
+	s.model.settle(key, s.interval, s.burst, int64(actual[0]-b.costs[0]), int64(actual[0])-known(b.estimated.has(0), int64(b.costs[0])), now)
 	return true, now, nil
 }
 

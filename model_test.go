@@ -31,7 +31,8 @@ func newBucketModel() *bucketModel {
 // the script replies: whether it was granted, its delay, the bucket's TAT
 // after it (finishes[0]), the steered bucket's count of units booked (else
 // 0), and whether the key's rate listens for a success, or was dropped.
-func (m *bucketModel) reserve(key string, interval, burst, cost, budget, notBefore, now int64) booking {
+// cost is a reservation's estimate when estimated.
+func (m *bucketModel) reserve(key string, interval, burst, cost, budget, notBefore, now int64, estimated bool) booking {
 	s, arrival := m.steers[key], max(now+notBefore, m.holds[key])
 	var b booking
 	rate, unit := m.keyRate(key, now, &b), cost*s.interval(interval)
@@ -43,8 +44,20 @@ func (m *bucketModel) reserve(key string, interval, burst, cost, budget, notBefo
 		return b
 	}
 	rate.book(now, slot, unit)
-	b.granted, b.booked[0] = true, m.book(key, interval, b.finishes[0], cost, slot, now)
+	b.granted, b.booked[0] = true, m.book(key, interval, b.finishes[0], cost, known(estimated, cost), slot, now)
 	return b
+}
+
+// has reports whether limit i is in s.
+func (s limitSet) has(i int) bool { return s&(1<<i) != 0 }
+
+// known is known in common.lua: the units of a booking's cost that move a
+// bucket's CEILING, none of an estimate.
+func known(estimated bool, cost int64) int64 {
+	if estimated {
+		return 0
+	}
+	return cost
 }
 
 // keyRate returns key's rate after refusals, as a booking at now finds it,
@@ -80,26 +93,27 @@ func (m *bucketModel) refused(key string, b booking, served bool, now int64) int
 }
 
 // book notes cost units booked at slot in a bucket of interval a, leaving
-// the schedule at finish, and returns the bucket's count of units booked (0
-// when not steered).
-func (m *bucketModel) book(key string, a, finish, cost, slot, now int64) int64 {
+// the schedule at finish, of which the fleet is known to spend spent, and
+// returns the bucket's count of units booked (0 when not steered).
+func (m *bucketModel) book(key string, a, finish, cost, spent, slot, now int64) int64 {
 	s := m.steers[key]
 	m.tat[key] = finish
-	s.moveCeiling(a, cost, slot, now)
+	s.moveCeiling(a, spent, slot, now)
 	s.written(now)
 	return s.countBooked(cost)
 }
 
 // settle is settle.lua for a bucket of interval a and burst b: diff units
 // more (or fewer) than booked move the schedule forward (or back, never
-// before now), each as a booking's would.
-func (m *bucketModel) settle(key string, a, b, units, now int64) {
+// before now), each as a booking's would, and its CEILING by spent, the
+// units the fleet is known to have spent beyond what its booking counted.
+func (m *bucketModel) settle(key string, a, b, units, spent, now int64) {
 	tat, ok := m.tat[key]
 	s := m.steers[key]
 	_, unit, _, _ := s.step(tat, a, b, now, now)
 	diff := units * unit
 	s.countBooked(units)
-	s.moveCeiling(a, units, now, now)
+	s.moveCeiling(a, spent, now, now)
 	switch {
 	case diff > 0:
 		m.tat[key] = min(max(tat, now)+diff, now+horizon.Microseconds())
@@ -197,7 +211,7 @@ func TestModelKeepsTheBound(t *testing.T) {
 			cost := rng.Int64N(burst) + 1
 			budget := []int64{math.MaxInt64, 0, rng.Int64N(10 * interval), rng.Int64N(10 * interval)}[rng.IntN(4)]
 			notBefore := []int64{0, 0, rng.Int64N(3 * interval)}[rng.IntN(3)]
-			if b := m.reserve("k", interval, burst, cost, budget, notBefore, now); b.granted {
+			if b := m.reserve("k", interval, burst, cost, budget, notBefore, now, false); b.granted {
 				grants = append(grants, grant{now + b.delay.Microseconds(), cost, b.finishes[0]})
 			}
 		case op < 8 && len(grants) > 0:
@@ -255,7 +269,8 @@ type quotaReply struct {
 // under it. It returns whether the request was granted, its delay, each
 // bucket's TAT after it, each steered bucket's count of units booked (else
 // 0), and whether the key's rate listens for a success, or was dropped.
-func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs []int64, budget, notBefore int64, id string, now int64) quotaReply {
+// The costs under the limits in estimated are a reservation's estimates.
+func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs []int64, estimated limitSet, budget, notBefore int64, id string, now int64) quotaReply {
 	slot := max(now+notBefore, m.buckets.holds[key])
 	var b booking
 	rate := m.buckets.keyRate(key, now, &b)
@@ -312,7 +327,7 @@ func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs
 	for i, l := range limits {
 		switch l[0] {
 		case 1:
-			booked[i] = m.buckets.book(keys[i], l[1], finishes[i], costs[i], slot, now)
+			booked[i] = m.buckets.book(keys[i], l[1], finishes[i], costs[i], known(estimated.has(i), costs[i]), slot, now)
 		case 2:
 			if m.grants[keys[i]] == nil {
 				m.grants[keys[i]] = map[string]int64{}
@@ -397,13 +412,14 @@ func (m *quotaModel) refund(keys []string, limits [][3]int64, costs []int64, id 
 }
 
 // settle is settle.lua, for a booking not settled before: under each limit,
-// the difference between actual[i] and estimate[i] is charged or given back.
-func (m *quotaModel) settle(keys []string, limits [][3]int64, estimate, actual []int64, id string, slot, now int64) {
+// the difference between actual[i] and estimate[i] is charged or given back;
+// the costs under the limits in estimated were estimates.
+func (m *quotaModel) settle(keys []string, limits [][3]int64, estimate, actual []int64, estimated limitSet, id string, slot, now int64) {
 	for i, l := range limits {
 		kind, a, b := l[0], l[1], l[2]
 		switch kind {
 		case 1:
-			m.buckets.settle(keys[i], a, b, actual[i]-estimate[i], now)
+			m.buckets.settle(keys[i], a, b, actual[i]-estimate[i], actual[i]-known(estimated.has(i), estimate[i]), now)
 		case 2:
 			for j := actual[i] + 1; j <= estimate[i]; j++ {
 				delete(m.grants[keys[i]], fmt.Sprintf("%s:%d", id, j))

@@ -76,11 +76,12 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 			}
 			budget := []time.Duration{MaxDelay, 0, time.Duration(rng.IntN(20_000)) * time.Microsecond}[rng.IntN(3)]
 			notBefore := []time.Duration{0, 0, time.Duration(rng.IntN(5_000)) * time.Microsecond}[rng.IntN(3)]
-			b, err := storeOf(r).reserve(ctx, key, lc, budget, notBefore, true)
+			estimated := limitSet(rng.IntN(1 << len(r.limits)))
+			b, err := storeOf(r).reserve(ctx, request{key: key, costs: lc, settled: true, estimated: estimated}, budget, notBefore)
 			if err != nil {
 				t.Fatalf("step %d: %v", step, err)
 			}
-			want := model.reserve(key, storeOf(r).keys(key, false), modelLimits(r), costs, budget.Microseconds(), notBefore.Microseconds(), b.id, b.now)
+			want := model.reserve(key, storeOf(r).keys(key, false), modelLimits(r), costs, estimated, budget.Microseconds(), notBefore.Microseconds(), b.id, b.now)
 			n := len(r.limits)
 			if b.granted != want.granted || b.delay.Microseconds() != want.delay || !slices.Equal(b.finishes[:n], want.finishes) || !slices.Equal(b.booked[:n], want.booked) ||
 				b.listening != want.listening || b.recovered != want.recovered {
@@ -135,7 +136,7 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 				}
 				now = cmp.Or(now, at)
 			}
-			model.settle(storeOf(r).keys(bk.key, false), modelLimits(r), int64s(bk.b.costs[:n]), int64s(actual[:n]), bk.b.id, bk.b.slot(), now)
+			model.settle(storeOf(r).keys(bk.key, false), modelLimits(r), int64s(bk.b.costs[:n]), int64s(actual[:n]), bk.b.estimated, bk.b.id, bk.b.slot(), now)
 			counts[map[bool]string{true: "settle-up", false: "settle-down"}[actual[0] > bk.b.costs[0]]]++
 		case op < 21 && len(bookings) > 0:
 			// Steered buckets give nothing back: only q3's are steered,
@@ -379,7 +380,7 @@ func TestFixedWindowWaitsForTheNext(t *testing.T) {
 	var b booking
 	for i := range 4 {
 		var err error
-		if b, err = storeOf(r).reserve(ctx, "k", uniform(1), MaxDelay, 0, false); err != nil {
+		if b, err = storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, MaxDelay, 0); err != nil {
 			t.Fatal(err)
 		}
 		if i < 3 && b.delay != 0 {
@@ -401,7 +402,7 @@ func TestQuotaHoldAndFallback(t *testing.T) {
 	if err := r.Hold(ctx, "k", Hold{For: 200 * time.Millisecond, Reason: "test"}); err != nil {
 		t.Fatal(err)
 	}
-	b, err := storeOf(r).reserve(ctx, "k", uniform(1), MaxDelay, 0, false)
+	b, err := storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, MaxDelay, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

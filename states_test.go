@@ -337,7 +337,7 @@ func TestStateNoKeyCollides(t *testing.T) {
 	gaps := mustRedis(t, c, AllOf{PerSecond(100).Named("gaps"), PerHour(1000)}, WithObserver(log.observe))
 	for range 3 {
 		for _, r := range []*Redis{named, gaps} {
-			b, err := storeOf(r).reserve(ctx, "fleet", uniform(1), MaxDelay, 0, false)
+			b, err := storeOf(r).reserve(ctx, request{key: "fleet", costs: uniform(1)}, MaxDelay, 0)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -163,20 +163,22 @@ type booking struct {
 	recovered bool             // the key's rate was dropped, back at the configured one
 	id        string           // the request's id: its grants in sliding windows, its settlement
 	costs     limitCosts
+	estimated limitSet // the limits whose costs are a reservation's estimates
 }
 
 // slot is when the request goes, by Redis's clock, in microseconds.
 func (b booking) slot() int64 { return b.now + b.delay.Microseconds() }
 
-// reserve runs the reserve script once: it books a request of costs for
-// key under every limit, for a caller who cannot go sooner than notBefore
-// from now, unless the wait would exceed budget. A booking to be settled
-// needs an id (withID); one in a sliding window always has one.
-func (s *store) reserve(ctx context.Context, key string, costs limitCosts, budget, notBefore time.Duration, withID bool) (booking, error) {
-	b := booking{costs: costs}
+// reserve runs the reserve script once: it books request q under every
+// limit, for a caller who cannot go sooner than notBefore from now, unless
+// the wait would exceed budget. A booking to be settled needs an id; one in
+// a sliding window always has one.
+func (s *store) reserve(ctx context.Context, q request, budget, notBefore time.Duration) (booking, error) {
+	key, costs := q.key, q.costs
+	b := booking{costs: costs, estimated: q.estimated}
 	n := len(s.limits)
 	keys := s.bookingKeys(key)
-	if withID || s.sliding {
+	if q.settled || s.sliding {
 		b.id = s.member + ":" + strconv.FormatUint(s.requestIDs.Add(1), 10)
 	}
 	var reply [5 + 2*maxLimits]int64
@@ -186,13 +188,13 @@ func (s *store) reserve(ctx context.Context, key string, costs limitCosts, budge
 		budgetArg = budget.Microseconds()
 	}
 	if s.oneBucket {
-		cmd = s.calls.run(ctx, reserveScript, keys, s.limitArgs[1], s.limitArgs[2], costs[0], budgetArg, notBefore.Microseconds())
+		cmd = s.calls.run(ctx, reserveScript, keys, s.limitArgs[1], s.limitArgs[2], costs[0], budgetArg, notBefore.Microseconds(), int64(q.estimated))
 	} else {
-		args := append(make([]any, 0, 3+4*n), budgetArg, notBefore.Microseconds(), b.id)
+		args := append(make([]any, 0, 4+4*n), budgetArg, notBefore.Microseconds(), b.id)
 		for i := range n {
 			args = append(args, s.limitArgs[3*i], s.limitArgs[3*i+1], s.limitArgs[3*i+2], costs[i])
 		}
-		cmd = s.calls.run(ctx, quotaScript, keys, args...)
+		cmd = s.calls.run(ctx, quotaScript, keys, append(args, int64(q.estimated))...)
 	}
 	err := int64Reply(cmd, reply[:5+2*n])
 	if err == nil && (reply[0] < 0 || reply[0] > 1 || reply[1] < 0) {
@@ -267,10 +269,11 @@ func (s *store) refund(ctx context.Context, key string, b booking) ([maxLimits]r
 // in microseconds.
 func (s *store) settle(ctx context.Context, key string, b booking, actual limitCosts) (bool, int64, error) {
 	n := len(s.limits)
-	args := append(make([]any, 0, 2+5*n), b.id, b.slot())
+	args := append(make([]any, 0, 3+5*n), b.id, b.slot())
 	for i := range n {
 		args = append(args, s.limitArgs[3*i], s.limitArgs[3*i+1], s.limitArgs[3*i+2], b.costs[i], actual[i])
 	}
+	args = append(args, int64(b.estimated))
 	keys := append(s.keys(key, true), s.prefix+"{"+key+"}"+settledSuffix+b.id)
 	var reply [2]int64
 	if err := int64Reply(s.calls.run(ctx, settleScript, keys, args...), reply[:]); err != nil {

@@ -161,7 +161,7 @@ func TestFleetCountsProcesses(t *testing.T) {
 	other := mustRedis(t, c, PerSecond(300), WithFleetName("other"))
 	beat := func(r *Redis, skew time.Duration) {
 		t.Helper()
-		b, err := storeOf(r).reserve(ctx, "k", uniform(1), MaxDelay, 0, false)
+		b, err := storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, MaxDelay, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -178,7 +178,7 @@ func TestTransportCancelsPromptly(t *testing.T) {
 	case <-time.After(time.Second):
 		t.Fatalf("RoundTrip still waiting a second after its cancel (its turn was %v away)", delay)
 	}
-	if b, err := storeOf(lim).reserve(context.Background(), "upstream:80", uniform(1), 0, 0, false); err != nil || b.delay < 9*time.Second || b.delay > 10*time.Second {
+	if b, err := storeOf(lim).reserve(context.Background(), request{key: "upstream:80", costs: uniform(1)}, 0, 0); err != nil || b.delay < 9*time.Second || b.delay > 10*time.Second {
 		t.Errorf("next caller would wait %v (%v), want under 10s: the cancelled token came back", b.delay, err)
 	}
 }

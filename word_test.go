@@ -199,6 +199,41 @@ func TestReadingsNeverRefill(t *testing.T) {
 	}
 }
 
+// TestReadingsGiveBackEstimates: a client that reserves 20 tokens a request
+// of a 100/s bucket of 100, and never settles, before an upstream whose
+// counters say each request used 2. The readings give back what the
+// estimates booked beyond that, so 30 requests go within 2 s (they take a
+// loopback round trip each), where the bucket alone lets 100 + 100*t
+// tokens go: 15 requests. The bound of TestReadingsNeverRefill is on what
+// the fleet is known to spend; an estimate is the upstream's to correct.
+func TestReadingsGiveBackEstimates(t *testing.T) {
+	c := newTestRedis(t)
+	api, n := scriptedAPI(t, func(_ int64, h http.Header) int {
+		h.Set("X-Ratelimit-Limit-Tokens", "100")
+		h.Set("X-Ratelimit-Remaining-Tokens", "98")
+		h.Set("X-Ratelimit-Reset-Tokens", "20ms")
+		return http.StatusOK
+	})
+	client := &http.Client{Transport: &Transport{
+		Limiter:  mustRedis(t, c, PerSecond(100).WithBurst(100).Named("tokens")),
+		Estimate: func(*http.Request) Costs { return Costs{"tokens": 20} },
+	}}
+	start := time.Now()
+	for end := start.Add(2 * time.Second); n.Load() < 30 && time.Now().Before(end); {
+		if _, err := getWithin(client, api.URL, time.Until(end)); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			var de *DeadlineError
+			if !errors.As(err, &de) {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	t.Logf("%d requests in %v", n.Load(), time.Since(start).Round(time.Millisecond))
+	if got := n.Load(); got < 30 {
+		t.Errorf("%d requests in 2 s, want 30: the readings give back what estimates booked beyond what was spent", got)
+	}
+}
+
 // TestResourcesHoldWhatMapsToThem: a spent GitHub search resource holds a
 // limit named search, and not the core limit of a README's client, which
 // the response is not about.

@@ -91,10 +91,13 @@ end
 --   ORDER    the next free slot before the schedule last moved back: a
 --            request booked since but slotted before it went out of order
 --   CEILING  the schedule of the bucket alone, at the upstream's interval
---            (the learned one, or the configured), which only the fleet's
---            bookings and settlements move: no reading moves the TAT
---            before it, so that no reading lets the fleet beyond the
---            bucket's own b + r*t
+--            (the learned one, or the configured), which only the units
+--            the fleet is known to spend move: the costs it books, except
+--            a reservation's estimates (see estimated), and what
+--            settlements say; no reading moves the TAT before it, so that
+--            no reading lets the fleet beyond the bucket's own b + r*t, but
+--            a reading may give back what an estimate booked beyond what
+--            its request spent
 -- A steered bucket is kept for a minute after its last steering at least.
 
 -- read_bucket reads the bucket at KEYS[i]: its TAT and its steering (nil
@@ -151,6 +154,21 @@ end
 local function interval(steer, a)
   if steer and steer.learned > 0 then return steer.learned end
   return a
+end
+
+-- estimated reports whether limit i's cost is an estimate in mask, the set
+-- of a reservation's estimated limits (bit i - 1 for limit i): a cost the
+-- upstream's counters may correct until it is settled.
+local function estimated(mask, i)
+  return math.floor(mask / 2 ^ (i - 1)) % 2 == 1
+end
+
+-- known is the units of cost under limit i that the fleet is known to
+-- spend, as a booking with the estimates mask books them: none of an
+-- estimate.
+local function known(mask, i, cost)
+  if estimated(mask, i) then return 0 end
+  return cost
 end
 
 -- move_ceiling moves a steered bucket's CEILING as units (fewer, when

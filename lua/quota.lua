@@ -20,6 +20,8 @@
 --           interval (microseconds one unit adds to the schedule) and burst,
 --           or a window's length in microseconds and count; then the
 --           request's cost under it
+-- ARGV[4n+4]  the limits whose costs are a reservation's estimates (see
+--           estimated in common.lua)
 --
 -- All times are integer microseconds of Redis's clock. Returns {granted (1
 -- or 0), delay, now, finish_1, ..., finish_n, booked_1, ..., booked_n,
@@ -129,7 +131,7 @@ for i = 1, n do
       redis.call('SET', KEYS[i], string.format('%d', finish), 'KEEPTTL')
     else
       reply[3 + n + i] = count_booked(steers[i], costs[i])
-      move_ceiling(steers[i], a, costs[i], slot)
+      move_ceiling(steers[i], a, known(tonumber(ARGV[4 * n + 4]), i, costs[i]), slot)
       write_bucket(KEYS[i], finish, steers[i])
     end
   elseif kinds[i] == 2 then

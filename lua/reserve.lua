@@ -15,6 +15,8 @@
 -- ARGV[4]  budget: the longest wait the caller accepts, in microseconds
 -- ARGV[5]  not before: the caller cannot go sooner than this many
 --          microseconds from now; the bucket books it as arriving then
+-- ARGV[6]  1 when cost is a reservation's estimate (see estimated in
+--          common.lua), else 0
 --
 -- Returns {granted (1 or 0), delay, now, finish, booked, listening,
 -- recovered}: the wait in microseconds, the TIME the decision used, the TAT
@@ -54,7 +56,7 @@ if steer then -- the upstream's counters steer it: the general way
     return {0, slot - now, now, finish, 0, listening, recovered}
   end
   local booked = count_booked(steer, cost)
-  move_ceiling(steer, a, cost, slot)
+  move_ceiling(steer, a, known(tonumber(ARGV[6]), 1, cost), slot)
   write_bucket(KEYS[1], finish, steer)
   book(slot)
   return {1, slot - now, now, finish, booked, listening, recovered}

@@ -20,16 +20,22 @@
 -- ARGV[5i-2], ..., ARGV[5i+2]   limit i: its kind (1 bucket, 2 sliding,
 --           3 fixed), its interval or window length, its burst or count,
 --           and the request's estimated and actual costs under it
+-- ARGV[5n+3]  the limits whose costs the booking estimated (see estimated
+--           in common.lua): a bucket's CEILING moves by what the request
+--           spent under them, by the difference under the others
 --
 -- Returns {settled (1, or 0 when it had been), now}.
 local id, slot = ARGV[1], tonumber(ARGV[2])
 local mark = #KEYS
 local n = (mark - 1) / 2
 
-local function settle_bucket(key, gaps, tat, steer, a, units, unit, free)
+-- settle_bucket moves a bucket's schedule by units (each unit long) and its
+-- CEILING by the units it is known to have spent beyond what its booking
+-- counted (spent).
+local function settle_bucket(key, gaps, tat, steer, a, units, unit, free, spent)
   local diff = units * unit
   count_booked(steer, units)
-  move_ceiling(steer, a, units, now)
+  move_ceiling(steer, a, spent, now)
   if diff > 0 then
     local base = now
     if tat and tat > now then base = tat end
@@ -82,7 +88,8 @@ for i = 1, n do
   local key = KEYS[2 * i - 1]
   if kinds[i] == 1 then
     local free = math.max(bucket_allow(tats[i], steers[i], a, b, 1, now), now)
-    settle_bucket(key, KEYS[2 * i], tats[i], steers[i], a, actual - estimate, unit(steers[i], tats[i], a, b), free)
+    local spent = actual - known(tonumber(ARGV[5 * n + 3]), i, estimate)
+    settle_bucket(key, KEYS[2 * i], tats[i], steers[i], a, actual - estimate, unit(steers[i], tats[i], a, b), free, spent)
   elseif kinds[i] == 2 then
     settle_sliding(key, a, b, estimate, actual)
   elseif used[i] then

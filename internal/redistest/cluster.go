@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetpace/pace/internal/loopback"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -35,8 +36,12 @@ func StartCluster(tb testing.TB) *Cluster {
 		// Each node keeps its cluster state in a file of its own; the port is
 		// known only once Start picks it, so the file is named after a slot.
 		conf := filepath.Join(dir, "nodes-"+strconv.Itoa(len(c.Servers))+".conf")
-		s := Start(tb, "--cluster-enabled", "yes", "--cluster-config-file", conf,
-			"--cluster-node-timeout", "5000", "--dir", dir)
+		// The cluster bus's port is one of its own: by default it is the
+		// port 10000 above, which may be taken, or beyond 65535.
+		s := startWith(tb, func() []string {
+			return []string{"--cluster-enabled", "yes", "--cluster-config-file", conf,
+				"--cluster-port", strconv.Itoa(loopback.FreePort(tb)), "--cluster-node-timeout", "5000", "--dir", dir}
+		})
 		c.Servers = append(c.Servers, s)
 		c.Addrs = append(c.Addrs, s.Addr)
 	}

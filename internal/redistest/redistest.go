@@ -37,26 +37,48 @@ const startTimeout = 10 * time.Second
 // go to redis-server's command line (such as "--maxmemory", "1mb").
 func Start(tb testing.TB, extra ...string) *Server {
 	tb.Helper()
+	return startWith(tb, func() []string { return extra })
+}
+
+// startWith is Start, with the extra arguments of each try from extra.
+func startWith(tb testing.TB, extra func() []string) *Server {
+	tb.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		tb.Fatalf("redistest: redis-server is not on PATH (%v); install it with `apt-get install -y redis-server`, or run `make test`, which does", err)
 	}
-	port := loopback.FreePort(tb)
-	s := &Server{
-		Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
-		tb:   tb,
-		args: append([]string{
-			"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-			"--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", "",
-		}, extra...),
+	// A port free when picked may be taken before redis-server binds it:
+	// then it tries another.
+	for tries := 1; ; tries++ {
+		port := loopback.FreePort(tb)
+		s := &Server{
+			Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+			tb:   tb,
+			args: append([]string{
+				"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+				"--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", "",
+			}, extra()...),
+		}
+		tb.Cleanup(s.Kill)
+		log, ok := s.start(bin)
+		if ok || tries == 5 || !strings.Contains(log, "Address already in use") {
+			s.started(log, ok)
+			return s
+		}
 	}
-	tb.Cleanup(s.Kill)
-	s.start(bin)
-	return s
 }
 
-// start runs redis-server and waits until it accepts connections.
-func (s *Server) start(bin string) {
+// started fails the test unless redis-server is ready (ok), with its log.
+func (s *Server) started(log string, ok bool) {
+	s.tb.Helper()
+	if !ok {
+		s.tb.Fatalf("redistest: redis-server on %s exited:\n%s", s.Addr, log)
+	}
+}
+
+// start runs redis-server and waits until it accepts connections, or
+// exits: then it returns false with its log.
+func (s *Server) start(bin string) (log string, ok bool) {
 	s.tb.Helper()
 	cmd := exec.Command(bin, s.args...)
 	stdout, err := cmd.StdoutPipe()
@@ -72,14 +94,14 @@ func (s *Server) start(bin string) {
 
 	// redis-server says when it is ready; its log also tells why it is not.
 	ready, exited := make(chan struct{}), make(chan struct{})
-	var log strings.Builder // written before ready or exited is closed
+	var text strings.Builder // written before ready or exited is closed
 	go func() {
 		defer close(exited)
 		scanner := bufio.NewScanner(stdout)
 		waiting := true
 		for scanner.Scan() {
 			if waiting {
-				log.WriteString(scanner.Text() + "\n")
+				text.WriteString(scanner.Text() + "\n")
 				if strings.Contains(scanner.Text(), "Ready to accept connections") {
 					waiting = false
 					close(ready)
@@ -89,10 +111,12 @@ func (s *Server) start(bin string) {
 	}()
 	select {
 	case <-ready:
+		return "", true
 	case <-exited:
-		s.tb.Fatalf("redistest: redis-server on %s exited:\n%s", s.Addr, log.String())
+		return text.String(), false
 	case <-time.After(startTimeout):
 		s.tb.Fatalf("redistest: redis-server on %s did not become ready within %v", s.Addr, startTimeout)
+		return "", false
 	}
 }
 
@@ -116,7 +140,7 @@ func (s *Server) Restart() {
 	if err != nil {
 		s.tb.Fatal(err)
 	}
-	s.start(bin)
+	s.started(s.start(bin))
 }
 
 // Freeze stops redis-server with SIGSTOP: it keeps its connections and
