@@ -3,8 +3,11 @@ package pace
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -58,6 +61,7 @@ func checkMatchesModel(t *testing.T, c redis.UniversalClient) {
 // Go model, step by step, and fails at the first answer they differ on.
 type modelCheck struct {
 	t        *testing.T
+	client   redis.UniversalClient
 	limiters []*Redis // by key: "a" the first, "b" the second...
 	keys     []string
 	model    *bucketModel
@@ -75,7 +79,7 @@ type modelBooking struct {
 }
 
 func newModelCheck(t *testing.T, c redis.UniversalClient, seed uint64) *modelCheck {
-	return &modelCheck{t: t, keys: []string{"a", "b", "c", "d", "e", "f"}, model: newBucketModel(),
+	return &modelCheck{t: t, client: c, keys: []string{"a", "b", "c", "d", "e", "f"}, model: newBucketModel(),
 		rng: rand.New(rand.NewPCG(seed, 11)), counts: map[string]int{}, holdEnds: map[string]int64{}, lines: map[string]int64{},
 		limiters: []*Redis{
 			mustRedis(t, c, PerSecond(1000).WithBurst(5)), // 1000 µs a token
@@ -97,6 +101,31 @@ func (m *modelCheck) now(step int, now int64) int64 {
 	}
 	m.lastNow = now
 	return now
+}
+
+// sameState fails the test unless each steered key's bucket in Redis is the
+// model's, field by field: a divergence that no reply shows yet. A CEILING
+// at or before the latest TIME seen holds nothing back, wherever it is.
+func (m *modelCheck) sameState(step int) {
+	for _, key := range m.keys {
+		s := m.model.steers[key]
+		if s == nil {
+			continue
+		}
+		stored, err := m.client.Get(context.Background(), DefaultPrefix+"{"+key+"}").Result()
+		if err != nil {
+			m.t.Fatalf("step %d: reading %s: %v", step, key, err)
+		}
+		fields := strings.Fields(stored)
+		if len(fields) == 12 {
+			ceiling, _ := strconv.ParseInt(fields[11], 10, 64)
+			fields[11] = strconv.FormatInt(max(ceiling, m.lastNow), 10)
+		}
+		want := fmt.Sprint(m.model.tat[key], s.seen, s.till, s.spread, s.learned, s.left, s.base, s.synced, s.booked, s.foreign, s.order, max(s.ceiling, m.lastNow))
+		if got := strings.Join(fields, " "); got != want {
+			m.t.Fatalf("step %d: key %s's bucket in Redis is %q, in the model %q", step, key, got, want)
+		}
+	}
 }
 
 // recent takes one of the latest bookings out of the list, if any.

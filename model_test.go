@@ -132,7 +132,7 @@ func (m *bucketModel) settle(key string, a, b, units, spent, now int64) {
 			delete(m.tat, key)
 			delete(m.gaps, key)
 		}
-	case s != nil && units != 0:
+	case s != nil && (units != 0 || spent != 0):
 		s.written(now)
 	}
 }

@@ -18,12 +18,13 @@ import (
 // microsecond with the upstream's word in play: random readings (of quotas
 // that refill and of windows, stale and fresh, learning limits, implying
 // others' spending), holds, and refusals and successes that steer the
-// key's rate, between bookings, refunds and settlements; then a window
-// driven into a probe, and a rate that recovers and is dropped.
+// key's rate, between bookings, refunds and settlements, each bucket's
+// whole state compared after every step; then a window driven into a
+// probe, and a rate that recovers and is dropped.
 func TestSteeringMatchesModel(t *testing.T) {
 	m := newModelCheck(t, newTestRedis(t), 13)
 	for step := range 4500 {
-		switch op := m.rng.IntN(25); {
+		switch op := m.rng.IntN(26); {
 		case op < 12:
 			m.reserve(step)
 		case op < 13:
@@ -34,11 +35,12 @@ func TestSteeringMatchesModel(t *testing.T) {
 			m.sync(step)
 		case op < 21:
 			m.hold(step)
-		case op < 22:
+		case op < 23:
 			m.refusal(step)
 		default:
 			time.Sleep(time.Duration(m.rng.IntN(2000)) * time.Microsecond)
 		}
+		m.sameState(step)
 	}
 	m.probe(4500)
 	m.recover(4500)

@@ -50,7 +50,7 @@ local function settle_bucket(key, gaps, tat, steer, a, units, unit, free, spent)
     else
       redis.call('DEL', key, gaps)
     end
-  elseif steer and units ~= 0 then -- its count of units booked changed
+  elseif steer and (units ~= 0 or spent ~= 0) then -- its count of units booked, or its CEILING, changed
     write_bucket(key, tat, steer)
   end
 end
