@@ -56,7 +56,7 @@ func sendFor(t *testing.T, lim Limiter, url string, goroutines int, d time.Durat
 func TestRefusalsSteerTheRate(t *testing.T) {
 	c := newTestRedis(t)
 	for name, newLimiter := range map[string]func(Option) Limiter{
-		"redis": func(o Option) Limiter { return mustRedis(t, c, PerSecond(100).WithBurst(5), o) },
+		"redis": func(o Option) Limiter { return mustRedis(t, c, PerSecond(100).WithBurst(5), o, sharedOnly) },
 		"local": func(o Option) Limiter { return mustLocal(t, PerSecond(100).WithBurst(5), o) },
 	} {
 		for _, ignore := range []bool{false, true} {
@@ -111,7 +111,7 @@ func TestRefusalsExplainedDoNotCut(t *testing.T) {
 		}))
 		t.Cleanup(api.Close)
 		for lname, lim := range map[string]func(Option) Limiter{
-			"redis": func(o Option) Limiter { return mustRedis(t, c, PerSecond(100), o) },
+			"redis": func(o Option) Limiter { return mustRedis(t, c, PerSecond(100), o, sharedOnly) },
 			"local": func(o Option) Limiter { return mustLocal(t, PerSecond(100), o) },
 		} {
 			t.Run(name+"/"+lname, func(t *testing.T) {
