@@ -165,9 +165,9 @@ type fleetRequest struct {
 	Start, End  time.Time
 	Granted     time.Time     // when a Transport's request left pace for the upstream
 	Limiter     string        // who granted it, from its EventWait; "" if it failed
-	Delay       time.Duration // the pacing delay it was given: of its last booking, and the sleeps of the ones a cut of the key's rate voided
+	Delay       time.Duration // the pacing delay it was given: from its first booking to the end of its last
 	Status      int           // the upstream's answer, when the fleet has one
-	Booked      time.Time     // when it was last booked
+	Booked      time.Time     // when it was first booked
 	Err         string
 	Unavailable bool // Err wraps ErrUnavailable
 	// Of an LLM call (tokenRun): its estimated and actual tokens, and
@@ -265,12 +265,13 @@ func (w fleetWorker) run() (fleetReport, error) {
 		switch e.Kind {
 		case EventWait:
 			if q, ok := ctx.Value(requestKey{}).(*fleetRequest); ok {
+				// After its first booking, a request sleeps in the bookings
+				// that cuts of the key's rate void, and books anew.
+				now := time.Now()
 				if q.Booked.IsZero() {
-					q.Delay = 0
-				} else { // a cut of the key's rate voided its last booking: it slept since
-					q.Delay = time.Since(q.Booked)
+					q.Booked = now
 				}
-				q.Limiter, q.Delay, q.Booked = e.Limiter, q.Delay+e.Delay, time.Now()
+				q.Limiter, q.Delay = e.Limiter, now.Sub(q.Booked)+e.Delay
 			}
 		case EventCancel:
 			report.Cancels++
