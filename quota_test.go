@@ -50,7 +50,7 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 	}
 	var limiters []*Redis
 	for _, q := range quotas {
-		limiters = append(limiters, mustRedis(t, c, q, WithFleetSize(1)))
+		limiters = append(limiters, mustRedis(t, c, q, WithFleetSize(1), sharedOnly))
 	}
 	keys := []string{"q0", "q1", "q2", "q3"}
 	type booked struct {

@@ -23,12 +23,6 @@ func scriptedAPI(t *testing.T, answer func(n int64, h http.Header) int) (*httpte
 	return srv, &n
 }
 
-// sharedOnly is the option of the tests that count what the shared path
-// lets go: a call timeout that a loaded machine does not reach, so that no
-// slow call is taken for an outage, whose fallback's share would come on
-// top of what the test counts.
-var sharedOnly = WithCallTimeout(time.Second)
-
 // github sets GitHub's headers on h: of its core quota of 5000, left
 // remain, resetting at reset.
 func github(h http.Header, resource string, limit, left int64, reset time.Time) {

@@ -40,9 +40,11 @@ func TestDemo(t *testing.T) {
 	// arrival at the upstream (1 token of slack there, 5 ms at 200/s):
 	// with 4 processes on 2 cores, 0 to 3 429s in 16 runs, 1 to 6 beside a
 	// CPU hog (0 in 32 runs with OpenAI's counters); a pacing that let
-	// bursts through would cost dozens.
-	if s := demo(t, "-headers", ""); s.TooMany > s.Requests/50 || *s.ScriptCalls > 1.05 || *s.SyncCalls != 0 {
-		t.Errorf("-headers \"\": %d 429s of %d requests, %.2f calls a request, %.2f of them syncs; want at most 2%%, about one, none", s.TooMany, s.Requests, *s.ScriptCalls, *s.SyncCalls)
+	// bursts through would cost dozens. Each such 429 cuts the key's rate:
+	// one call tells Redis, and each of the demo's 8 workers, asleep in a
+	// booking then, gives it back and books anew, two more.
+	if s := demo(t, "-headers", ""); s.TooMany > s.Requests/50 || *s.ScriptCalls*float64(s.Requests) > 1.05*float64(s.Requests)+float64(s.TooMany*(1+2*8)) || *s.SyncCalls != 0 {
+		t.Errorf("-headers \"\": %d 429s of %d requests, %.2f calls a request, %.2f of them syncs; want at most 2%%, about one and 17 for each 429, none", s.TooMany, s.Requests, *s.ScriptCalls, *s.SyncCalls)
 	}
 	svg, err := os.ReadFile(plotFile)
 	if err != nil {
@@ -157,14 +159,17 @@ func TestDemoFaults(t *testing.T) {
 // refuses without a word steers the fleet down, through a real
 // redis-server. What nginx serves is held
 // to its b + r*t, 10 + 200*8; what HAProxy serves to 200*8, as its count
-// of the last second lets through no more over 8 s.
+// of the last second lets through no more over 8 s. Where pace's limit is
+// nginx's, a refusal can come only from the jitter between a grant and its
+// arrival (nginx lets one request more than its burst go at once: 5 ms at
+// 200/s): none in the 3 runs of the README's figures, 1 in 2 beside a CPU hog.
 func TestDemoAgainstRealLimiters(t *testing.T) {
 	srv := redistest.Start(t)
 	for _, tc := range []struct {
 		limiter, limit         string
 		served, refused, bound float64 // the least share of bound served, the most share of the requests refused
 	}{
-		{"nginx", "200/s burst 10", 0.97, 0, 1610},
+		{"nginx", "200/s burst 10", 0.97, 0.002, 1610},
 		{"nginx", "400/s burst 10", 0.93, 0.03, 1610},
 		{"haproxy", "200/s sliding", 0.93, 0.02, 1600},
 		{"haproxy", "400/s burst 10", 0.90, 0.03, 1600},
@@ -178,7 +183,7 @@ func TestDemoAgainstRealLimiters(t *testing.T) {
 			served, refused := float64(s.OK)/tc.bound, float64(s.TooMany)/float64(s.Requests)
 			t.Logf("%s before %s: %d served, %.1f%% of %.0f; %d refused, %.1f%% of %d requests", tc.limit, tc.limiter, s.OK, 100*served, tc.bound, s.TooMany, 100*refused, s.Requests)
 			if served < tc.served || refused > tc.refused {
-				t.Errorf("served %.1f%%, refused %.1f%%; want at least %.0f%% and at most %.0f%%", 100*served, 100*refused, 100*tc.served, 100*tc.refused)
+				t.Errorf("served %.1f%%, refused %.1f%%; want at least %.0f%% and at most %.1f%%", 100*served, 100*refused, 100*tc.served, 100*tc.refused)
 			}
 		})
 	}
