@@ -50,6 +50,9 @@ func (r *Redis) heed(ctx context.Context, key string, t ticket, w word, o heedin
 	if down, _ := r.failover.down(); down {
 		return // the outage's pacing has no rate of the key's
 	}
+	if served && !r.retimes.news(key, t.booking.now, r.now()) {
+		return
+	}
 	share, _, err := r.store.refused(ctx, key, t.booking, served, r.holdChannel())
 	switch {
 	case isOutage(err):

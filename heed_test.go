@@ -2,13 +2,18 @@ package pace
 
 import (
 	"context"
+	"crypto/sha1"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fleetpace/pace/internal/quotaapi"
+	"github.com/redis/go-redis/v9"
 )
 
 // sendFor sends requests to url through a Transport on lim (with
@@ -129,4 +134,59 @@ func TestRefusalsExplainedDoNotCut(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestACutTellsOneSuccess: one plain 429 before 8 goroutines of one
+// process, asleep in their bookings at 40/s. The cut wakes them; each gives
+// its booking back and books anew while the key's rate listens for a
+// success, and the process tells Redis of the first success alone: the
+// refused script runs twice, for the 429 and for one success, where it ran
+// once more for each request the cut woke.
+func TestACutTellsOneSuccess(t *testing.T) {
+	c := newTestRedis(t)
+	runs := &scriptRuns{hash: refusedScript.Hash()}
+	c.AddHook(runs)
+	var n atomic.Int64
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if n.Add(1) == 10 {
+			w.WriteHeader(http.StatusTooManyRequests)
+		}
+	}))
+	t.Cleanup(api.Close)
+	log := &eventLog{}
+	answers := sendFor(t, mustRedis(t, c, PerSecond(40).WithBurst(1), WithObserver(log.observe), sharedOnly), api.URL, 8, time.Second, false)
+	cuts, told := log.count(EventRate), runs.n.Load()
+	t.Logf("%d requests, %d cut, %d runs of the refused script", len(answers), cuts, told)
+	if cuts != 1 || told != 2 {
+		t.Errorf("%d cuts and %d runs of the refused script; want 1, and 2: the 429 and one success", cuts, told)
+	}
+}
+
+// scriptRuns is a go-redis hook that counts the runs of the script whose
+// SHA1 is hash that reached Redis (an EVALSHA answered NOSCRIPT is not one:
+// the EVAL after it is).
+type scriptRuns struct {
+	hash string
+	n    atomic.Int64
+}
+
+func (s *scriptRuns) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (s *scriptRuns) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		args := cmd.Args()
+		if len(args) < 2 || err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			return err
+		}
+		source := fmt.Sprint(args[1])
+		if cmd.Name() == "evalsha" && source == s.hash || cmd.Name() == "eval" && fmt.Sprintf("%x", sha1.Sum([]byte(source))) == s.hash {
+			s.n.Add(1)
+		}
+		return err
+	}
+}
+
+func (s *scriptRuns) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

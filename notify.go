@@ -60,6 +60,7 @@ type retimes struct {
 	wake chan struct{} // closed at the next retime
 	keys latestHeard   // retimes of learned limits
 	cuts latestHeard   // retimes of cut rates
+	told latestHeard   // bookings whose success this process told Redis of (see news)
 }
 
 // signal returns a channel that is closed at the next retime of any key.
@@ -97,6 +98,27 @@ func (r *retimes) after(key string, booked int64) (retimed, cut bool) {
 	recut, ok2 := r.cuts[key]
 	cut = ok2 && recut.at > booked
 	return cut || (ok1 && learned.at > booked), cut
+}
+
+// news reports whether the success of a request booked at booked, while
+// key's rate listened for one (see refusals.go), is news to Redis: unless
+// the refused script would ignore it (a booking before the latest cut this
+// process heard of), or this process has told it of a success since that
+// cut already. Each request a cut woke books anew while the rate listens:
+// without this, each of them would tell. A success told is noted at once,
+// so that the others of its cut stay silent while it is told.
+func (r *retimes) news(key string, booked int64, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	cut, known := r.cuts[key]
+	if !known {
+		return true // the cut came before this process listened, or its message was lost
+	}
+	if told, ok := r.told[key]; booked < cut.at || ok && told.at >= cut.at {
+		return false
+	}
+	r.told.note(key, booked, now.Add(time.Minute), now)
+	return true
 }
 
 // latestHeard keeps, for each key, the latest of the times heard for it
