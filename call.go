@@ -2,6 +2,7 @@ package pace
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -10,7 +11,8 @@ import (
 )
 
 // caller runs Redis calls, each with a timeout of its own, whatever the
-// request's context and whatever the options of the client.
+// request's context and whatever the options of the client: the one its
+// round trips set (roundTrips).
 //
 // A client that applies context deadlines to its socket I/O (go-redis with
 // ContextTimeoutEnabled) gets the call directly, with a deadline. Any other
@@ -19,7 +21,7 @@ import (
 // of its own and the caller stops waiting for it at the deadline.
 type caller struct {
 	client  redis.Scripter
-	timeout time.Duration
+	trips   roundTrips
 	guarded bool // the client may ignore context deadlines
 
 	// deadline is a context whose deadline lies timeout to 1.25*timeout
@@ -32,10 +34,12 @@ type sharedDeadline struct {
 	ctx     context.Context
 	cancel  context.CancelFunc // left to the context's own timer, which ends it at the deadline
 	renewAt time.Time
+	timeout time.Duration
 }
 
-func newCaller(client redis.Scripter, timeout time.Duration) *caller {
-	return &caller{client: client, timeout: timeout, guarded: !appliesContextDeadlines(client)}
+// newCaller returns the caller of client, whose calls get at least floor.
+func newCaller(client redis.Scripter, floor time.Duration) *caller {
+	return &caller{client: client, trips: roundTrips{floor: floor}, guarded: !appliesContextDeadlines(client)}
 }
 
 // appliesContextDeadlines reports whether client bounds its socket I/O by a
@@ -63,39 +67,67 @@ type callContext struct {
 // Value returns the request context's value for key.
 func (c callContext) Value(key any) any { return c.values.Value(key) }
 
-func (c *caller) context(ctx context.Context) context.Context {
-	now := time.Now()
-	d := c.deadline.Load()
-	if d == nil || !now.Before(d.renewAt) {
-		dctx, cancel := context.WithDeadline(context.Background(), now.Add(c.timeout+c.timeout/4))
-		d = &sharedDeadline{ctx: dctx, cancel: cancel, renewAt: now.Add(c.timeout / 4)}
+// context returns the context of a call that begins now, and its deadline's.
+func (c *caller) context(ctx context.Context, now time.Time) (context.Context, *sharedDeadline) {
+	d, timeout := c.deadline.Load(), c.trips.timeout()
+	// Renewed when due, or when the round trips cut the timeout by more than
+	// a quarter (as from the ceiling to the first answer's).
+	if d == nil || !now.Before(d.renewAt) || d.timeout > timeout+timeout/4 {
+		dctx, cancel := context.WithDeadline(context.Background(), now.Add(timeout+timeout/4))
+		d = &sharedDeadline{ctx: dctx, cancel: cancel, renewAt: now.Add(timeout / 4), timeout: timeout}
 		c.deadline.Store(d)
 	}
-	return callContext{Context: d.ctx, values: ctx}
+	return callContext{Context: d.ctx, values: ctx}, d
+}
+
+// done takes the outcome of a call that began at start: its round trip,
+// when Redis answered.
+func (c *caller) done(start time.Time, err error) {
+	if err == nil || isRedisError(err) {
+		c.trips.answered(time.Since(start))
+	}
+}
+
+// isRedisError reports whether err is an error that Redis answered with.
+// (Apart, so that a call that succeeds allocates no target for errors.As.)
+func isRedisError(err error) bool {
+	var redisErr redis.Error
+	return errors.As(err, &redisErr)
 }
 
 // run runs script with the call's timeout.
 func (c *caller) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
-	cctx := c.context(ctx)
+	start := time.Now()
+	cctx, d := c.context(ctx, start)
+	var cmd *redis.Cmd
 	if !c.guarded {
-		return script.Run(cctx, c.client, keys, args...)
+		cmd = script.Run(cctx, c.client, keys, args...)
+	} else {
+		done := make(chan *redis.Cmd, 1)
+		go func() { done <- script.Run(cctx, c.client, keys, args...) }()
+		select {
+		case cmd = <-done:
+		case <-cctx.Done():
+			cmd = redis.NewCmd(ctx)
+			cmd.SetErr(d.timedOut())
+		}
 	}
-	done := make(chan *redis.Cmd, 1)
-	go func() { done <- script.Run(cctx, c.client, keys, args...) }()
-	select {
-	case cmd := <-done:
-		return cmd
-	case <-cctx.Done():
-		cmd := redis.NewCmd(ctx)
-		cmd.SetErr(c.timedOut())
-		return cmd
-	}
+	c.done(start, cmd.Err())
+	return cmd
 }
 
 // pipeline runs the commands that fill sends, in one round trip, with the
 // call's timeout.
 func (c *caller) pipeline(ctx context.Context, p redis.Pipeliner) ([]redis.Cmder, error) {
-	cctx := c.context(ctx)
+	start := time.Now()
+	cctx, d := c.context(ctx, start)
+	cmds, err := c.exec(cctx, d, p)
+	c.done(start, err)
+	return cmds, err
+}
+
+// exec runs p within cctx, whose deadline is d's.
+func (c *caller) exec(cctx context.Context, d *sharedDeadline, p redis.Pipeliner) ([]redis.Cmder, error) {
 	if !c.guarded {
 		return p.Exec(cctx)
 	}
@@ -112,10 +144,10 @@ func (c *caller) pipeline(ctx context.Context, p redis.Pipeliner) ([]redis.Cmder
 	case r := <-done:
 		return r.cmds, r.err
 	case <-cctx.Done():
-		return nil, c.timedOut()
+		return nil, d.timedOut()
 	}
 }
 
-func (c *caller) timedOut() error {
-	return fmt.Errorf("pace: Redis did not answer within the call timeout of %v", c.timeout)
+func (d *sharedDeadline) timedOut() error {
+	return fmt.Errorf("pace: Redis did not answer within the call timeout of %v", d.timeout)
 }

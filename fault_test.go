@@ -232,30 +232,32 @@ func maxExcess(grants []time.Time, rate float64, burst int) (float64, time.Time)
 	return best, at
 }
 
-// checkWaits: no request waited longer than the call timeout (at most 1.25
-// times the set one) plus its own pacing delay, until it left pace (for the
-// upstream, through a Transport, or back from Wait); but for the scheduling
-// slack, and the longest stall of its process (a sleep that overran by that
-// much: the machine, not pace, kept it waiting).
+// checkWaits: no request waited longer than its call timeout (at most 1.25
+// times the one its limiter's round trips set) plus its own pacing delay,
+// until it left pace (for the upstream, through a Transport, or back from
+// Wait); but for the scheduling slack, and the longest stall of its process
+// (a sleep that overran by that much: the machine, not pace, kept it
+// waiting).
 func checkWaits(t *testing.T, reports []fleetReport) {
 	t.Helper()
-	var worst, stall time.Duration
+	var worst, stall, timeout time.Duration
 	for i, r := range reports {
 		stall = max(stall, r.Stall)
 		for _, q := range r.Requests {
+			timeout = max(timeout, q.CallTimeout)
 			left := q.Granted
 			if left.IsZero() {
 				left = q.End
 			}
 			extra := left.Sub(q.Start) - q.Delay
 			worst = max(worst, extra)
-			if extra > DefaultCallTimeout*5/4+schedulingSlack+r.Stall {
-				t.Errorf("process %d: a request left pace %v after its start, %v beyond its pacing delay of %v (limiter %q, error %q; the process stalled up to %v)",
-					i, left.Sub(q.Start), extra, q.Delay, q.Limiter, q.Err, r.Stall)
+			if extra > q.CallTimeout*5/4+schedulingSlack+r.Stall {
+				t.Errorf("process %d: a request left pace %v after its start, %v beyond its pacing delay of %v (limiter %q, error %q, call timeout %v; the process stalled up to %v)",
+					i, left.Sub(q.Start), extra, q.Delay, q.Limiter, q.Err, q.CallTimeout, r.Stall)
 			}
 		}
 	}
-	t.Logf("longest wait beyond a request's own pacing delay: %v; longest stall of a process: %v", worst, stall)
+	t.Logf("longest wait beyond a request's own pacing delay: %v; longest stall of a process: %v; longest call timeout: %v", worst, stall, timeout)
 }
 
 // checkRecovery: every process fell back after the fault, went back to

@@ -168,6 +168,7 @@ type fleetRequest struct {
 	Delay       time.Duration // the pacing delay it was given: from its first booking to the end of its last
 	Status      int           // the upstream's answer, when the fleet has one
 	Booked      time.Time     // when it was first booked
+	CallTimeout time.Duration // the longer of its limiter's call timeouts at its start and end
 	Err         string
 	Unavailable bool // Err wraps ErrUnavailable
 	// Of an LLM call (tokenRun): its estimated and actual tokens, and
@@ -339,7 +340,7 @@ func (w fleetWorker) run() (fleetReport, error) {
 	for range w.Goroutines {
 		wg.Go(func() {
 			for time.Now().Before(w.End) {
-				q := &fleetRequest{Start: time.Now()}
+				q := &fleetRequest{Start: time.Now(), CallTimeout: r.calls.trips.timeout()}
 				ctx, cancel := context.WithValue(context.Background(), requestKey{}, q), context.CancelFunc(func() {})
 				if w.StopAtEnd {
 					ctx, cancel = context.WithDeadline(ctx, w.End)
@@ -353,6 +354,7 @@ func (w fleetWorker) run() (fleetReport, error) {
 				if q.End.IsZero() {
 					q.End = time.Now()
 				}
+				q.CallTimeout = max(q.CallTimeout, r.calls.trips.timeout())
 				if err != nil {
 					q.Err, q.Unavailable = err.Error(), errors.Is(err, ErrUnavailable)
 				}

@@ -70,7 +70,8 @@ type redisConfig struct {
 const (
 	// DefaultPrefix starts the name of every Redis key pace writes.
 	DefaultPrefix = "pace:"
-	// DefaultCallTimeout bounds each Redis call.
+	// DefaultCallTimeout is the least timeout of a Redis call (see
+	// WithCallTimeout).
 	DefaultCallTimeout = 50 * time.Millisecond
 	// DefaultMinCooldown and DefaultMaxCooldown bound the time a failing
 	// Redis is left alone before the next probe.
@@ -153,10 +154,14 @@ func WithPrefix(prefix string) RedisOption {
 	return redisOption(func(c *redisConfig) { c.prefix = prefix })
 }
 
-// WithCallTimeout bounds each Redis call, whatever the request's context and
-// the client's options; the default is DefaultCallTimeout. A call gets from d
-// to 1.25*d. When it does not answer in time, the limiter handles the request
-// by its FailurePolicy.
+// WithCallTimeout sets the floor of each Redis call's timeout, whatever the
+// request's context and the client's options; the default is
+// DefaultCallTimeout. The timeout follows the round trips the limiter
+// measures: three smoothed round trips plus four times their deviation (d
+// at least), and d at least; a second at most (or d, if longer), and a
+// second until Redis first answers. A call gets from its timeout to 1.25
+// times it. When it does not answer in time, the limiter handles the
+// request by its FailurePolicy.
 func WithCallTimeout(d time.Duration) RedisOption {
 	return redisOption(func(c *redisConfig) { c.callTimeout = d })
 }
