@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"runtime"
+	"strconv"
 	"testing"
 	"time"
 
@@ -234,4 +235,27 @@ func pinRedis(b *testing.B, srv *redistest.Server) {
 	if err := unix.SchedSetaffinity(srv.Pid(), &cpus); err != nil {
 		b.Logf("redis-server stays unpinned: %v", err)
 	}
+}
+
+// BenchmarkHoldsOnManyKeys: a hold heard of on one of 20,000 keys, beside
+// one on one of 1,000: a hold does not pay for the keys heard of before
+// ("x-1000", about 2 for a map 20 times larger; before, each hold swept
+// them all: 13.4 us and 528 us a hold, 39x).
+func BenchmarkHoldsOnManyKeys(b *testing.B) {
+	holds := func(n int) func() error {
+		var h heldKeys
+		now := time.Now()
+		keys := make([]string, n)
+		for i := range keys {
+			keys[i] = "key" + strconv.Itoa(i)
+			h.add(keys[i], 1, time.Hour, now)
+		}
+		i := 0
+		return func() error {
+			i = (i + 1) % n
+			h.add(keys[i], int64(i), time.Hour, now)
+			return nil
+		}
+	}
+	beside(b, "1000", holds(1000), "20000", holds(20000))
 }

@@ -23,6 +23,9 @@ type caller struct {
 	client  redis.Scripter
 	trips   roundTrips
 	guarded bool // the client may ignore context deadlines
+	// answers counts the calls Redis answered without an error: the
+	// failover's breaker ends a row of failures at one.
+	answers atomic.Uint64
 
 	// deadline is a context whose deadline lies timeout to 1.25*timeout
 	// ahead, renewed every quarter timeout and shared by the calls that start
@@ -81,8 +84,11 @@ func (c *caller) context(ctx context.Context, now time.Time) (context.Context, *
 }
 
 // done takes the outcome of a call that began at start: its round trip,
-// when Redis answered.
+// when Redis answered, and an answer without an error.
 func (c *caller) done(start time.Time, err error) {
+	if err == nil {
+		c.answers.Add(1)
+	}
 	if err == nil || isRedisError(err) {
 		c.trips.answered(time.Since(start))
 	}

@@ -143,7 +143,7 @@ func asDeferral(err error) (*deferral, bool) {
 // last one's turn ends (as lua/line.lua keeps them in Redis).
 type deferLines struct {
 	mu   sync.Mutex
-	last map[string]time.Time
+	last expiringMap[time.Time]
 }
 
 // lineUp returns when a request deferred at now, whose wait comes within
@@ -152,16 +152,10 @@ type deferLines struct {
 func (l *deferLines) lineUp(key string, now time.Time, earliest, turn time.Duration) time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.last == nil {
-		l.last = make(map[string]time.Time)
-	}
-	for k, last := range l.last {
-		if !last.After(now) {
-			delete(l.last, k)
-		}
-	}
-	retry := max(earliest, l.last[key].Sub(now))
-	l.last[key] = now.Add(retry + turn)
+	last, _ := l.last.get(key)
+	retry := max(earliest, last.Sub(now))
+	end := now.Add(retry + turn)
+	l.last.put(key, end, end, now)
 	return retry
 }
 

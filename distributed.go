@@ -34,6 +34,7 @@ import (
 // A Redis is safe for concurrent use. Create it with NewRedis.
 type Redis struct {
 	namedLimits
+	id       string // names this limiter's requests in Redis (see newLimiterID)
 	client   redis.Scripter
 	costCap  int // the smallest burst or window count of the limits: the most a request may cost under every limit
 	config   redisConfig
@@ -91,7 +92,8 @@ func NewRedis(client redis.Scripter, q Quota, opts ...RedisOption) (*Redis, erro
 	}
 	r.client = client
 	r.calls = newCaller(client, r.config.callTimeout)
-	r.store = newStore(r.calls, r.config.prefix, r.fleet.member, r.limits)
+	r.failover.breaker.answers = &r.calls.answers
+	r.store = newStore(r.calls, r.config.prefix, r.id, r.limits)
 	return r, nil
 }
 
@@ -111,6 +113,7 @@ func newRedis(q Quota, now func() time.Time, opts ...RedisOption) (*Redis, error
 		return nil, err
 	}
 	r.fleet = newFleet(r.config.prefix, r.config.fleetName, r.config.fleetSize)
+	r.id = newLimiterID()
 	r.fallbackSlots = newSemaphore(r.lease(), now, r.config.observer, "local")
 	r.failover = &failover{
 		policy:      r.config.policy,
@@ -190,6 +193,7 @@ type request struct {
 	estimated limitSet
 	horizon   time.Duration
 	own       time.Duration // the caller's budget, before its class narrowed it
+	failures  int           // its Redis calls that failed, unconfirmed, so far
 }
 
 // wait books the wait of q and sleeps until it is due, booking anew after a
@@ -199,7 +203,7 @@ func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 	r.listen()
 	for turn := false; ; {
 		qt := atTurn(q, turn)
-		t, err := r.decide(ctx, qt, r.now())
+		t, err := r.decideAsking(ctx, qt)
 		if d, ok := asDeferral(err); ok {
 			if err, turn = r.deferred(ctx, qt, d.delay-qt.horizon), true; err == nil {
 				continue // its turn has come
@@ -228,6 +232,24 @@ func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 		// slept: its slot belongs to a schedule the hold replaced.
 	}
 }
+
+// decideAsking decides q as decide does, from now on, and asks Redis again
+// after a failure the breaker did not confirm.
+func (r *Redis) decideAsking(ctx context.Context, q request) (ticket, error) {
+	for {
+		t, err := r.decide(ctx, q, r.now())
+		if !errors.Is(err, errUnconfirmed) {
+			return t, err
+		}
+		if q.failures++; ctx.Err() != nil {
+			return ticket{}, fmt.Errorf("pace: key %s: %w", quoteKey(q.key), context.Cause(ctx))
+		}
+	}
+}
+
+// errUnconfirmed says that a Redis call failed, but the breaker did not
+// confirm an outage: the request asks Redis again.
+var errUnconfirmed = errors.New("pace: a Redis call failed; no outage confirmed")
 
 // errRetimed ends the sleep of a caller whose booking a retime voided:
 // the key learned another limit (and Redis took the booking out of the
@@ -292,7 +314,11 @@ func (r *Redis) decide(ctx context.Context, q request, now time.Time) (ticket, e
 func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budget time.Duration, route route, first ticket) (ticket, error) {
 	b, err := r.store.reserve(ctx, q, budget, first.delay)
 	if isOutage(err) {
-		return r.decideWithout(ctx, q, r.failed(ctx, q, route == viaProbe, err), err, budget)
+		down, local := r.failed(ctx, q.key, q.costs[0], failedCall{began: now, probe: route == viaProbe, failures: q.failures + 1, err: err})
+		if !down {
+			return ticket{}, errUnconfirmed
+		}
+		return r.decideWithout(ctx, q, local, err, budget)
 	}
 	if route == viaProbe {
 		r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: q.key, Cost: q.costs[0], Delay: r.failover.recover(r.now())})
@@ -436,10 +462,10 @@ func (r *Redis) refund(ctx context.Context, key string, b booking) error {
 	if down, _ := r.failover.down(); down {
 		return errNotGivenBack
 	}
-	_, _, err := r.store.refund(ctx, key, b)
-	if isOutage(err) {
-		r.failed(ctx, request{key: key, costs: b.costs}, false, err)
-	}
+	_, _, err := r.untilConfirmed(ctx, key, func() error {
+		_, _, err := r.store.refund(ctx, key, b)
+		return err
+	})
 	return err
 }
 
@@ -470,11 +496,14 @@ func (r *Redis) Settle(ctx context.Context, res *Reservation, actual Costs) erro
 func (r *Redis) settleShared(ctx context.Context, res *Reservation, actual limitCosts) error {
 	down, local := r.failover.down()
 	if !down {
-		_, _, err := r.store.settle(ctx, res.key, res.ticket.booking, actual)
-		if !isOutage(err) {
+		var err error
+		down, local, err = r.untilConfirmed(ctx, res.key, func() error {
+			_, _, err := r.store.settle(ctx, res.key, res.ticket.booking, actual)
+			return err
+		})
+		if !down {
 			return err
 		}
-		local = r.failed(ctx, request{key: res.key, costs: actual}, false, err)
 	}
 	if local != nil && local != res.ticket.local {
 		local.settle(res.key, res.estimate, actual, r.now())
@@ -507,18 +536,43 @@ func (r *Redis) replacedByHold(ctx context.Context, key string, t ticket) bool {
 	return err == nil && slot < end
 }
 
-// failed records a failed Redis call for q, tells the observer, and
-// returns the local limiter of the outage (nil unless the policy is
-// FallbackLocal).
-func (r *Redis) failed(ctx context.Context, q request, probe bool, err error) *Local {
-	began, local := r.failover.fail(r.now(), probe, err)
+// failed records call, a failed Redis call for cost units of key, tells
+// the observer, and returns whether the process is in an outage (a failure
+// its breaker does not confirm leaves it on Redis), and the outage's local
+// limiter (nil unless the policy is FallbackLocal).
+func (r *Redis) failed(ctx context.Context, key string, cost int, call failedCall) (down bool, local *Local) {
+	began, down, local := r.failover.fail(r.now(), call, r.callTimeout())
 	switch {
 	case began:
-		r.config.observer.emit(ctx, Event{Kind: EventFallback, Limiter: "redis", Key: q.key, Cost: q.costs[0], Err: err})
-	case probe:
-		r.config.observer.emit(ctx, Event{Kind: EventProbe, Limiter: "redis", Key: q.key, Cost: q.costs[0], Err: err})
+		r.config.observer.emit(ctx, Event{Kind: EventFallback, Limiter: "redis", Key: key, Cost: cost, Err: call.err})
+	case call.probe:
+		r.config.observer.emit(ctx, Event{Kind: EventProbe, Limiter: "redis", Key: key, Cost: cost, Err: call.err})
 	}
-	return local
+	return down, local
+}
+
+// callTimeout returns the timeout of a Redis call that begins now.
+func (r *Redis) callTimeout() time.Duration {
+	if r.calls == nil {
+		return r.config.callTimeout // a test's store
+	}
+	return r.calls.trips.timeout()
+}
+
+// untilConfirmed runs call, a Redis call for key, again while it fails
+// with a failure the breaker does not confirm, and returns its error and,
+// when the failures confirm an outage, true and the outage's local
+// limiter. Its confirmRow-th failure confirms the outage.
+func (r *Redis) untilConfirmed(ctx context.Context, key string, call func() error) (down bool, local *Local, err error) {
+	for failures := 1; ; failures++ {
+		began := r.now()
+		if err = call(); !isOutage(err) {
+			return false, nil, err
+		}
+		if down, local = r.failed(ctx, key, 0, failedCall{began: began, failures: failures, err: err}); down {
+			return down, local, err
+		}
+	}
 }
 
 // outageLimiter returns the local limiter for an outage that begins at
@@ -566,9 +620,14 @@ func (r *Redis) Hold(ctx context.Context, key string, h Hold) error {
 		return holdLocally(ctx, local, key, h)
 	}
 	r.listen()
-	changed, end, err := r.store.hold(ctx, key, h.For, r.holdChannel())
-	if isOutage(err) {
-		return holdLocally(ctx, r.failed(ctx, request{key: key}, false, err), key, h)
+	var changed bool
+	var end int64
+	down, local, err := r.untilConfirmed(ctx, key, func() (err error) {
+		changed, end, err = r.store.hold(ctx, key, h.For, r.holdChannel())
+		return err
+	})
+	if down {
+		return holdLocally(ctx, local, key, h)
 	}
 	if err != nil {
 		return err

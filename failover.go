@@ -45,7 +45,7 @@ var ErrUnavailable = errors.New("pace: Redis unavailable")
 //
 //   - shared: Redis decides. The failover notes, per key, how far ahead
 //     Redis has booked it (slotTable).
-//   - outage: a Redis call failed. Requests are decided by the policy, under
+//   - outage: Redis calls failed, as the breaker confirmed. Requests are decided by the policy, under
 //     FallbackLocal by the outage's local limiter: this process's share of
 //     the limit, each key's bucket empty from the outage's start or, for a
 //     key booked ahead, from the end of its schedule. Redis is left alone for a
@@ -71,6 +71,7 @@ type failover struct {
 	current atomic.Uint32 // the mode, read without the lock on every request
 
 	mu       sync.Mutex
+	breaker  breaker
 	failures int       // in a row
 	since    time.Time // when the outage began
 	retryAt  time.Time // when the next probe may go
@@ -145,16 +146,29 @@ func (f *failover) granted(key string, slot, now time.Time, decided bool) *Local
 // clock: an outage's local pacing of the key begins after it.
 func (f *failover) held(key string, until, now time.Time) { f.slots.note(key, until, 0, now) }
 
-// fail records a Redis call that failed at now, and returns whether it
-// began an outage, and the outage's local limiter (nil unless the policy
-// is FallbackLocal). probe says the call was the probe.
-func (f *failover) fail(now time.Time, probe bool, err error) (began bool, local *Local) {
+// failedCall is a Redis call that failed: when it began, whether it was
+// the probe, its caller's failed calls in a row (it included), and why.
+type failedCall struct {
+	began    time.Time
+	probe    bool
+	failures int
+	err      error
+}
+
+// fail records call, which failed at now, and returns whether it began an
+// outage, whether the process is in one (a failure its breaker does not
+// confirm leaves it on Redis), and the outage's local limiter (nil unless
+// the policy is FallbackLocal); timeout is the call timeout now.
+func (f *failover) fail(now time.Time, call failedCall, timeout time.Duration) (began, down bool, local *Local) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if probe {
+	if call.probe {
 		f.probing = false
 	}
-	f.cause = err
+	if f.mode() != outage && !f.breaker.confirms(now, call.began, timeout, call.failures) {
+		return false, false, nil
+	}
+	f.cause = call.err
 	f.failures++
 	cooldown := f.minCooldown << min(f.failures-1, 30)
 	if cooldown > f.maxCooldown || cooldown <= 0 {
@@ -162,7 +176,7 @@ func (f *failover) fail(now time.Time, probe bool, err error) (began bool, local
 	}
 	f.retryAt = now.Add(min(time.Duration(float64(cooldown)*(0.8+0.4*rand.Float64())), f.maxCooldown))
 	if f.mode() == outage {
-		return false, f.local
+		return false, true, f.local
 	}
 	// Each outage, also one that begins while returning from the last, has
 	// a limiter of its own, at the share of the fleet's size now.
@@ -171,7 +185,7 @@ func (f *failover) fail(now time.Time, probe bool, err error) (began bool, local
 		f.local = f.newLocal(now, f.slots.floors(now))
 	}
 	f.current.Store(uint32(outage))
-	return true, f.local
+	return true, true, f.local
 }
 
 // recover records the probe that succeeded at now and returns how long

@@ -1,8 +1,10 @@
 package pace
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -21,6 +23,9 @@ type fakeStore struct {
 	model           *bucketModel
 	holds           map[string]int64 // key → when its hold ends, in microseconds
 	down            error            // when set, every call fails with it
+	failNext        int              // reserves that fail with errConnRefused before the store answers again
+	failTakes       time.Duration    // how long each failing reserve takes, on the clock, as a call that times out
+	answers         atomic.Uint64    // reserves answered, as the caller counts them
 	during          func()           // when set, runs once inside the next reserve, as another goroutine's failure would
 	reserves        int
 	refunds         int
@@ -39,9 +44,12 @@ func (s *fakeStore) reserve(_ context.Context, q request, budget, notBefore time
 		s.during = nil
 		f()
 	}
-	if s.down != nil {
-		return booking{}, s.down
+	if s.down != nil || s.failNext > 0 {
+		s.failNext = max(s.failNext-1, 0)
+		s.clock.Advance(s.failTakes)
+		return booking{}, cmp.Or(s.down, errConnRefused)
 	}
+	s.answers.Add(1)
 	now := s.clock.Now().UnixMicro()
 	b := s.model.reserve(key, s.interval, s.burst, int64(costs[0]), budget.Microseconds(), notBefore.Microseconds(), now, q.estimated.has(0))
 	b.costs = costs
@@ -163,6 +171,7 @@ func newFailoverTest(t *testing.T, l Limit, fleetSize int) *failoverTest {
 	}
 	store := newFakeStore(clock, l)
 	r.store = store
+	r.failover.breaker.answers = &store.answers
 	return &failoverTest{t: t, clock: clock, store: store, r: r, log: log}
 }
 
@@ -175,7 +184,7 @@ func (f *failoverTest) decide(key string, budget time.Duration) (ticket, error) 
 		ctx, cancel = context.WithDeadline(ctx, f.clock.Now().Add(budget))
 		defer cancel()
 	}
-	return f.r.decide(ctx, request{key: key, costs: uniform(1)}, f.clock.Now())
+	return f.r.decideAsking(ctx, request{key: key, costs: uniform(1)})
 }
 
 // grant decides a request that must be granted, and returns its ticket.
@@ -235,6 +244,53 @@ func TestFailover(t *testing.T) {
 		fleet int
 		run   func(f *failoverTest)
 	}{
+		{"one failed call is asked again, and the process stays on Redis", tenPerSecond, 1, func(f *failoverTest) {
+			f.store.failNext = 1
+			if tk := f.grant("k", 0); tk.limiter != "redis" || f.store.reserves != 2 || f.r.failover.mode() != shared {
+				f.t.Errorf("after one failed call: decided by %q in %d calls, mode %v; want redis in 2, shared", tk.limiter, f.store.reserves, f.r.failover.mode())
+			}
+			if e, ok := f.log.last(EventFallback); ok {
+				f.t.Errorf("one failed call fell back: %v", e)
+			}
+		}},
+		{"failures in a row confirm an outage: one request makes three calls", tenPerSecond, 1, func(f *failoverTest) {
+			f.store.down = errConnRefused
+			if tk := f.grant("k", 0); tk.limiter != "local" || f.store.reserves != confirmRow {
+				f.t.Errorf("Redis down: decided by %q after %d calls; want local after %d", tk.limiter, f.store.reserves, confirmRow)
+			}
+			if _, ok := f.log.last(EventFallback); !ok {
+				f.t.Error("no EventFallback")
+			}
+		}},
+		{"an answer between failures breaks their row", tenPerSecond, 1, func(f *failoverTest) {
+			for i := range 4 { // two failures and an answer, four times over
+				f.store.failNext = confirmRow - 1
+				if tk := f.grant("k", 0); tk.limiter != "redis" {
+					f.t.Fatalf("request %d, after %d failed calls and an answer: decided by %q, want redis", i, confirmRow-1, tk.limiter)
+				}
+			}
+			if mode := f.r.failover.mode(); mode != shared {
+				f.t.Errorf("mode %v after rows broken by answers, want shared", mode)
+			}
+		}},
+		{"a second call without an answer, half a timeout after the first failure, confirms", tenPerSecond, 1, func(f *failoverTest) {
+			f.store.down, f.store.failTakes = errConnRefused, DefaultCallTimeout
+			if tk := f.grant("k", 0); tk.limiter != "local" || f.store.reserves != 2 {
+				f.t.Errorf("two calls that timed out: decided by %q after %d calls; want local after 2", tk.limiter, f.store.reserves)
+			}
+		}},
+		{"the calls under way when this process paused all time out at once: no outage, for their retries are answered", tenPerSecond, 1, func(f *failoverTest) {
+			began := f.clock.Now()
+			f.clock.Advance(DefaultCallTimeout * 2) // the pause
+			for range 16 {
+				if down, _ := f.r.failed(context.Background(), "k", 1, failedCall{began: began, failures: 1, err: context.DeadlineExceeded}); down {
+					f.t.Fatal("calls that began before the row's first failure, timing out together, confirmed an outage")
+				}
+			}
+			if tk := f.grant("k", 0); tk.limiter != "redis" || f.r.failover.mode() != shared {
+				f.t.Errorf("the next request: decided by %q, mode %v; want redis, shared", tk.limiter, f.r.failover.mode())
+			}
+		}},
 		{"slots booked ahead when an outage begins delay their key alone", tenPerSecond, 1, func(f *failoverTest) {
 			for range 30 { // "hot" booked 2.9 s ahead at 10/s
 				f.grant("hot", 0)
@@ -313,7 +369,9 @@ func TestFailover(t *testing.T) {
 			}
 		}},
 		{"an answer that arrives after the outage began is counted locally too", tenPerSecond, 1, func(f *failoverTest) {
-			f.store.during = func() { f.r.failed(context.Background(), request{key: "other"}, false, errConnRefused) }
+			f.store.during = func() {
+				f.r.failed(context.Background(), "other", 0, failedCall{began: f.clock.Now(), failures: confirmRow, err: errConnRefused})
+			}
 			tk := f.grant("k", 0)
 			if tk.limiter != "redis" || tk.local == nil {
 				f.t.Fatalf("the late answer: decided by %q, gate %v; want redis, gated by the outage's limiter", tk.limiter, tk.local != nil)
@@ -389,7 +447,7 @@ func TestFailoverCooldowns(t *testing.T) {
 	if r, _, _ := f.route(now); r != viaRedis {
 		t.Fatalf("a new failover routes %v, want viaRedis", r)
 	}
-	if began, _ := f.fail(now, false, errConnRefused); !began {
+	if began, _, _ := f.fail(now, failedCall{began: now, failures: confirmRow, err: errConnRefused}, time.Second); !began {
 		t.Fatal("the first failure did not begin an outage")
 	}
 	for i, want := range []time.Duration{100, 200, 400, 800, 1000, 1000} {
@@ -408,7 +466,7 @@ func TestFailoverCooldowns(t *testing.T) {
 		if r, _, _ := f.route(now); r != withoutRedis {
 			t.Fatalf("during the probe: route %v, want withoutRedis (one probe at a time)", r)
 		}
-		if began, _ := f.fail(now, true, errConnRefused); began {
+		if began, _, _ := f.fail(now, failedCall{began: now, probe: true, failures: 1, err: errConnRefused}, time.Second); began {
 			t.Fatal("a failed probe began a new outage")
 		}
 	}

@@ -232,8 +232,9 @@ func maxExcess(grants []time.Time, rate float64, burst int) (float64, time.Time)
 	return best, at
 }
 
-// checkWaits: no request waited longer than its call timeout (at most 1.25
-// times the one its limiter's round trips set) plus its own pacing delay,
+// checkWaits: no request waited longer than two calls without an answer
+// (each at most 1.25 times the timeout its limiter's round trips set: the
+// breaker confirms an outage at the second) plus its own pacing delay,
 // until it left pace (for the upstream, through a Transport, or back from
 // Wait); but for the scheduling slack, and the longest stall of its process
 // (a sleep that overran by that much: the machine, not pace, kept it
@@ -251,7 +252,7 @@ func checkWaits(t *testing.T, reports []fleetReport) {
 			}
 			extra := left.Sub(q.Start) - q.Delay
 			worst = max(worst, extra)
-			if extra > q.CallTimeout*5/4+schedulingSlack+r.Stall {
+			if extra > 2*q.CallTimeout*5/4+schedulingSlack+r.Stall {
 				t.Errorf("process %d: a request left pace %v after its start, %v beyond its pacing delay of %v (limiter %q, error %q, call timeout %v; the process stalled up to %v)",
 					i, left.Sub(q.Start), extra, q.Delay, q.Limiter, q.Err, q.CallTimeout, r.Stall)
 			}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -20,7 +21,7 @@ import (
 // to the busy ones.
 type fleet struct {
 	key      string // prefix{fleet}#name
-	member   string // this process
+	member   string // this process (processMember)
 	pinned   int    // a size the user set, or 0
 	size     atomic.Int64
 	nextBeat atomic.Int64 // time.Now().UnixNano() of the next heartbeat
@@ -32,14 +33,28 @@ const (
 )
 
 func newFleet(prefix, name string, pinned int) *fleet {
+	return &fleet{key: prefix + "{fleet}#" + name, member: processMember(), pinned: pinned}
+}
+
+// processMember names this process in its fleets: one member however many
+// limiters it has (the Rules of a crawler make one for each host), so that
+// each counts the processes, not the limiters, and an outage's share is
+// the process's.
+var processMember = sync.OnceValue(func() string {
 	var id [6]byte
 	rand.Read(id[:])
 	host, _ := os.Hostname()
-	return &fleet{
-		key:    prefix + "{fleet}#" + name,
-		member: host + ":" + strconv.Itoa(os.Getpid()) + ":" + hex.EncodeToString(id[:]),
-		pinned: pinned,
-	}
+	return host + ":" + strconv.Itoa(os.Getpid()) + ":" + hex.EncodeToString(id[:])
+})
+
+// limiterIDs numbers this process's Redis limiters, whose ids (the
+// process's member and the number) keep the names of their requests in
+// Redis apart: the grants of sliding windows, the holders of slots.
+var limiterIDs atomic.Uint64
+
+// newLimiterID returns the id of a new Redis limiter of this process.
+func newLimiterID() string {
+	return processMember() + ":" + strconv.FormatUint(limiterIDs.Add(1), 10)
 }
 
 // Size returns the fleet's size: the pinned one, else the last one counted,

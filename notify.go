@@ -32,7 +32,7 @@ func (h *heldKeys) add(key string, end int64, d time.Duration, now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.m.note(key, end, now.Add(d+time.Second), now)
-	h.n.Store(int32(len(h.m)))
+	h.n.Store(int32(h.m.times.len()))
 }
 
 // before reports whether a slot for key (Redis's clock, in microseconds)
@@ -43,8 +43,8 @@ func (h *heldKeys) before(key string, slot int64) bool {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	held, ok := h.m[key]
-	return ok && slot < held.at
+	end, ok := h.m.latest(key)
+	return ok && slot < end
 }
 
 // A retime voids the bookings made before it: their callers, asleep in any
@@ -94,10 +94,10 @@ func (r *retimes) add(key string, at int64, cut bool, now time.Time) {
 func (r *retimes) after(key string, booked int64) (retimed, cut bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	learned, ok1 := r.keys[key]
-	recut, ok2 := r.cuts[key]
-	cut = ok2 && recut.at > booked
-	return cut || (ok1 && learned.at > booked), cut
+	learned, ok1 := r.keys.latest(key)
+	recut, ok2 := r.cuts.latest(key)
+	cut = ok2 && recut > booked
+	return cut || (ok1 && learned > booked), cut
 }
 
 // news reports whether the success of a request booked at booked, while
@@ -110,11 +110,11 @@ func (r *retimes) after(key string, booked int64) (retimed, cut bool) {
 func (r *retimes) news(key string, booked int64, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	cut, known := r.cuts[key]
+	cut, known := r.cuts.latest(key)
 	if !known {
 		return true // the cut came before this process listened, or its message was lost
 	}
-	if told, ok := r.told[key]; booked < cut.at || ok && told.at >= cut.at {
+	if told, ok := r.told.latest(key); booked < cut || ok && told >= cut {
 		return false
 	}
 	r.told.note(key, booked, now.Add(time.Minute), now)
@@ -124,28 +124,17 @@ func (r *retimes) news(key string, booked int64, now time.Time) bool {
 // latestHeard keeps, for each key, the latest of the times heard for it
 // (Redis's clock, in microseconds), until it may be forgotten (by this
 // process's clock).
-type latestHeard map[string]heard
+type latestHeard struct{ times expiringMap[int64] }
 
-type heard struct {
-	at     int64
-	forget time.Time
-}
-
-// note notes at for key, to be forgotten at forget, and forgets the keys
-// whose time has come.
+// note notes at for key, to be forgotten after forget.
 func (l *latestHeard) note(key string, at int64, forget, now time.Time) {
-	if *l == nil {
-		*l = make(latestHeard)
-	}
-	for k, old := range *l {
-		if now.After(old.forget) {
-			delete(*l, k)
-		}
-	}
-	if old, ok := (*l)[key]; !ok || at > old.at {
-		(*l)[key] = heard{at: at, forget: forget}
+	if old, ok := l.times.get(key); !ok || at > old {
+		l.times.put(key, at, forget, now)
 	}
 }
+
+// latest returns the latest time heard for key.
+func (l *latestHeard) latest(key string) (int64, bool) { return l.times.get(key) }
 
 // sleep sleeps for delay, unless ctx ends first, or key is retimed
 // meanwhile, after a booking decided at booked (on the clock of the

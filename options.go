@@ -160,8 +160,10 @@ func WithPrefix(prefix string) RedisOption {
 // measures: three smoothed round trips plus four times their deviation (d
 // at least), and d at least; a second at most (or d, if longer), and a
 // second until Redis first answers. A call gets from its timeout to 1.25
-// times it. When it does not answer in time, the limiter handles the
-// request by its FailurePolicy.
+// times it. When it does not answer in time, the request asks again; when
+// that call, begun after the first failure, fails too, Redis is taken to be
+// away and the limiter handles the request by its FailurePolicy (an error
+// that comes at once, such as OOM, is asked three times).
 func WithCallTimeout(d time.Duration) RedisOption {
 	return redisOption(func(c *redisConfig) { c.callTimeout = d })
 }

@@ -27,7 +27,7 @@ type slotWaiters struct {
 	count uint64 // ids minted
 }
 
-// join mints an id for a request of member that joins a line, and returns
+// join mints an id for a request of the limiter member that joins a line, and returns
 // it with the channel that tells it its slot.
 func (w *slotWaiters) join(member string) (string, chan struct{}) {
 	w.mu.Lock()
@@ -76,13 +76,26 @@ func (r *Redis) takeSlot(ctx context.Context, key string) (*Slot, bool, error) {
 		return nil, false, nil
 	}
 	r.listen()
+	for failures := 0; ; failures++ {
+		slot, err := r.trySlot(ctx, key, failures)
+		if !errors.Is(err, errUnconfirmed) {
+			return slot, true, err
+		}
+		// A place in line that the failed call may have left lapses
+		// with its lease.
+	}
+}
+
+// trySlot takes a slot of key as takeSlot does, but that it returns
+// errUnconfirmed when a Redis call failed and the breaker did not confirm
+// an outage; failures are its failed calls so far.
+func (r *Redis) trySlot(ctx context.Context, key string, failures int) (*Slot, error) {
 	start := r.now()
 	route, _, cause := r.failover.route(start)
 	if route == withoutRedis {
-		slot, err := r.takeSlotWithout(ctx, key, cause)
-		return slot, true, err
+		return r.takeSlotWithout(ctx, key, cause)
 	}
-	id, told := r.slotWaiters.join(r.fleet.member)
+	id, told := r.slotWaiters.join(r.id)
 	defer r.slotWaiters.leave(id)
 	reply, err := r.slotCall(ctx, key, slotAcquire, id)
 	probe := route == viaProbe
@@ -95,15 +108,16 @@ func (r *Redis) takeSlot(ctx context.Context, key string) (*Slot, bool, error) {
 		err = r.waitInLine(ctx, key, id, reply, told)
 	}
 	if isOutage(err) && ctx.Err() == nil { // a caller that left the line is no outage
-		r.failed(ctx, request{key: key, costs: uniform(1)}, probe, err)
-		slot, err := r.takeSlotWithout(ctx, key, err)
-		return slot, true, err
+		if down, _ := r.failed(ctx, key, 1, failedCall{began: start, probe: probe, failures: failures + 1, err: err}); !down {
+			return nil, errUnconfirmed
+		}
+		return r.takeSlotWithout(ctx, key, err)
 	}
 	if err != nil {
-		return nil, true, err
+		return nil, err
 	}
 	r.config.observer.emit(ctx, Event{Kind: EventSlot, Limiter: "redis", Key: key, Cost: 1, Delay: r.now().Sub(start)})
-	return newSlot(ctx, redisSlots{r}, key, id, "redis", r.lease(), r.config.observer), true, nil
+	return newSlot(ctx, redisSlots{r}, key, id, "redis", r.lease(), r.config.observer), nil
 }
 
 // waitInLine waits until id, in key's line as reply says, holds a slot: told

@@ -125,3 +125,45 @@ func TestSlotLivesWithTheBody(t *testing.T) {
 		}
 	})
 }
+
+// panicking is a Base that panics, as a user's RoundTripper may.
+type panicking struct{}
+
+func (panicking) RoundTrip(*http.Request) (*http.Response, error) { panic("a bug in the Base") }
+
+// TestSlotFreedOnPanic: a Base or an Estimate that panics, whose caller
+// recovers, frees the request's slot of a cap of 2 on a real redis-server:
+// after 5 such requests of each, both slots are free.
+func TestSlotFreedOnPanic(t *testing.T) {
+	r := mustRedis(t, newTestRedis(t), AllOf{Concurrent(2), PerSecond(1000)}, WithFleetSize(1))
+	for name, tr := range map[string]*Transport{
+		"Base":     {Base: panicking{}, Limiter: r},
+		"Estimate": {Base: failing{}, Limiter: r, Estimate: func(*http.Request) Costs { panic("a bug in the Estimate") }},
+	} {
+		t.Run(name, func(t *testing.T) {
+			for i := range 5 {
+				func() {
+					ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+					defer cancel()
+					var err error
+					defer func() {
+						if recover() == nil {
+							t.Fatalf("request %d did not panic: %v (a slot leaked?)", i, err)
+						}
+					}()
+					req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://api.example.com/", nil)
+					_, err = tr.RoundTrip(req)
+				}()
+			}
+			for i := range 2 {
+				ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+				slot, err := r.Acquire(ctx, "api.example.com:80", 1)
+				cancel()
+				if err != nil {
+					t.Fatalf("slot %d of 2 after 5 panics: %v", i+1, err)
+				}
+				defer slot.Release()
+			}
+		})
+	}
+}

@@ -95,7 +95,7 @@ func (r *Redis) sync(ctx context.Context, key string, b booking, readings []Read
 	reply, err := r.store.sync(ctx, key, b, steers, refused, r.holdChannel())
 	if err != nil {
 		if isOutage(err) {
-			r.failed(ctx, request{key: key}, false, err)
+			r.failed(ctx, key, 0, failedCall{began: now, failures: 1, err: err})
 		}
 		return err
 	}

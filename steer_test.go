@@ -73,8 +73,9 @@ func refillReading(left int64, reset time.Duration) []Reading {
 // TestSyncTransitions: on an injected clock and a store that can fail, with
 // the default options: a reading steers the key, and the next booking
 // follows it; a reading of an older booking is dropped unasked, as stale; a
-// sync that meets a failure begins the outage,
-// and none is attempted during it, nor for a booking the outage decided;
+// sync that meets a failure is a failure the breaker counts (the next
+// request's calls confirm the outage), and no sync is attempted during the
+// outage, nor for a booking the outage decided;
 // once Redis is back, readings steer again.
 func TestSyncTransitions(t *testing.T) {
 	f := newFailoverTest(t, PerSecond(100).WithBurst(10), 1)
@@ -105,11 +106,14 @@ func TestSyncTransitions(t *testing.T) {
 	if err := f.r.sync(ctx, "k", fresh.booking, refillReading(5, time.Second), false, f.clock.Now()); !errors.Is(err, errConnRefused) {
 		t.Fatalf("sync against a failed Redis: %v, want the failure", err)
 	}
-	if _, ok := f.log.last(EventFallback); !ok {
-		t.Fatal("no EventFallback: a failed sync did not begin the outage")
+	if e, ok := f.log.last(EventFallback); ok {
+		t.Fatalf("one failed sync began an outage: %v", e)
 	}
-	syncs := f.store.syncs
+	syncs, reserves := f.store.syncs, f.store.reserves
 	local := f.grant("k", 0)
+	if _, ok := f.log.last(EventFallback); !ok || local.limiter != "local" || f.store.reserves != reserves+2 {
+		t.Fatalf("after the failed sync, the next request: decided by %q after %d calls; want local, the outage confirmed by two calls begun after the sync's failure", local.limiter, f.store.reserves-reserves)
+	}
 	for _, b := range []booking{third.booking, local.booking} {
 		f.clock.Advance(syncEvery)
 		if err := f.r.sync(ctx, "k", b, refillReading(5, time.Second), false, f.clock.Now()); err != nil || f.store.syncs != syncs {

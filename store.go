@@ -30,7 +30,7 @@ type store struct {
 	limitArgs  []any    // each limit's kind, interval or length, and burst or count, boxed once
 	oneBucket  bool     // the quota is one bucket: reserve.lua, not quota.lua
 	sliding    bool     // some limit is a sliding window, whose grants need ids
-	member     string   // names this process's grants in sliding windows
+	member     string   // names this limiter's grants in sliding windows (newLimiterID)
 	requestIDs atomic.Uint64
 }
 

@@ -2,6 +2,7 @@ package pace
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -77,8 +78,9 @@ func waitsOn(key string) (Observer, chan Event) {
 // TestOutageKeepsKeysApart: one key booked far ahead, or held, when Redis
 // dies does not delay any other key during the outage: each key's local
 // pacing begins after its own last slot (10/s, fleet of 1: 100 ms for a key
-// never used), once a call has timed out (its timeout set by the round trips
-// of the bookings: 300 at once take longer than one).
+// never used), once two calls have timed out (the breaker's confirmation;
+// their timeout set by the round trips of the bookings: 300 at once take
+// longer than one).
 func TestOutageKeepsKeysApart(t *testing.T) {
 	for name, book := range map[string]func(*Redis, <-chan Event) func(){
 		"300 callers queued on one key": func(r *Redis, booked <-chan Event) func() {
@@ -105,8 +107,8 @@ func TestOutageKeepsKeysApart(t *testing.T) {
 			err := r.Wait(ctx, "cold", 1)
 			took := time.Since(start)
 			t.Logf("a cold key during the outage: %v after %v (the call timeout %v)", err, took, timeout)
-			if err != nil || took > 100*time.Millisecond+timeout*5/4+schedulingSlack {
-				t.Errorf("a cold key during the outage: %v after %v; want a grant within 100ms plus a call timeout of %v", err, took, timeout)
+			if err != nil || took > 100*time.Millisecond+2*timeout*5/4+schedulingSlack {
+				t.Errorf("a cold key during the outage: %v after %v; want a grant within 100ms plus two calls of a timeout of %v", err, took, timeout)
 			}
 		})
 	}
@@ -150,15 +152,18 @@ func TestHoldAfterRestartReachesSleepers(t *testing.T) {
 	}
 }
 
-// TestFleetCountsProcesses: limiters that share a fleet name count one
+// TestFleetCountsProcesses: processes that share a fleet name count one
 // another by heartbeats, forget those that stop, and pace at their share
-// when Redis fails.
+// when Redis fails; the limiters of one process are one member (before, three
+// limiters of one process alone paced at a third of their limits).
 func TestFleetCountsProcesses(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
 	var members []*Redis // three processes, as far as the fleet can tell
-	for range 3 {
-		members = append(members, mustRedis(t, c, PerSecond(300).WithBurst(30)))
+	for i := range 3 {
+		r := mustRedis(t, c, PerSecond(300).WithBurst(30))
+		r.fleet.member = "process-" + strconv.Itoa(i)
+		members = append(members, r)
 	}
 	other := mustRedis(t, c, PerSecond(300), WithFleetName("other"))
 	beat := func(r *Redis, skew time.Duration) {
@@ -196,5 +201,21 @@ func TestFleetCountsProcesses(t *testing.T) {
 	}
 	if n := mustRedis(t, c, PerSecond(300), WithFleetSize(5)).fleet.Size(); n != 5 {
 		t.Errorf("WithFleetSize(5): size %d", n)
+	}
+
+	var limiters []*Redis // of this process, one for each of three hosts
+	for range 3 {
+		limiters = append(limiters, mustRedis(t, c, PerSecond(30), WithFleetName("crawler")))
+	}
+	for _, r := range limiters {
+		beat(r, 0)
+	}
+	for i, r := range limiters {
+		if n := r.fleet.Size(); n != 1 {
+			t.Errorf("limiter %d of one process counts a fleet of %d, want 1", i, n)
+		}
+	}
+	if got := limiters[2].outageLimiter(time.Now(), nil).limits[0]; got != PerSecond(30) {
+		t.Errorf("a process alone falls back to %v, want its whole limit", got)
 	}
 }

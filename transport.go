@@ -121,14 +121,19 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
+	handed := false // the slot to the response's body
+	defer func() {
+		if !handed {
+			p.slot.Release() // Base failed, or panicked
+		}
+	}()
 	resp, err := t.base().RoundTrip(req)
 	if err != nil || resp == nil {
-		p.slot.Release()
 		return resp, err
 	}
 	p.heed(req.Context(), resp, time.Now())
 	if p.slot != nil || (p.res != nil && p.settle != nil) {
-		resp.Body = p.endingBody(req.Context(), resp)
+		resp.Body, handed = p.endingBody(req.Context(), resp), true
 	}
 	return resp, err
 }
@@ -200,10 +205,14 @@ func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(
 			p.slot, ctx = slot, holdingSlot(ctx, p.key)
 		}
 	}
+	waited := false
+	defer func() {
+		if !waited {
+			p.slot.Release() // the wait failed, or Estimate panicked
+		}
+	}()
 	p, err := t.waitRates(ctx, req, p, cost, estimate)
-	if err != nil {
-		p.slot.Release()
-	}
+	waited = err == nil
 	return p, err
 }
 

@@ -1,0 +1,54 @@
+package pace
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// breaker confirms that Redis is away before a process leaves it. One call
+// that fails or passes its timeout says little: a lost packet, one slow
+// script, or a pause of this process, after which every call it had under
+// way times out at once, though Redis answered them all. An outage begun on
+// that puts the process's local share on top of what the rest of the fleet
+// books in Redis. So a failure opens the breaker only when a call that
+// began after the first failure of its row (with no answer between them)
+// fails too: once it took half a call timeout or more (Redis silent for
+// that long again), or at the second such call (an error that comes at
+// once, such as OOM). Until then, the request that met the failure asks Redis again,
+// within its deadline; its own confirmRow-th failure in a row confirms the
+// outage, so that it never asks without end (a cluster whose other nodes
+// answer breaks every row). Its fields but answers are the failover's,
+// under its lock.
+type breaker struct {
+	// answers counts the calls Redis answered (kept by the caller, or a
+	// test's store): a row of failures ends at an answer.
+	answers *atomic.Uint64
+
+	rowAnswers uint64    // answers when the row began
+	rowSince   time.Time // when its first failure was; zero for no row
+	retried    int       // failures of calls begun since rowSince
+}
+
+// confirmRow is how many failures in a row of one request confirm an
+// outage.
+const confirmRow = 3
+
+// confirms records the failure at now of a call that began at began, its
+// caller's failures-th in a row, and reports whether it confirms an
+// outage; timeout is the call timeout.
+func (b *breaker) confirms(now, began time.Time, timeout time.Duration, failures int) bool {
+	var answers uint64
+	if b.answers != nil {
+		answers = b.answers.Load()
+	}
+	if b.rowSince.IsZero() || answers != b.rowAnswers {
+		b.rowAnswers, b.rowSince, b.retried = answers, now, 0 // a row begins
+	} else if !began.Before(b.rowSince) {
+		b.retried++
+	}
+	if failures < confirmRow && b.retried < 2 && (b.retried == 0 || now.Sub(b.rowSince) < timeout/2) {
+		return false
+	}
+	b.rowSince = time.Time{}
+	return true
+}
