@@ -57,6 +57,10 @@ func (r *Reservation) Key() string { return r.key }
 // Delay returns how long the reservation's caller waited for its grant.
 func (r *Reservation) Delay() time.Duration { return r.ticket.delay }
 
+// Grant returns what the reservation booked, by which the response to its
+// request steers the key (see Heeder).
+func (r *Reservation) Grant() Grant { return Grant{r.ticket} }
+
 // limitCosts are a request's costs under each limit of its quota, by the
 // limit's position.
 type limitCosts [maxLimits]int

@@ -136,22 +136,23 @@ func settleTime(c redisConfig) time.Duration { return c.maxCooldown + 2*c.callTi
 // go back to the bucket, so that the next callers get them sooner. While
 // Redis fails, the FailurePolicy decides instead.
 func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
-	_, err := r.waitTicket(ctx, key, cost)
+	_, err := r.WaitGrant(ctx, key, cost)
 	return err
 }
 
-// waitTicket implements heeder: it waits as Wait does, and returns what it
-// booked, by which the response can steer the key (see heed).
-func (r *Redis) waitTicket(ctx context.Context, key string, cost int) (ticket, error) {
+// WaitGrant implements Heeder: it waits as Wait does, and returns what it
+// booked, by which the response steers the key (see Heed).
+func (r *Redis) WaitGrant(ctx context.Context, key string, cost int) (Grant, error) {
 	if err := checkWait(ctx, r.costCap, key, cost); err != nil {
-		return ticket{}, err
+		return Grant{}, err
 	}
 	if err := r.cap.check(ctx, key); err != nil || !r.cap.rated {
-		return ticket{}, err
+		return Grant{}, err
 	}
 	q := request{key: key, costs: uniform(cost)}
 	q.horizon = horizonOf(ctx, r.config.commonConfig, r.limits, &q.costs)
-	return r.wait(ctx, q)
+	t, err := r.wait(ctx, q)
+	return Grant{t}, err
 }
 
 // Acquire implements Slotter: it takes one of the slots of the quota's

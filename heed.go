@@ -2,49 +2,69 @@ package pace
 
 import (
 	"context"
+	"net/http"
 	"time"
 )
 
-// heeder is a limiter that takes the upstream's word for its keys, one
-// response at a time: Local and Redis. A Transport waits on it with
-// waitTicket, and hands it what each response said with heed.
-type heeder interface {
-	// waitTicket waits as Wait does, and returns what it booked.
-	waitTicket(ctx context.Context, key string, cost int) (ticket, error)
-	// heed applies w, what the response to the request booked as t said of
-	// key, as far as o allows. Failures reach the limiter's observer.
-	heed(ctx context.Context, key string, t ticket, w word, o heeding)
-	// holdBound is the longest anything a response says may delay a key.
-	holdBound() time.Duration
+// A Heeder is a Limiter that takes the upstream's word for its keys, one
+// response at a time: Local and Redis are. A Transport waits on it with
+// WaitGrant and hands it each response with Heed; a decorator that forwards
+// both (and Reserve, Settle, Hold and TakeSlot, as its limiter has them)
+// is heeded as the limiter it wraps.
+type Heeder interface {
+	Limiter
+	// WaitGrant waits as Wait does, and returns what it granted.
+	WaitGrant(ctx context.Context, key string, cost int) (Grant, error)
+	// Heed applies what resp, the response to the request granted as g,
+	// which arrived at arrival, says of key, as far as h allows: its holds
+	// (ParseHold), its counters (ParseReadings), a refusal without a word.
+	// It runs past ctx's end; failures reach the limiter's observer.
+	Heed(ctx context.Context, key string, g Grant, resp *http.Response, arrival time.Time, h Heeding)
 }
 
-// heeding says what a response may steer besides holds: the upstream's
-// counters (Transport.IgnoreCounters) and refusals.
-type heeding struct {
-	counters, refusals bool
+// A Grant is what a Heeder granted one wait (WaitGrant), or one
+// reservation (Reservation.Grant): the booking that a response to its
+// request steers. The zero Grant is a wait no limiter booked.
+type Grant struct{ t ticket }
+
+// Heeding says what a response may steer besides its holds.
+type Heeding struct {
+	// Counters: the upstream's counters steer the key on a Redis (see
+	// Transport.IgnoreCounters).
+	Counters bool
+	// Refusals: a refusal that neither a Retry-After nor the counters
+	// explain cuts the key's rate (see Transport.IgnoreRefusals).
+	Refusals bool
 }
 
 var (
-	_ heeder = (*Redis)(nil)
-	_ heeder = (*Local)(nil)
+	_ Heeder = (*Redis)(nil)
+	_ Heeder = (*Local)(nil)
 )
 
-func (r *Redis) holdBound() time.Duration   { return r.config.holdBound() }
-func (loc *Local) holdBound() time.Duration { return loc.config.holdBound() }
+// Heed implements Heeder.
+func (r *Redis) Heed(ctx context.Context, key string, g Grant, resp *http.Response, arrival time.Time, h Heeding) {
+	r.heed(context.WithoutCancel(ctx), key, g.t, hear(resp, arrival, r.config.holdBound()), h)
+}
 
-// heed implements heeder: the holds first, since a hold takes the key's
+// Heed implements Heeder.
+func (loc *Local) Heed(ctx context.Context, key string, g Grant, resp *http.Response, arrival time.Time, h Heeding) {
+	loc.heed(context.WithoutCancel(ctx), key, g.t, hear(resp, arrival, loc.config.holdBound()), h)
+}
+
+// heed applies w: the holds first, since a hold takes the key's
 // next reading afresh, then the counters (see Sync), then, for a request
 // Redis booked, a refusal that neither explains to the key's rate, or a
 // success it listens for (see refusals.go).
-func (r *Redis) heed(ctx context.Context, key string, t ticket, w word, o heeding) {
+func (r *Redis) heed(ctx context.Context, key string, t ticket, w word, o Heeding) {
 	for _, h := range w.holds {
 		r.Hold(ctx, key, h)
 	}
-	if o.counters && len(w.readings) > 0 {
+	if o.Counters && len(w.readings) > 0 {
 		r.sync(ctx, key, t.booking, w.readings, w.refused, w.at)
 	}
 	served := !w.refused && t.listening
-	if !o.refusals || !t.booking.granted || (!served && (!w.refused || w.explained(r.namedLimits))) {
+	if !o.Refusals || !t.booking.granted || (!served && (!w.refused || w.explained(r.namedLimits))) {
 		return
 	}
 	if down, _ := r.failover.down(); down {
@@ -63,15 +83,15 @@ func (r *Redis) heed(ctx context.Context, key string, t ticket, w word, o heedin
 	}
 }
 
-// heed implements heeder: the holds, then a refusal that neither explains
+// heed applies w: the holds, then a refusal that neither explains
 // to the key's rate, or a success it listens for (see refusals.go). Local
 // is not steered by counters.
-func (loc *Local) heed(ctx context.Context, key string, t ticket, w word, o heeding) {
+func (loc *Local) heed(ctx context.Context, key string, t ticket, w word, o Heeding) {
 	for _, h := range w.holds {
 		loc.Hold(ctx, key, h)
 	}
 	served := !w.refused && t.listening
-	if !o.refusals || t.local != loc || (!served && (!w.refused || w.explained(loc.namedLimits))) {
+	if !o.Refusals || t.local != loc || (!served && (!w.refused || w.explained(loc.namedLimits))) {
 		return
 	}
 	now := loc.now()

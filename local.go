@@ -127,12 +127,12 @@ func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
 	return loc.waitFor(ctx, key, cost, &t)
 }
 
-// waitTicket implements heeder: it waits as Wait does, and returns what it
-// booked.
-func (loc *Local) waitTicket(ctx context.Context, key string, cost int) (ticket, error) {
-	var t ticket
-	err := loc.waitFor(ctx, key, cost, &t)
-	return t, err
+// WaitGrant implements Heeder: it waits as Wait does, and returns what it
+// booked, by which the response steers the key (see Heed).
+func (loc *Local) WaitGrant(ctx context.Context, key string, cost int) (Grant, error) {
+	var g Grant
+	err := loc.waitFor(ctx, key, cost, &g.t)
+	return g, err
 }
 
 // waitFor waits as Wait does, and puts what it booked in t.
@@ -157,13 +157,13 @@ func (loc *Local) Acquire(ctx context.Context, key string, cost int) (*Slot, err
 	return acquire(ctx, loc, key, cost)
 }
 
-// takeSlot implements slotTaker.
-func (loc *Local) takeSlot(ctx context.Context, key string) (*Slot, bool, error) {
+// TakeSlot implements Slotter: one of the slots of the quota's cap in this
+// process, first come first served.
+func (loc *Local) TakeSlot(ctx context.Context, key string) (*Slot, error) {
 	if !loc.cap.capped {
-		return nil, false, nil
+		return nil, nil
 	}
-	slot, err := loc.slots.acquire(ctx, key, loc.cap.limit.burst)
-	return slot, true, err
+	return loc.slots.acquire(ctx, key, loc.cap.limit.burst)
 }
 
 // Reserve implements Reserver: it waits as Wait does, for the estimated

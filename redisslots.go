@@ -69,24 +69,26 @@ func parseSlotMessage(payload string) (id string, ok bool) {
 	return id, ok && found && id != ""
 }
 
-// takeSlot implements slotTaker: a slot of key in Redis, or, while Redis is
-// away, as the FailurePolicy says.
-func (r *Redis) takeSlot(ctx context.Context, key string) (*Slot, bool, error) {
+// TakeSlot implements Slotter: one of the slots of the quota's cap in
+// Redis, first come first served across the fleet, or, while Redis is away,
+// as the FailurePolicy says: FallbackLocal takes a slot of this process's
+// share of the cap.
+func (r *Redis) TakeSlot(ctx context.Context, key string) (*Slot, error) {
 	if !r.cap.capped {
-		return nil, false, nil
+		return nil, nil
 	}
 	r.listen()
 	for failures := 0; ; failures++ {
 		slot, err := r.trySlot(ctx, key, failures)
 		if !errors.Is(err, errUnconfirmed) {
-			return slot, true, err
+			return slot, err
 		}
 		// A place in line that the failed call may have left lapses
 		// with its lease.
 	}
 }
 
-// trySlot takes a slot of key as takeSlot does, but that it returns
+// trySlot takes a slot of key as TakeSlot does, but that it returns
 // errUnconfirmed when a Redis call failed and the breaker did not confirm
 // an outage; failures are its failed calls so far.
 func (r *Redis) trySlot(ctx context.Context, key string, failures int) (*Slot, error) {

@@ -11,7 +11,8 @@ import (
 
 // A Slotter is a Limiter whose quota may cap the requests in flight
 // (Concurrent). Local and Redis are Slotters; a Transport takes a slot for
-// each request whose limiter has a cap, and frees it when the response ends.
+// each request whose limiter has a cap (TakeSlot), waits for its rate with
+// the slot's context (WithSlot), and frees it when the response ends.
 type Slotter interface {
 	Limiter
 	// Acquire waits for a slot of key's cap, first come first served, then
@@ -21,6 +22,21 @@ type Slotter interface {
 	// On a limiter without a cap, it waits as Wait does and returns a Slot
 	// whose Release does nothing.
 	Acquire(ctx context.Context, key string, cost int) (*Slot, error)
+	// TakeSlot waits for a slot of key's cap, as Acquire does, but for no
+	// rate: the caller then waits with WithSlot's context (Wait, WaitGrant
+	// or Reserve refuse a key with a cap otherwise), and must Release the
+	// slot. On a limiter without a cap, it returns a nil Slot.
+	TakeSlot(ctx context.Context, key string) (*Slot, error)
+}
+
+// WithSlot returns ctx marked as the context of a request that holds slot
+// (from TakeSlot): a Slotter's waits for the slot's key, with it, take no
+// slot of their own. A nil slot leaves ctx as it is.
+func WithSlot(ctx context.Context, slot *Slot) context.Context {
+	if slot == nil {
+		return ctx
+	}
+	return holdingSlot(ctx, slot.key)
 }
 
 // A Slot is one request's place under a cap of requests in flight. Its
@@ -200,23 +216,14 @@ func holdingSlot(ctx context.Context, key string) context.Context {
 	return context.WithValue(ctx, slotMark{}, key)
 }
 
-// A slotTaker takes slots of its quota's cap apart from the rate wait.
-type slotTaker interface {
-	Limiter
-	// takeSlot waits for a slot of key, when the quota has a cap (capped).
-	takeSlot(ctx context.Context, key string) (slot *Slot, capped bool, err error)
-}
-
 // acquire takes a slot of key from l, when its quota has a cap, then waits
 // for cost under its rate limits; if that fails, the slot goes back.
-func acquire(ctx context.Context, l slotTaker, key string, cost int) (*Slot, error) {
-	slot, capped, err := l.takeSlot(ctx, key)
+func acquire(ctx context.Context, l Slotter, key string, cost int) (*Slot, error) {
+	slot, err := l.TakeSlot(ctx, key)
 	if err != nil {
 		return nil, err
 	}
-	if capped {
-		ctx = holdingSlot(ctx, key)
-	} else {
+	if ctx = WithSlot(ctx, slot); slot == nil {
 		slot = &Slot{key: key}
 	}
 	if err := l.Wait(ctx, key, cost); err != nil {

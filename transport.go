@@ -141,7 +141,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // paced is how a Transport paced one request: by which limiter (nil when
 // none paces it), under which key, and, for a request whose costs are
 // estimated, its reservation and the Settler of its response. On a
-// limiter that heeds the upstream's word (heeder), ticket is what the
+// limiter that heeds the upstream's word (Heeder), grant is what the
 // request booked, and heeding what its response may steer. Under a cap in
 // flight, slot is the request's, until its response ends.
 type paced struct {
@@ -149,8 +149,8 @@ type paced struct {
 	key     string
 	res     *Reservation
 	settle  Settler
-	ticket  ticket
-	heeding heeding
+	grant   Grant
+	heeding Heeding
 	slot    *Slot
 	class   Class // the Rule's, for a request whose context carries none
 }
@@ -166,7 +166,7 @@ func (t *Transport) wait(req *http.Request) (paced, error) {
 			return paced{key: key}, err
 		}
 		h := t.heeding()
-		h.refusals = h.refusals && !rule.IgnoreRefusals
+		h.Refusals = h.Refusals && !rule.IgnoreRefusals
 		return t.waitFor(req, paced{limiter: rule.Limiter, key: key, settle: rule.Settle, class: rule.Class, heeding: h}, cost, rule.Estimate)
 	}
 	if t.Settle != nil && t.Estimate == nil {
@@ -184,8 +184,8 @@ func (t *Transport) wait(req *http.Request) (paced, error) {
 }
 
 // heeding is what the responses to t's requests may steer.
-func (t *Transport) heeding() heeding {
-	return heeding{counters: !t.IgnoreCounters, refusals: !t.IgnoreRefusals}
+func (t *Transport) heeding() Heeding {
+	return Heeding{Counters: !t.IgnoreCounters, Refusals: !t.IgnoreRefusals}
 }
 
 // waitFor waits on p's limiter for req: for a slot, when the limiter caps
@@ -196,14 +196,12 @@ func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(
 	if _, set := ctx.Value(classKey{}).(Class); !set && p.class != ClassDefault {
 		ctx = WithClass(ctx, p.class)
 	}
-	if taker, ok := p.limiter.(slotTaker); ok {
-		slot, capped, err := taker.takeSlot(ctx, p.key)
+	if slotter, ok := p.limiter.(Slotter); ok {
+		slot, err := slotter.TakeSlot(ctx, p.key)
 		if err != nil {
 			return p, err
 		}
-		if capped {
-			p.slot, ctx = slot, holdingSlot(ctx, p.key)
-		}
+		p.slot, ctx = slot, WithSlot(ctx, slot)
 	}
 	waited := false
 	defer func() {
@@ -221,30 +219,30 @@ func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(
 // costs.
 func (t *Transport) waitRates(ctx context.Context, req *http.Request, p paced, cost int, estimate func(*http.Request) Costs) (paced, error) {
 	var err error
-	h, heeds := p.limiter.(heeder)
+	h, heeds := p.limiter.(Heeder)
 	switch reserver, ok := p.limiter.(Reserver); {
 	case estimate == nil && heeds:
-		p.ticket, err = h.waitTicket(ctx, p.key, cost)
+		p.grant, err = h.WaitGrant(ctx, p.key, cost)
 	case estimate == nil:
 		err = p.limiter.Wait(ctx, p.key, cost)
 	case !ok:
 		err = fmt.Errorf("pace: key %s: an Estimate needs a Limiter that is a Reserver, such as Local or Redis, not a %T", quoteKey(p.key), p.limiter)
 	default:
 		if p.res, err = reserver.Reserve(ctx, p.key, estimate(req)); err == nil {
-			p.ticket = p.res.ticket
+			p.grant = p.res.Grant()
 		}
 	}
 	return p, err
 }
 
 // heed hands what resp, which arrived at arrival, says of p's key to p's
-// limiter: to a heeder whole (holds, counters, refusals), to another Holder
+// limiter: to a Heeder whole (holds, counters, refusals), to another Holder
 // its holds. It runs past the request's context: the response has been
 // counted already. Failures reach the limiter's observer.
 func (p paced) heed(ctx context.Context, resp *http.Response, arrival time.Time) {
 	ctx = context.WithoutCancel(ctx)
-	if h, ok := p.limiter.(heeder); ok {
-		h.heed(ctx, p.key, p.ticket, hear(resp, arrival, h.holdBound()), p.heeding)
+	if h, ok := p.limiter.(Heeder); ok {
+		h.Heed(ctx, p.key, p.grant, resp, arrival, p.heeding)
 		return
 	}
 	if holder, ok := p.limiter.(Holder); ok {

@@ -309,3 +309,84 @@ func TestHostKey(t *testing.T) {
 		}
 	}
 }
+
+// counted is a user's decorator of a limiter: it counts the waits it
+// forwards, and forwards every method of the exported contract.
+type counted struct {
+	inner interface {
+		Heeder
+		Slotter
+		Holder
+		Reserver
+	}
+	waits atomic.Int64
+}
+
+func (c *counted) Wait(ctx context.Context, key string, cost int) error {
+	c.waits.Add(1)
+	return c.inner.Wait(ctx, key, cost)
+}
+
+func (c *counted) WaitGrant(ctx context.Context, key string, cost int) (Grant, error) {
+	c.waits.Add(1)
+	return c.inner.WaitGrant(ctx, key, cost)
+}
+
+func (c *counted) Heed(ctx context.Context, key string, g Grant, resp *http.Response, arrival time.Time, h Heeding) {
+	c.inner.Heed(ctx, key, g, resp, arrival, h)
+}
+
+func (c *counted) Acquire(ctx context.Context, key string, cost int) (*Slot, error) {
+	return c.inner.Acquire(ctx, key, cost)
+}
+
+func (c *counted) TakeSlot(ctx context.Context, key string) (*Slot, error) {
+	return c.inner.TakeSlot(ctx, key)
+}
+
+func (c *counted) Hold(ctx context.Context, key string, h Hold) error { return c.inner.Hold(ctx, key, h) }
+
+func (c *counted) Reserve(ctx context.Context, key string, estimate Costs) (*Reservation, error) {
+	c.waits.Add(1)
+	return c.inner.Reserve(ctx, key, estimate)
+}
+
+func (c *counted) Settle(ctx context.Context, r *Reservation, actual Costs) error {
+	return c.inner.Settle(ctx, r, actual)
+}
+
+// TestTransportThroughADecorator: a Transport on a user's decorator of a
+// Redis limiter (a real redis-server) with a cap in flight gets what it gets
+// on the Redis itself: each request a slot and a grant (before, every
+// request failed: "take a slot with Acquire"), the upstream's counters
+// steer the key, and a refusal without a word cuts its rate.
+func TestTransportThroughADecorator(t *testing.T) {
+	log := &eventLog{}
+	r := mustRedis(t, newTestRedis(t), AllOf{Concurrent(2), PerSecond(100)}, WithFleetSize(1), WithObserver(log.observe))
+	var served atomic.Int64
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if served.Add(1) == 4 {
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		w.Header().Set("X-Ratelimit-Limit-Requests", "100")
+		w.Header().Set("X-Ratelimit-Remaining-Requests", "90")
+		w.Header().Set("X-Ratelimit-Reset-Requests", "1s")
+	}))
+	defer api.Close()
+	d := &counted{inner: r}
+	client := &http.Client{Transport: &Transport{Limiter: d}}
+	for i := range 6 {
+		resp, err := client.Get(api.URL)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		resp.Body.Close()
+	}
+	_, read := log.last(EventReading)
+	_, cut := log.last(EventRate)
+	_, slot := log.last(EventSlot)
+	if d.waits.Load() != 6 || !read || !cut || !slot {
+		t.Errorf("through the decorator: %d waits of 6, a reading heard %v, a rate cut %v, a slot taken %v; want all", d.waits.Load(), read, cut, slot)
+	}
+}
