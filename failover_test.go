@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,8 +17,10 @@ import (
 // transitions_test.go) are the end-to-end proof.
 
 // fakeStore stands in for Redis: one token bucket per key, kept by the
-// model of reserve.lua and refund.lua, on the test's clock.
+// model of reserve.lua and refund.lua, on the test's clock (nil: the time of
+// the synctest bubble the test runs in).
 type fakeStore struct {
+	mu              sync.Mutex
 	clock           *fakeClock
 	interval, burst int64
 	model           *bucketModel
@@ -25,6 +28,7 @@ type fakeStore struct {
 	down            error            // when set, every call fails with it
 	failNext        int              // reserves that fail with errConnRefused before the store answers again
 	failTakes       time.Duration    // how long each failing reserve takes, on the clock, as a call that times out
+	bookThenFail    int              // reserves that book, then fail as a call that timed out after Redis ran it
 	answers         atomic.Uint64    // reserves answered, as the caller counts them
 	during          func()           // when set, runs once inside the next reserve, as another goroutine's failure would
 	reserves        int
@@ -38,6 +42,8 @@ func newFakeStore(clock *fakeClock, l Limit) *fakeStore {
 }
 
 func (s *fakeStore) reserve(_ context.Context, q request, budget, notBefore time.Duration) (booking, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	key, costs := q.key, q.costs
 	s.reserves++
 	if f := s.during; f != nil {
@@ -46,50 +52,63 @@ func (s *fakeStore) reserve(_ context.Context, q request, budget, notBefore time
 	}
 	if s.down != nil || s.failNext > 0 {
 		s.failNext = max(s.failNext-1, 0)
-		s.clock.Advance(s.failTakes)
+		s.advance(s.failTakes)
 		return booking{}, cmp.Or(s.down, errConnRefused)
 	}
-	s.answers.Add(1)
-	now := s.clock.Now().UnixMicro()
+	now := s.now().UnixMicro()
 	b := s.model.reserve(key, s.interval, s.burst, int64(costs[0]), budget.Microseconds(), notBefore.Microseconds(), now, q.estimated.has(0))
 	b.costs = costs
+	if s.bookThenFail > 0 {
+		s.bookThenFail--
+		s.advance(s.failTakes)
+		return booking{}, context.DeadlineExceeded
+	}
+	s.answers.Add(1)
 	return b, nil
 }
 
 func (s *fakeStore) refused(_ context.Context, key string, b booking, served bool, _ string) (int64, int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.down != nil {
 		return 0, 0, s.down
 	}
-	now := s.clock.Now().UnixMicro()
+	now := s.now().UnixMicro()
 	return s.model.refused(key, b, served, now), now, nil
 }
 
 func (s *fakeStore) refund(_ context.Context, key string, b booking) ([maxLimits]refundResult, int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	var results [maxLimits]refundResult
 	if s.down != nil {
 		return results, 0, s.down
 	}
 	s.refunds++
-	now := s.clock.Now().UnixMicro()
+	now := s.now().UnixMicro()
 	results[0] = s.model.refund(key, b.finishes[0], int64(b.costs[0])*s.interval, now)
 	return results, now, nil
 }
 
 func (s *fakeStore) settle(_ context.Context, key string, b booking, actual limitCosts) (bool, int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.down != nil {
 		return false, 0, s.down
 	}
-	now := s.clock.Now().UnixMicro()
+	now := s.now().UnixMicro()
 	s.model.settle(key, s.interval, s.burst, int64(actual[0]-b.costs[0]), int64(actual[0])-known(b.estimated.has(0), int64(b.costs[0])), now)
 	return true, now, nil
 }
 
 func (s *fakeStore) sync(_ context.Context, key string, b booking, steers []steering, refused bool, _ string) (syncReply, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.syncs++
 	if s.down != nil {
 		return syncReply{}, s.down
 	}
-	r := syncReply{now: s.clock.Now().UnixMicro()}
+	r := syncReply{now: s.now().UnixMicro()}
 	for i, st := range steers {
 		r.results[i] = s.model.sync(key, key, s.interval, s.burst, b, 0, st, refused, r.now)
 		if steer := s.model.steers[key]; steer != nil {
@@ -100,10 +119,12 @@ func (s *fakeStore) sync(_ context.Context, key string, b booking, steers []stee
 }
 
 func (s *fakeStore) hold(_ context.Context, key string, d time.Duration, _ string) (bool, int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.down != nil {
 		return false, 0, s.down
 	}
-	now := s.clock.Now().UnixMicro()
+	now := s.now().UnixMicro()
 	end := now + d.Microseconds()
 	s.model.hold(key, end)
 	s.holds[key] = end
@@ -113,13 +134,15 @@ func (s *fakeStore) hold(_ context.Context, key string, d time.Duration, _ strin
 // slots keeps holders without leases or a line: a request that finds the
 // cap full is told it waits, and is never told its slot.
 func (s *fakeStore) slots(_ context.Context, _ string, c slotCall) (slotsReply, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.down != nil {
 		return slotsReply{}, s.down
 	}
 	if s.slotHolders == nil {
 		s.slotHolders = map[string]bool{}
 	}
-	reply := slotsReply{now: s.clock.Now().UnixMicro(), state: slotHeld}
+	reply := slotsReply{now: s.now().UnixMicro(), state: slotHeld}
 	switch {
 	case c.op == slotRelease:
 		delete(s.slotHolders, c.id)
@@ -134,6 +157,8 @@ func (s *fakeStore) slots(_ context.Context, _ string, c slotCall) (slotsReply, 
 
 // line keeps no line: each deferred request's turn is its earliest.
 func (s *fakeStore) line(_ context.Context, _ string, earliest, _ time.Duration) (time.Duration, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.down != nil {
 		return 0, s.down
 	}
@@ -141,10 +166,29 @@ func (s *fakeStore) line(_ context.Context, _ string, earliest, _ time.Duration)
 }
 
 func (s *fakeStore) heldUntil(_ context.Context, key string) (int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.down != nil {
 		return 0, s.down
 	}
 	return s.holds[key], nil
+}
+
+// now is the store's time, Redis's clock.
+func (s *fakeStore) now() time.Time {
+	if s.clock == nil {
+		return time.Now()
+	}
+	return s.clock.Now()
+}
+
+// advance lets d pass, as a call that takes that long.
+func (s *fakeStore) advance(d time.Duration) {
+	if s.clock == nil {
+		time.Sleep(d)
+		return
+	}
+	s.clock.Advance(d)
 }
 
 // failoverTest is one row's limiter, store and clock.
