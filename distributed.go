@@ -119,17 +119,10 @@ func newRedis(q Quota, now func() time.Time, opts ...RedisOption) (*Redis, error
 		policy:      r.config.policy,
 		minCooldown: r.config.minCooldown,
 		maxCooldown: r.config.maxCooldown,
-		settle:      settleTime(r.config),
 		newLocal:    r.outageLimiter,
 	}
 	return r, nil
 }
-
-// settleTime is how long a process that is back on Redis keeps its outage's
-// share: until every other busy process of the fleet, whose cool-down is at
-// most maxCooldown, can have probed too, its probe a call timeout (at most
-// 1.25 times the set one) long, with as much again to spare.
-func settleTime(c redisConfig) time.Duration { return c.maxCooldown + 2*c.callTimeout }
 
 // Wait implements Limiter. It books cost tokens for key in Redis, under
 // every limit, and sleeps until they are due; if ctx ends first, the tokens
@@ -234,24 +227,6 @@ func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 	}
 }
 
-// decideAsking decides q as decide does, from now on, and asks Redis again
-// after a failure the breaker did not confirm.
-func (r *Redis) decideAsking(ctx context.Context, q request) (ticket, error) {
-	for {
-		t, err := r.decide(ctx, q, r.now())
-		if !errors.Is(err, errUnconfirmed) {
-			return t, err
-		}
-		if q.failures++; ctx.Err() != nil {
-			return ticket{}, fmt.Errorf("pace: key %s: %w", quoteKey(q.key), context.Cause(ctx))
-		}
-	}
-}
-
-// errUnconfirmed says that a Redis call failed, but the breaker did not
-// confirm an outage: the request asks Redis again.
-var errUnconfirmed = errors.New("pace: a Redis call failed; no outage confirmed")
-
 // errRetimed ends the sleep of a caller whose booking a retime voided:
 // the key learned another limit (and Redis took the booking out of the
 // schedule), or, errRecut, its rate was cut (and the caller gives the
@@ -322,7 +297,7 @@ func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budg
 		return r.decideWithout(ctx, q, local, err, budget)
 	}
 	if route == viaProbe {
-		r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: q.key, Cost: q.costs[0], Delay: r.failover.recover(r.now())})
+		r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: q.key, Cost: q.costs[0], Delay: r.failover.recover(r.now(), r.callTimeout())})
 	}
 	if err != nil {
 		return ticket{}, err
@@ -362,41 +337,6 @@ func (r *Redis) pass(ctx context.Context, q request, start time.Time, b booking,
 	if !ok {
 		err := refuse(ctx, r.config.observer, "redis", q.key, q.costs[0], delay, budget)
 		return ticket{}, errors.Join(err, r.refund(ctx, q.key, b))
-	}
-	t.delay = delay
-	return t, nil
-}
-
-// decideWithout decides a request by the failure policy while Redis is
-// away; local is the outage's local limiter, cause the failure.
-func (r *Redis) decideWithout(ctx context.Context, q request, local *Local, cause error, budget time.Duration) (ticket, error) {
-	now := r.now()
-	switch r.config.policy {
-	case FailOpen:
-		return ticket{limiter: "open", start: now, cause: cause}, nil
-	case FailClosed:
-		return ticket{}, r.unavailable(ctx, q.key, q.costs[0], cause)
-	}
-	t, err := r.decideLocally(ctx, q, local, now, budget)
-	t.cause = cause // the observer hears why Redis did not decide
-	return t, err
-}
-
-// unavailable returns the error of a request for cost units of key that
-// FailClosed fails while Redis is away (cause says why), and tells the
-// observer.
-func (r *Redis) unavailable(ctx context.Context, key string, cost int, cause error) error {
-	err := fmt.Errorf("pace: key %s: %w: %w", quoteKey(key), ErrUnavailable, cause)
-	r.config.observer.emit(ctx, Event{Kind: EventFail, Limiter: "redis", Key: key, Cost: cost, Err: err})
-	return err
-}
-
-// decideLocally books the wait on local, the outage's local limiter.
-func (r *Redis) decideLocally(ctx context.Context, q request, local *Local, now time.Time, budget time.Duration) (ticket, error) {
-	t := ticket{limiter: "local", start: now, local: local}
-	delay, ok := local.reserve(q.key, &q.costs, now, now, budget, &t.res, nil)
-	if !ok {
-		return ticket{}, r.refuse(ctx, q, "local", delay, budget)
 	}
 	t.delay = delay
 	return t, nil
@@ -535,63 +475,6 @@ func (r *Redis) replacedByHold(ctx context.Context, key string, t ticket) bool {
 	}
 	end, err := r.store.heldUntil(ctx, key)
 	return err == nil && slot < end
-}
-
-// failed records call, a failed Redis call for cost units of key, tells
-// the observer, and returns whether the process is in an outage (a failure
-// its breaker does not confirm leaves it on Redis), and the outage's local
-// limiter (nil unless the policy is FallbackLocal).
-func (r *Redis) failed(ctx context.Context, key string, cost int, call failedCall) (down bool, local *Local) {
-	began, down, local := r.failover.fail(r.now(), call, r.callTimeout())
-	switch {
-	case began:
-		r.config.observer.emit(ctx, Event{Kind: EventFallback, Limiter: "redis", Key: key, Cost: cost, Err: call.err})
-	case call.probe:
-		r.config.observer.emit(ctx, Event{Kind: EventProbe, Limiter: "redis", Key: key, Cost: cost, Err: call.err})
-	}
-	return down, local
-}
-
-// callTimeout returns the timeout of a Redis call that begins now.
-func (r *Redis) callTimeout() time.Duration {
-	if r.calls == nil {
-		return r.config.callTimeout // a test's store
-	}
-	return r.calls.trips.timeout()
-}
-
-// untilConfirmed runs call, a Redis call for key, again while it fails
-// with a failure the breaker does not confirm, and returns its error and,
-// when the failures confirm an outage, true and the outage's local
-// limiter. Its confirmRow-th failure confirms the outage.
-func (r *Redis) untilConfirmed(ctx context.Context, key string, call func() error) (down bool, local *Local, err error) {
-	for failures := 1; ; failures++ {
-		began := r.now()
-		if err = call(); !isOutage(err) {
-			return false, nil, err
-		}
-		if down, local = r.failed(ctx, key, 0, failedCall{began: began, failures: failures, err: err}); down {
-			return down, local, err
-		}
-	}
-}
-
-// outageLimiter returns the local limiter for an outage that begins at
-// since: under each limit, this process's share of it (a window taken as a
-// bucket that never allows more), each key's buckets empty at since, or at
-// its time in floors (the end of what Redis had booked of the key, or of its
-// hold) if that is later, since Redis may have granted the whole burst and
-// booked callers who still wait.
-func (r *Redis) outageLimiter(since time.Time, floors map[string]time.Time) *Local {
-	var shares []Limit
-	for _, l := range r.limits {
-		shares = append(shares, l.asBucket().share(r.fleet.Size()))
-	}
-	named := newNamedLimits(shares)
-	named.names = r.names // the quota's: the shares' texts differ
-	loc := newLocal(named, r.config.commonConfig, r.now)
-	loc.emptyAt, loc.floors = since, floors
-	return loc
 }
 
 // pipeliner is a client that can send several commands in one round trip.

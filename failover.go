@@ -52,7 +52,7 @@ var ErrUnavailable = errors.New("pace: Redis unavailable")
 //     cool-down that doubles (with jitter) after each failed probe, up to a
 //     cap; then one request at a time probes it.
 //   - returning: a probe succeeded. Until every other process of the fleet
-//     can have probed too (settle), the outage's local limiter decides each
+//     can have probed too (settleTime), the outage's local limiter decides each
 //     request first, and Redis books it for the time it will go: so the
 //     processes back on Redis and those still away do not both spend the
 //     whole limit. A Redis answer that arrives once an outage has begun is
@@ -63,7 +63,6 @@ var ErrUnavailable = errors.New("pace: Redis unavailable")
 type failover struct {
 	policy                   FailurePolicy
 	minCooldown, maxCooldown time.Duration
-	settle                   time.Duration
 	// newLocal returns the local limiter of an outage that begins at since:
 	// each key's bucket empty at since, or at its time in floors if later.
 	newLocal func(since time.Time, floors map[string]time.Time) *Local
@@ -188,13 +187,13 @@ func (f *failover) fail(now time.Time, call failedCall, timeout time.Duration) (
 	return true, true, f.local
 }
 
-// recover records the probe that succeeded at now and returns how long
-// Redis was away.
-func (f *failover) recover(now time.Time) time.Duration {
+// recover records the probe that succeeded at now, when a call's timeout
+// is timeout, and returns how long Redis was away.
+func (f *failover) recover(now time.Time, timeout time.Duration) time.Duration {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.failures, f.probing, f.cause = 0, false, nil
-	f.settled = now.Add(f.settle)
+	f.settled = now.Add(settleTime(f.maxCooldown, timeout))
 	next := returning
 	if f.local == nil {
 		next = shared // nothing to gate: the policy paced no one

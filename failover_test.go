@@ -383,7 +383,7 @@ func TestFailover(t *testing.T) {
 				last = tk.delay
 			}
 			f.checkDelay("the 15th grant while returning (share 50/s, its bucket full)", last, 200*time.Millisecond, 200*time.Millisecond)
-			f.clock.Advance(settleTime(f.r.config))
+			f.clock.Advance(settleTime(f.r.config.maxCooldown, f.r.config.callTimeout))
 			tk := f.grant("k2", 0)
 			if tk.local != nil || f.r.failover.mode() != shared {
 				f.t.Errorf("after the settle time: gate %v, mode %v; want none, shared", tk.local != nil, f.r.failover.mode())
@@ -516,7 +516,7 @@ func TestFailoverCooldowns(t *testing.T) {
 	}
 	now = f.retryAt
 	f.route(now) // the probe
-	if outage := f.recover(now); outage <= 0 {
+	if outage := f.recover(now, time.Second); outage <= 0 {
 		t.Errorf("recover reported an outage of %v", outage)
 	}
 	if r, _, _ := f.route(now); r != viaRedis || f.mode() != shared {

@@ -103,7 +103,7 @@ func (r *Redis) trySlot(ctx context.Context, key string, failures int) (*Slot, e
 	probe := route == viaProbe
 	if probe && !isOutage(err) {
 		probe = false
-		r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: key, Cost: 1, Delay: r.failover.recover(r.now())})
+		r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: key, Cost: 1, Delay: r.failover.recover(r.now(), r.callTimeout())})
 	}
 	if err == nil {
 		r.beat(ctx, reply.now, start) // the fleet's size sets the share of the cap should Redis fail

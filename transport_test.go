@@ -344,7 +344,9 @@ func (c *counted) TakeSlot(ctx context.Context, key string) (*Slot, error) {
 	return c.inner.TakeSlot(ctx, key)
 }
 
-func (c *counted) Hold(ctx context.Context, key string, h Hold) error { return c.inner.Hold(ctx, key, h) }
+func (c *counted) Hold(ctx context.Context, key string, h Hold) error {
+	return c.inner.Hold(ctx, key, h)
+}
 
 func (c *counted) Reserve(ctx context.Context, key string, estimate Costs) (*Reservation, error) {
 	c.waits.Add(1)
