@@ -67,11 +67,21 @@ type Rules struct {
 	rules []Rule
 }
 
-// maxCoster is a limiter that knows the largest cost it can ever grant.
-type maxCoster interface{ maxCost() int }
+// A CostBounder is a Limiter that knows the largest cost it can ever grant
+// one wait: Local and Redis are. NewRules refuses a Rule whose Cost is
+// larger (a decorator that forwards MaxCost gets the same check).
+type CostBounder interface {
+	Limiter
+	// MaxCost returns the largest cost a wait can be granted: the smallest
+	// burst, or window count, of the quota's limits.
+	MaxCost() int
+}
 
-func (loc *Local) maxCost() int { return loc.costCap }
-func (r *Redis) maxCost() int   { return r.costCap }
+// MaxCost implements CostBounder.
+func (loc *Local) MaxCost() int { return loc.costCap }
+
+// MaxCost implements CostBounder.
+func (r *Redis) MaxCost() int { return r.costCap }
 
 // NewRules checks rules and returns them, with def last: the rule for
 // requests that no other rule matches (its match fields must be empty). Every
@@ -100,8 +110,8 @@ func NewRules(def Rule, rules ...Rule) (*Rules, error) {
 		if _, ok := r.Limiter.(Reserver); r.Estimate != nil && !ok {
 			return nil, fmt.Errorf("pace: rule %q has an Estimate, and its Limiter (a %T) is not a Reserver", r.Name, r.Limiter)
 		}
-		if m, ok := r.Limiter.(maxCoster); ok && r.Cost > m.maxCost() {
-			return nil, fmt.Errorf("pace: rule %q: cost %d exceeds the burst %d of its limiter", r.Name, r.Cost, m.maxCost())
+		if m, ok := r.Limiter.(CostBounder); ok && r.Cost > m.MaxCost() {
+			return nil, fmt.Errorf("pace: rule %q: cost %d exceeds the burst %d of its limiter", r.Name, r.Cost, m.MaxCost())
 		}
 		names[r.Name] = true
 	}

@@ -318,6 +318,7 @@ type counted struct {
 		Slotter
 		Holder
 		Reserver
+		CostBounder
 	}
 	waits atomic.Int64
 }
@@ -357,6 +358,8 @@ func (c *counted) Settle(ctx context.Context, r *Reservation, actual Costs) erro
 	return c.inner.Settle(ctx, r, actual)
 }
 
+func (c *counted) MaxCost() int { return c.inner.MaxCost() }
+
 // TestTransportThroughADecorator: a Transport on a user's decorator of a
 // Redis limiter (a real redis-server) with a cap in flight gets what it gets
 // on the Redis itself: each request a slot and a grant (before, every
@@ -390,5 +393,8 @@ func TestTransportThroughADecorator(t *testing.T) {
 	_, slot := log.last(EventSlot)
 	if d.waits.Load() != 6 || !read || !cut || !slot {
 		t.Errorf("through the decorator: %d waits of 6, a reading heard %v, a rate cut %v, a slot taken %v; want all", d.waits.Load(), read, cut, slot)
+	}
+	if _, err := NewRules(Rule{Name: "big", Limiter: d, Cost: 101}); err == nil || !strings.Contains(err.Error(), "cost 101 exceeds the burst 100") {
+		t.Errorf("a Rule of cost 101 on the decorator of a burst of 100: %v, want refused up front", err)
 	}
 }
