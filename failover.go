@@ -3,7 +3,6 @@ package pace
 import (
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -44,7 +43,7 @@ var ErrUnavailable = errors.New("pace: Redis unavailable")
 // keeps everything an outage needs. Its modes:
 //
 //   - shared: Redis decides. The failover notes, per key, how far ahead
-//     Redis has booked it (slotTable).
+//     Redis has booked it (scheduleTable).
 //   - outage: Redis calls failed, as the breaker confirmed. Requests are decided by the policy, under
 //     FallbackLocal by the outage's local limiter: this process's share of
 //     the limit, each key's bucket empty from the outage's start or, for a
@@ -52,7 +51,7 @@ var ErrUnavailable = errors.New("pace: Redis unavailable")
 //     cool-down that doubles (with jitter) after each failed probe, up to a
 //     cap; then one request at a time probes it.
 //   - returning: a probe succeeded. Until every other process of the fleet
-//     can have probed too (settleTime), the outage's local limiter decides each
+//     can have probed too (returnWindow), the outage's local limiter decides each
 //     request first, and Redis books it for the time it will go: so the
 //     processes back on Redis and those still away do not both spend the
 //     whole limit. A Redis answer that arrives once an outage has begun is
@@ -69,16 +68,16 @@ type failover struct {
 
 	current atomic.Uint32 // the mode, read without the lock on every request
 
-	mu       sync.Mutex
-	breaker  breaker
-	failures int       // in a row
-	since    time.Time // when the outage began
-	retryAt  time.Time // when the next probe may go
-	settled  time.Time // when returning ends
-	probing  bool      // a probe is under way
-	cause    error     // the last failure
-	local    *Local    // the outage's local limiter, from the outage to the end of returning
-	slots    slotTable
+	mu         sync.Mutex
+	breaker    breaker
+	failures   int       // in a row
+	since      time.Time // when the outage began
+	retryAt    time.Time // when the next probe may go
+	returnEnds time.Time // when returning ends
+	probing    bool      // a probe is under way
+	cause      error     // the last failure
+	local      *Local    // the outage's local limiter, from the outage to the end of returning
+	schedules  scheduleTable
 }
 
 type mode uint32
@@ -113,7 +112,7 @@ func (f *failover) route(now time.Time) (route, *Local, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch {
-	case f.mode() == returning && !now.Before(f.settled):
+	case f.mode() == returning && !now.Before(f.returnEnds):
 		f.current.Store(uint32(shared))
 		f.local = nil
 		return viaRedis, nil, nil
@@ -132,7 +131,7 @@ func (f *failover) route(now time.Time) (route, *Local, error) {
 // mode; else the outage's: for the probe, and for an answer that arrives once
 // an outage has begun.
 func (f *failover) granted(key string, slot, now time.Time, decided bool) *Local {
-	f.slots.note(key, slot, slot.Sub(now), now)
+	f.schedules.note(key, slot, slot.Sub(now), now)
 	if decided || f.mode() == shared {
 		return nil
 	}
@@ -143,7 +142,7 @@ func (f *failover) granted(key string, slot, now time.Time, decided bool) *Local
 
 // held notes that key is held until the given time, by this process's
 // clock: an outage's local pacing of the key begins after it.
-func (f *failover) held(key string, until, now time.Time) { f.slots.note(key, until, 0, now) }
+func (f *failover) held(key string, until, now time.Time) { f.schedules.note(key, until, 0, now) }
 
 // failedCall is a Redis call that failed: when it began, whether it was
 // the probe, its caller's failed calls in a row (it included), and why.
@@ -181,7 +180,7 @@ func (f *failover) fail(now time.Time, call failedCall, timeout time.Duration) (
 	// a limiter of its own, at the share of the fleet's size now.
 	f.since, f.local = now, nil
 	if f.policy == FallbackLocal {
-		f.local = f.newLocal(now, f.slots.floors(now))
+		f.local = f.newLocal(now, f.schedules.floors(now))
 	}
 	f.current.Store(uint32(outage))
 	return true, true, f.local
@@ -193,7 +192,7 @@ func (f *failover) recover(now time.Time, timeout time.Duration) time.Duration {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.failures, f.probing, f.cause = 0, false, nil
-	f.settled = now.Add(settleTime(f.maxCooldown, timeout))
+	f.returnEnds = now.Add(returnWindow(f.maxCooldown, timeout))
 	next := returning
 	if f.local == nil {
 		next = shared // nothing to gate: the policy paced no one
@@ -211,81 +210,4 @@ func (f *failover) down() (bool, *Local) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.mode() == outage, f.local
-}
-
-// slotTable keeps, for each key, how far this process knows the shared
-// schedule of the key to reach (by this process's clock): the last slot
-// Redis gave it, or the end of a hold; and how far ahead of the reply that
-// slot lay, the schedule's lead. An outage's local pacing of the key begins
-// after the schedule: after its known end, and, since the rest of the fleet
-// kept booking after this process last heard, no sooner than the lead after
-// the outage began. Entries whose end has passed are swept once a second,
-// so the table holds only keys booked ahead.
-type slotTable struct {
-	seed   maphash.Seed
-	once   sync.Once
-	shards [slotShards]slotShard
-}
-
-// slotShards spreads keys over independent locks, as Local's shards do.
-const slotShards = 32
-
-type slotShard struct {
-	mu        sync.Mutex
-	slots     map[string]schedule
-	nextSweep time.Time
-}
-
-// schedule is what a process knows of a key's shared schedule.
-type schedule struct {
-	end  time.Time     // it reaches at least this far
-	lead time.Duration // how far ahead of now it reached when last heard of
-}
-
-// note records that key's schedule reaches to end, which lay lead ahead
-// when heard of (0 for a hold, whose end nobody extends); an end that is not
-// ahead of now is no news.
-func (t *slotTable) note(key string, end time.Time, lead time.Duration, now time.Time) {
-	if !end.After(now) {
-		return
-	}
-	t.once.Do(func() { t.seed = maphash.MakeSeed() })
-	s := &t.shards[maphash.String(t.seed, key)%slotShards]
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !now.Before(s.nextSweep) {
-		for k, sc := range s.slots {
-			if !sc.end.After(now) {
-				delete(s.slots, k)
-			}
-		}
-		s.nextSweep = now.Add(time.Second)
-	}
-	if s.slots == nil {
-		s.slots = make(map[string]schedule)
-	}
-	sc := s.slots[key]
-	sc.end = latest(sc.end, end)
-	if lead > 0 {
-		sc.lead = lead
-	}
-	s.slots[key] = sc
-}
-
-// floors returns, for an outage that begins at since, when each key booked
-// ahead may begin its local pacing: after its schedule's known end, and no
-// sooner than its lead after since.
-func (t *slotTable) floors(since time.Time) map[string]time.Time {
-	floors := make(map[string]time.Time)
-	for i := range t.shards {
-		s := &t.shards[i]
-		s.mu.Lock()
-		for k, sc := range s.slots {
-			if sc.end.After(since) {
-				floors[k] = latest(sc.end, since.Add(sc.lead))
-			}
-		}
-		s.mu.Unlock()
-	}
-	return floors
 }

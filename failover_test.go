@@ -383,7 +383,7 @@ func TestFailover(t *testing.T) {
 				last = tk.delay
 			}
 			f.checkDelay("the 15th grant while returning (share 50/s, its bucket full)", last, 200*time.Millisecond, 200*time.Millisecond)
-			f.clock.Advance(settleTime(f.r.config.maxCooldown, f.r.config.callTimeout))
+			f.clock.Advance(returnWindow(f.r.config.maxCooldown, f.r.config.callTimeout))
 			tk := f.grant("k2", 0)
 			if tk.local != nil || f.r.failover.mode() != shared {
 				f.t.Errorf("after the settle time: gate %v, mode %v; want none, shared", tk.local != nil, f.r.failover.mode())

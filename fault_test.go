@@ -28,7 +28,7 @@ const (
 	faultBurst = 10
 	faultAt    = 1500 * time.Millisecond
 	// faultAfter is how long the fleet runs after the fault is undone: the
-	// longest cool-down before a probe, the settle time, and a second.
+	// longest cool-down before a probe, the return window, and a second.
 	faultAfter = DefaultMaxCooldown + (DefaultMaxCooldown + 2*DefaultCallTimeout) + time.Second
 	// schedulingSlack is what a request may take beyond its call timeout and
 	// pacing delay: up to 73 goroutines in 9 processes under the race

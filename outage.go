@@ -11,11 +11,11 @@ import (
 // failover (failover.go) say when; here, how a request is decided meanwhile,
 // and how a failed call is recorded.
 
-// settleTime is how long a process that is back on Redis keeps its outage's
+// returnWindow is how long a process that is back on Redis keeps its outage's
 // share: until every other busy process of the fleet, whose cool-down is at
 // most maxCooldown, can have probed too, its probe a call of timeout (at
 // most 1.25 times it) long, with as much again to spare.
-func settleTime(maxCooldown, timeout time.Duration) time.Duration { return maxCooldown + 2*timeout }
+func returnWindow(maxCooldown, timeout time.Duration) time.Duration { return maxCooldown + 2*timeout }
 
 // decideAsking decides q as decide does, from now on, and asks Redis again
 // after a failure the breaker did not confirm.

@@ -135,7 +135,7 @@ func TestWaitLoop(t *testing.T) {
 			if took := time.Since(start); took != 100*time.Millisecond || f.r.failover.mode() != returning {
 				t.Errorf("10 requests while returning took %v, mode %v; want 100 ms, returning", took, f.r.failover.mode())
 			}
-			time.Sleep(settleTime(f.r.config.maxCooldown, f.r.config.callTimeout))
+			time.Sleep(returnWindow(f.r.config.maxCooldown, f.r.config.callTimeout))
 			start = time.Now()
 			for range 10 {
 				f.start(ctx, "k2").end()
