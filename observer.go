@@ -37,14 +37,16 @@ const (
 	// EventCancel: the caller's context ended during its wait; its booking
 	// was given back (Err says if that failed).
 	EventCancel
-	// EventFallback: a Redis call failed (Err says how), and until Redis is
-	// back the limiter decides by its FailurePolicy.
+	// EventFallback: Redis calls failed, as the breaker confirmed (Err
+	// says how), and until Redis is back the limiter decides by its
+	// FailurePolicy.
 	EventFallback
-	// EventProbe: after a cool-down, one request tried Redis again and
-	// failed (Err says how); the next cool-down is longer.
+	// EventProbe: after a cool-down, a probe beside the requests tried Redis
+	// again and failed (Err says how); the next cool-down is longer. Its
+	// Key is "".
 	EventProbe
 	// EventRecover: a probe succeeded; the shared limit is back. Delay is how
-	// long the limiter went without Redis.
+	// long the limiter went without Redis. Its Key is "".
 	EventRecover
 	// EventHold: the upstream said Key's quota is spent (Reason), and the key
 	// is held for Delay, for the whole fleet. A hold that would not outlast

@@ -195,3 +195,40 @@ func TestLoadedMachineStaysOnRedis(t *testing.T) {
 		t.Errorf("after the first second %d refused as granted of %d served; want at most 0.1%%", refused, served)
 	}
 }
+
+// TestSlowerRedisIsHeardAgain: a Redis that becomes slower than the call
+// timeout this process measured (0 ms, then 150 ms each way, behind a
+// proxy) is taken for away, and then heard again by the probe, whose call
+// gets the ceiling of the timeout and measures the new round trip: the
+// limiter comes back to Redis and stays (before, every probe timed out at
+// the old timeout, and the outage never ended).
+func TestSlowerRedisIsHeardAgain(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.StartProxy(t, srv.Addr)
+	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	log := &eventLog{}
+	r := mustRedis(t, c, PerSecond(20), WithFleetSize(1), WithObserver(log.observe))
+	ctx := context.Background()
+	for range 20 { // round trips measured on loopback
+		if err := r.Wait(ctx, "k", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := r.calls.trips.timeout()
+	proxy.SetLatency(150 * time.Millisecond)
+	var last string
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); {
+		if err := r.Wait(ctx, "k", 1); err != nil {
+			t.Fatal(err)
+		}
+		e, _ := log.last(EventWait)
+		last = e.Limiter
+	}
+	_, fell := log.last(EventFallback)
+	_, back := log.last(EventRecover)
+	t.Logf("call timeout %v before, %v after; fell back %v, recovered %v, the last wait decided by %q", before, r.calls.trips.timeout(), fell, back, last)
+	if !back || last != "redis" || r.calls.trips.timeout() < 300*time.Millisecond {
+		t.Errorf("recovered %v, the last wait decided by %q, call timeout %v; want back on Redis, with a timeout above the 300 ms round trip", back, last, r.calls.trips.timeout())
+	}
+}
