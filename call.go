@@ -105,39 +105,21 @@ func isRedisError(err error) bool {
 func (c *caller) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	start := time.Now()
 	cctx, d := c.context(ctx, start)
-	cmd := c.runWithin(cctx, d.timeout, script, keys, args...)
+	var cmd *redis.Cmd
+	if !c.guarded {
+		cmd = script.Run(cctx, c.client, keys, args...)
+	} else {
+		done := make(chan *redis.Cmd, 1)
+		go func() { done <- script.Run(cctx, c.client, keys, args...) }()
+		select {
+		case cmd = <-done:
+		case <-cctx.Done():
+			cmd = redis.NewCmd(ctx)
+			cmd.SetErr(d.timedOut())
+		}
+	}
 	c.done(start, cmd.Err())
 	return cmd
-}
-
-// probe runs script, without keys, with the ceiling of the call timeout:
-// so a Redis that became slower than the timeout measured is heard, and
-// its round trip taken.
-func (c *caller) probe(ctx context.Context, script *redis.Script) error {
-	start := time.Now()
-	timeout := max(maxCallTimeout, c.trips.floor)
-	dctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	err := c.runWithin(callContext{Context: dctx, values: ctx}, timeout, script, nil).Err()
-	c.done(start, err)
-	return err
-}
-
-// runWithin runs script within cctx, whose deadline is timeout away.
-func (c *caller) runWithin(cctx context.Context, timeout time.Duration, script *redis.Script, keys []string, args ...any) *redis.Cmd {
-	if !c.guarded {
-		return script.Run(cctx, c.client, keys, args...)
-	}
-	done := make(chan *redis.Cmd, 1)
-	go func() { done <- script.Run(cctx, c.client, keys, args...) }()
-	select {
-	case cmd := <-done:
-		return cmd
-	case <-cctx.Done():
-		cmd := redis.NewCmd(cctx)
-		cmd.SetErr(timedOut(timeout))
-		return cmd
-	}
 }
 
 // pipeline runs the commands that fill sends, in one round trip, with the
@@ -168,11 +150,10 @@ func (c *caller) exec(cctx context.Context, d *sharedDeadline, p redis.Pipeliner
 	case r := <-done:
 		return r.cmds, r.err
 	case <-cctx.Done():
-		return nil, timedOut(d.timeout)
+		return nil, d.timedOut()
 	}
 }
 
-// timedOut is the error of a call that Redis did not answer within timeout.
-func timedOut(timeout time.Duration) error {
-	return fmt.Errorf("pace: Redis did not answer within the call timeout of %v", timeout)
+func (d *sharedDeadline) timedOut() error {
+	return fmt.Errorf("pace: Redis did not answer within the call timeout of %v", d.timeout)
 }

@@ -54,7 +54,6 @@ type Redis struct {
 	listenOnce    sync.Once
 	stopListening func()
 	listening     sync.WaitGroup
-	probes        sync.WaitGroup // the probe under way (see probe)
 }
 
 var (
@@ -76,7 +75,6 @@ type sharedStore interface {
 	line(ctx context.Context, key string, earliest, turn time.Duration) (time.Duration, error)
 	heldUntil(ctx context.Context, key string) (int64, error)
 	refused(ctx context.Context, key string, b booking, served bool, channel string) (share, now int64, err error)
-	probe(ctx context.Context) error
 }
 
 // NewRedis returns a Redis limiter that gives each key the quota q (a Limit,
@@ -267,10 +265,7 @@ func (r *Redis) decide(ctx context.Context, q request, now time.Time) (ticket, e
 	q.own = waitBudget(ctx, r.config.maxWait, now)
 	budget := classBudget(q.own, q.horizon)
 	route, local, cause := r.failover.route(now)
-	if route == viaProbe {
-		r.probe(ctx)
-	}
-	if route != viaRedis {
+	if route == withoutRedis {
 		return r.decideWithout(ctx, q, local, cause, budget)
 	}
 	// While returning, the outage's share decides first, and Redis books the
@@ -283,7 +278,7 @@ func (r *Redis) decide(ctx context.Context, q request, now time.Time) (ticket, e
 			return ticket{}, err
 		}
 	}
-	t, err := r.decideShared(ctx, q, now, budget, first)
+	t, err := r.decideShared(ctx, q, now, budget, route, first)
 	if first.local != nil && (err != nil || t.local != first.local) {
 		first.local.cancel(q.key, first.res, r.now()) // refused, or decided by the next outage
 	}
@@ -292,14 +287,17 @@ func (r *Redis) decide(ctx context.Context, q request, now time.Time) (ticket, e
 
 // decideShared books the request in Redis, not before the local slot of
 // first (the outage's share, while returning; else none).
-func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budget time.Duration, first ticket) (ticket, error) {
+func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budget time.Duration, route route, first ticket) (ticket, error) {
 	b, err := r.store.reserve(ctx, q, budget, first.delay)
 	if isOutage(err) {
-		down, local := r.failed(ctx, q.key, q.costs[0], failedCall{began: now, failures: q.failures + 1, err: err})
+		down, local := r.failed(ctx, q.key, q.costs[0], failedCall{began: now, probe: route == viaProbe, failures: q.failures + 1, err: err})
 		if !down {
 			return ticket{}, errUnconfirmed
 		}
 		return r.decideWithout(ctx, q, local, err, budget)
+	}
+	if route == viaProbe {
+		r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: q.key, Cost: q.costs[0], Delay: r.failover.recover(r.now(), r.callTimeout())})
 	}
 	if err != nil {
 		return ticket{}, err
@@ -317,7 +315,7 @@ func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budg
 // pass returns the ticket of Redis's booking b for a request that began at
 // start, which first, the outage's share, may have decided already. When
 // the failover gates a grant no share decided (an answer that arrived once
-// an outage had begun), the outage's local limiter books the
+// an outage had begun, or the probe), the outage's local limiter books the
 // wait too, at or after its slot; if that would pass the caller's budget,
 // b is given back and the wait refused.
 func (r *Redis) pass(ctx context.Context, q request, start time.Time, b booking, first ticket) (ticket, error) {

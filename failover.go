@@ -49,8 +49,7 @@ var ErrUnavailable = errors.New("pace: Redis unavailable")
 //     the limit, each key's bucket empty from the outage's start or, for a
 //     key booked ahead, from the end of its schedule. Redis is left alone for a
 //     cool-down that doubles (with jitter) after each failed probe, up to a
-//     cap; then the request that finds it past starts one probe, beside
-//     the requests (Redis.probe).
+//     cap; then one request at a time probes it.
 //   - returning: a probe succeeded. Until every other process of the fleet
 //     can have probed too (returnWindow), the outage's local limiter decides each
 //     request first, and Redis books it for the time it will go: so the
@@ -89,8 +88,8 @@ const (
 	returning
 )
 
-// route says how a request is decided: by Redis, or without Redis, and
-// then whether it starts the probe of Redis (viaProbe).
+// route says how a request is decided: by Redis, by Redis as the probe, or
+// without Redis.
 type route uint8
 
 const (
@@ -123,14 +122,14 @@ func (f *failover) route(now time.Time) (route, *Local, error) {
 		return withoutRedis, f.local, f.cause
 	}
 	f.probing = true
-	return viaProbe, f.local, f.cause
+	return viaProbe, nil, nil
 }
 
 // granted notes that Redis gave key the slot (by this process's clock, at
 // or after now). Unless a local limiter decided the request first (decided),
 // it returns the local limiter that must book the grant too: none in shared
-// mode; else the outage's, for an answer that arrives once an outage has
-// begun.
+// mode; else the outage's: for the probe, and for an answer that arrives once
+// an outage has begun.
 func (f *failover) granted(key string, slot, now time.Time, decided bool) *Local {
 	f.schedules.note(key, slot, slot.Sub(now), now)
 	if decided || f.mode() == shared {

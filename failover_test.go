@@ -34,7 +34,6 @@ type fakeStore struct {
 	reserves        int
 	refunds         int
 	syncs           int
-	probes          int
 	slotHolders     map[string]bool // ids holding a slot
 }
 
@@ -156,14 +155,6 @@ func (s *fakeStore) slots(_ context.Context, _ string, c slotCall) (slotsReply, 
 	return reply, nil
 }
 
-// probe answers unless the store is down.
-func (s *fakeStore) probe(context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.probes++
-	return s.down
-}
-
 // line keeps no line: each deferred request's turn is its earliest.
 func (s *fakeStore) line(_ context.Context, _ string, earliest, _ time.Duration) (time.Duration, error) {
 	s.mu.Lock()
@@ -262,18 +253,15 @@ func (f *failoverTest) fail() ticket {
 	return tk
 }
 
-// recover brings Redis back, moves past the longest cool-down, where a
-// request (decided without Redis) starts the probe, which must succeed.
+// recover brings Redis back, moves past the longest cool-down and makes the
+// probe, which must succeed.
 func (f *failoverTest) recover() {
 	f.t.Helper()
-	f.store.mu.Lock()
 	f.store.down = nil
-	f.store.mu.Unlock()
 	f.clock.Advance(DefaultMaxCooldown)
-	if tk := f.grant("probe", 0); tk.limiter != "local" {
-		f.t.Fatalf("the request that started the probe was decided by %q, want local", tk.limiter)
+	if tk := f.grant("probe", 0); tk.limiter != "redis" {
+		f.t.Fatalf("the probe was decided by %q, want redis", tk.limiter)
 	}
-	f.r.probes.Wait()
 	if _, ok := f.log.last(EventRecover); !ok {
 		f.t.Fatal("no EventRecover after the probe")
 	}
@@ -370,18 +358,15 @@ func TestFailover(t *testing.T) {
 			f.fail()
 			f.clock.Advance(DefaultMinCooldown * 12 / 10) // past the first cool-down, whatever its jitter
 			calls := f.store.reserves
-			tk := f.grant("k", 0)
-			f.r.probes.Wait()
-			if tk.limiter != "local" || f.store.reserves != calls || f.store.probes != 1 {
-				f.t.Fatalf("after the cool-down: %q decided with %d reserves and %d probes, want local, with the probe beside it", tk.limiter, f.store.reserves-calls, f.store.probes)
+			if tk := f.grant("k", 0); tk.limiter != "local" || f.store.reserves != calls+1 {
+				f.t.Fatalf("after the cool-down: %q decided with %d calls, want the probe's one call, then local", tk.limiter, f.store.reserves-calls)
 			}
 			if _, ok := f.log.last(EventProbe); !ok {
 				f.t.Error("no EventProbe for the failed probe")
 			}
 			f.clock.Advance(DefaultMinCooldown * 12 / 10) // not past the second, at least 160 ms
 			f.grant("k", 0)
-			f.r.probes.Wait()
-			if f.store.reserves != calls || f.store.probes != 1 {
+			if f.store.reserves != calls+1 {
 				f.t.Errorf("Redis was asked again %v after a failed probe, within the doubled cool-down", DefaultMinCooldown*12/10)
 			}
 		}},

@@ -281,15 +281,13 @@ func (r *Redis) heard(key string, end int64, d time.Duration) {
 func (r *Redis) holdChannel() string { return r.config.prefix + "holds" }
 
 // Close stops the limiter listening for the fleet's holds and waits until it
-// has, and for a probe of Redis under way (a second at most). A limiter
-// that lives as long as its process need not be closed. Close does not
-// close the client.
+// has. A limiter that lives as long as its process need not be closed. Close
+// does not close the client.
 func (r *Redis) Close() error {
 	r.listenOnce.Do(func() {}) // no listening after Close
 	if r.stopListening != nil {
 		r.stopListening()
 	}
 	r.listening.Wait()
-	r.probes.Wait()
 	return nil
 }

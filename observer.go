@@ -41,12 +41,11 @@ const (
 	// says how), and until Redis is back the limiter decides by its
 	// FailurePolicy.
 	EventFallback
-	// EventProbe: after a cool-down, a probe beside the requests tried Redis
-	// again and failed (Err says how); the next cool-down is longer. Its
-	// Key is "".
+	// EventProbe: after a cool-down, one request tried Redis again and
+	// failed (Err says how); the next cool-down is longer.
 	EventProbe
 	// EventRecover: a probe succeeded; the shared limit is back. Delay is how
-	// long the limiter went without Redis. Its Key is "".
+	// long the limiter went without Redis.
 	EventRecover
 	// EventHold: the upstream said Key's quota is spent (Reason), and the key
 	// is held for Delay, for the whole fleet. A hold that would not outlast

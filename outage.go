@@ -126,21 +126,3 @@ func (r *Redis) outageLimiter(since time.Time, floors map[string]time.Time) *Loc
 	loc.emptyAt, loc.floors = since, floors
 	return loc
 }
-
-// probe probes Redis beside the request that found a probe due, which goes
-// without Redis meanwhile, as every request of the outage does: one call
-// with the ceiling of the call timeout, so that a Redis slower than the
-// timeout this process measured is heard, and its round trip measured anew.
-// When Redis answers, the shared limit comes back (EventRecover); when it
-// does not, the cool-down doubles (EventProbe). Close waits for it.
-func (r *Redis) probe(ctx context.Context) {
-	ctx = context.WithoutCancel(ctx)
-	r.probes.Go(func() {
-		began := r.now()
-		if err := r.store.probe(ctx); isOutage(err) {
-			r.failed(ctx, "", 0, failedCall{began: began, probe: true, failures: 1, err: err})
-			return
-		}
-		r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Delay: r.failover.recover(r.now(), r.callTimeout())})
-	})
-}

@@ -94,21 +94,23 @@ func (r *Redis) TakeSlot(ctx context.Context, key string) (*Slot, error) {
 func (r *Redis) trySlot(ctx context.Context, key string, failures int) (*Slot, error) {
 	start := r.now()
 	route, _, cause := r.failover.route(start)
-	if route == viaProbe {
-		r.probe(ctx)
-	}
-	if route != viaRedis {
+	if route == withoutRedis {
 		return r.takeSlotWithout(ctx, key, cause)
 	}
 	id, told := r.slotWaiters.join(r.id)
 	defer r.slotWaiters.leave(id)
 	reply, err := r.slotCall(ctx, key, slotAcquire, id)
+	probe := route == viaProbe
+	if probe && !isOutage(err) {
+		probe = false
+		r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: key, Cost: 1, Delay: r.failover.recover(r.now(), r.callTimeout())})
+	}
 	if err == nil {
 		r.beat(ctx, reply.now, start) // the fleet's size sets the share of the cap should Redis fail
 		err = r.waitInLine(ctx, key, id, reply, told)
 	}
 	if isOutage(err) && ctx.Err() == nil { // a caller that left the line is no outage
-		if down, _ := r.failed(ctx, key, 1, failedCall{began: start, failures: failures + 1, err: err}); !down {
+		if down, _ := r.failed(ctx, key, 1, failedCall{began: start, probe: probe, failures: failures + 1, err: err}); !down {
 			return nil, errUnconfirmed
 		}
 		return r.takeSlotWithout(ctx, key, err)

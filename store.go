@@ -131,12 +131,6 @@ func newScript(parts ...string) *redis.Script {
 	return redis.NewScript(prelude + commonSource + strings.Join(parts, ""))
 }
 
-// probeScript asks Redis for an answer, and nothing else.
-var probeScript = redis.NewScript("return 1")
-
-// probe asks Redis whether it answers again (see Redis.probe).
-func (s *store) probe(ctx context.Context) error { return s.calls.probe(ctx, probeScript) }
-
 func newStore(calls *caller, prefix, member string, limits []Limit) *store {
 	s := &store{calls: calls, prefix: prefix, limits: limits, member: member}
 	for _, l := range limits {
