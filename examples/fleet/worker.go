@@ -146,6 +146,7 @@ func (j job) run() (report, error) {
 			return report{}, err
 		}
 		slot.Release()
+		scripts.calls.Store(0) // the run's calls, not the warm-up's
 	}
 	base := &http.Transport{MaxIdleConnsPerHost: c.Workers + 1}
 	defer base.CloseIdleConnections()
