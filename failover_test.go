@@ -208,8 +208,14 @@ var errConnRefused = errors.New("dial tcp 127.0.0.1:6379: connect: connection re
 // have not ended.
 func newFailoverTest(t *testing.T, l Limit, fleetSize int) *failoverTest {
 	clock := &fakeClock{now: time.Now().Add(24 * time.Hour)}
+	return newFailoverTestOn(t, l, fleetSize, clock, clock.Now)
+}
+
+// newFailoverTestOn returns the limiter and store of a failoverTest on
+// clock (nil for the time of a synctest bubble), whose time now is.
+func newFailoverTestOn(t *testing.T, l Limit, fleetSize int, clock *fakeClock, now func() time.Time) *failoverTest {
 	log := &eventLog{}
-	r, err := newRedis(l, clock.Now, WithFleetSize(fleetSize), WithObserver(log.observe))
+	r, err := newRedis(l, now, WithFleetSize(fleetSize), WithObserver(log.observe))
 	if err != nil {
 		t.Fatal(err)
 	}

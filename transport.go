@@ -240,12 +240,12 @@ func (t *Transport) waitRates(ctx context.Context, req *http.Request, p paced, c
 // its holds. It runs past the request's context: the response has been
 // counted already. Failures reach the limiter's observer.
 func (p paced) heed(ctx context.Context, resp *http.Response, arrival time.Time) {
-	ctx = context.WithoutCancel(ctx)
 	if h, ok := p.limiter.(Heeder); ok {
-		h.Heed(ctx, p.key, p.grant, resp, arrival, p.heeding)
+		h.Heed(ctx, p.key, p.grant, resp, arrival, p.heeding) // past ctx's end, as Heed promises
 		return
 	}
 	if holder, ok := p.limiter.(Holder); ok {
+		ctx = context.WithoutCancel(ctx)
 		for _, hold := range hear(resp, arrival, DefaultMaxHold).holds {
 			holder.Hold(ctx, p.key, hold)
 		}

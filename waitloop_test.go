@@ -17,15 +17,7 @@ import (
 // clock of the bubble the test runs in, with the default options but a
 // pinned fleet size.
 func newBubbleTest(t *testing.T, l Limit, fleetSize int) *failoverTest {
-	log := &eventLog{}
-	r, err := newRedis(l, time.Now, WithFleetSize(fleetSize), WithObserver(log.observe))
-	if err != nil {
-		t.Fatal(err)
-	}
-	store := newFakeStore(nil, l)
-	r.store = store
-	r.failover.breaker.answers = &store.answers
-	return &failoverTest{t: t, store: store, r: r, log: log}
+	return newFailoverTestOn(t, l, fleetSize, nil, time.Now)
 }
 
 // waiting is a Wait under way in the bubble.
