@@ -25,11 +25,15 @@ type fleet struct {
 	pinned   int    // a size the user set, or 0
 	size     atomic.Int64
 	nextBeat atomic.Int64 // time.Now().UnixNano() of the next heartbeat
+	gap      atomic.Int64 // the time to the heartbeat after it; 0 before the first
 }
 
 const (
 	heartbeatEvery = time.Second
 	heartbeatTTL   = 3 * heartbeatEvery
+	// firstBeatGap is the time from a process's first heartbeat to its
+	// second; each gap after it doubles, up to heartbeatEvery.
+	firstBeatGap = 5 * time.Millisecond
 )
 
 func newFleet(prefix, name string, pinned int) *fleet {
@@ -67,16 +71,18 @@ func (f *fleet) Size() int {
 }
 
 // beatDue reports whether this process should send its heartbeat now; only
-// one caller a period gets true. The second heartbeat comes a tenth of a
-// period after the first, so that processes started together soon count
-// one another.
+// one caller a gap gets true. The first heartbeat goes with the first
+// reservation, and the gaps after it double from firstBeatGap, so that
+// processes started together count one another within a few round trips of
+// the last one's start, not at a second heartbeat a tenth of a period on.
 func (f *fleet) beatDue(now time.Time) bool {
 	next := f.nextBeat.Load()
-	period := heartbeatEvery
-	if next == 0 {
-		period /= 10
+	gap := time.Duration(f.gap.Load())
+	if now.UnixNano() < next || !f.nextBeat.CompareAndSwap(next, now.Add(gap).UnixNano()) {
+		return false
 	}
-	return now.UnixNano() >= next && f.nextBeat.CompareAndSwap(next, now.Add(period).UnixNano())
+	f.gap.Store(int64(min(max(2*gap, firstBeatGap), heartbeatEvery)))
+	return true
 }
 
 // beat sends the heartbeat through p in one round trip, at redisNow (Redis's
@@ -89,7 +95,7 @@ func (f *fleet) beat(ctx context.Context, c *caller, p redis.Pipeliner, redisNow
 	count := p.ZCard(ctx, f.key)
 	p.PExpire(ctx, f.key, heartbeatTTL)
 	if _, err := c.pipeline(ctx, p); err != nil {
-		f.nextBeat.Store(time.Now().Add(heartbeatEvery / 10).UnixNano()) // soon again: the count may be stale
+		f.nextBeat.Store(time.Now().Add(firstBeatGap).UnixNano()) // soon again: the count may be stale
 		return err
 	}
 	f.size.Store(count.Val())

@@ -219,3 +219,36 @@ func TestFleetCountsProcesses(t *testing.T) {
 		t.Errorf("a process alone falls back to %v, want its whole limit", got)
 	}
 }
+
+// TestFleetStartedTogether: processes started together count one another
+// within a few heartbeats of their first calls, so that an outage soon after
+// the start finds each at its share (before, the second heartbeat came 100
+// ms after the first, and a process paced at the whole limit until then).
+func TestFleetStartedTogether(t *testing.T) {
+	ctx := context.Background()
+	c := newTestRedis(t)
+	var members []*Redis
+	for i := range 3 {
+		r := mustRedis(t, c, PerSecond(3000).WithBurst(30), sharedOnly)
+		r.fleet.member = "process-" + strconv.Itoa(i)
+		members = append(members, r)
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for _, r := range members {
+		wg.Go(func() {
+			for time.Since(start) < 60*time.Millisecond {
+				if err := r.Wait(ctx, "k", 1); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i, r := range members {
+		if n := r.fleet.Size(); n != 3 {
+			t.Errorf("member %d counts a fleet of %d 60 ms after the start, want 3", i, n)
+		}
+	}
+}
