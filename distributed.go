@@ -75,6 +75,7 @@ type sharedStore interface {
 	line(ctx context.Context, key string, earliest, turn time.Duration) (time.Duration, error)
 	heldUntil(ctx context.Context, key string) (int64, error)
 	refused(ctx context.Context, key string, b booking, served bool, channel string) (share, now int64, err error)
+	repay(ctx context.Context, key string, debt limitCosts) (took limitCosts, err error)
 }
 
 // NewRedis returns a Redis limiter that gives each key the quota q (a Limit,
@@ -220,6 +221,9 @@ func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 			return ticket{}, r.giveBack(ctx, q, t, err)
 		}
 		if !r.replacedByHold(ctx, q.key, t) {
+			if t.limiter == "local" {
+				r.failover.debts.owe(q.key, q.costs, limitCosts{})
+			}
 			return t, nil
 		}
 		// The upstream asked the fleet to hold off while this caller
@@ -265,6 +269,9 @@ func (r *Redis) decide(ctx context.Context, q request, now time.Time) (ticket, e
 	q.own = waitBudget(ctx, r.config.maxWait, now)
 	budget := classBudget(q.own, q.horizon)
 	route, local, cause := r.failover.route(now)
+	if owed := r.failover.takeOwed(); owed != nil {
+		go r.repay(context.WithoutCancel(ctx), owed)
+	}
 	if route == withoutRedis {
 		return r.decideWithout(ctx, q, local, cause, budget)
 	}
@@ -428,6 +435,9 @@ func (r *Redis) Settle(ctx context.Context, res *Reservation, actual Costs) erro
 	}
 	if t.local != nil {
 		t.local.settle(res.key, res.estimate, costs, r.now())
+	}
+	if t.limiter == "local" {
+		r.failover.debts.owe(res.key, costs, res.estimate)
 	}
 	return err
 }

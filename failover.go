@@ -78,6 +78,10 @@ type failover struct {
 	cause      error     // the last failure
 	local      *Local    // the outage's local limiter, from the outage to the end of returning
 	schedules  scheduleTable
+	// debts are what the outage's local limiter granted alone, owed (see
+	// repay.go) once returning ends.
+	debts outageDebts
+	owed  atomic.Pointer[map[string]limitCosts]
 }
 
 type mode uint32
@@ -115,6 +119,9 @@ func (f *failover) route(now time.Time) (route, *Local, error) {
 	case f.mode() == returning && !now.Before(f.returnEnds):
 		f.current.Store(uint32(shared))
 		f.local = nil
+		if owed := f.debts.close(); len(owed) > 0 {
+			f.owed.Store(&owed)
+		}
 		return viaRedis, nil, nil
 	case f.mode() != outage:
 		return viaRedis, f.local, nil
@@ -181,6 +188,7 @@ func (f *failover) fail(now time.Time, call failedCall, timeout time.Duration) (
 	f.since, f.local = now, nil
 	if f.policy == FallbackLocal {
 		f.local = f.newLocal(now, f.schedules.floors(now))
+		f.debts.open()
 	}
 	f.current.Store(uint32(outage))
 	return true, true, f.local
@@ -199,6 +207,18 @@ func (f *failover) recover(now time.Time, timeout time.Duration) time.Duration {
 	}
 	f.current.Store(uint32(next))
 	return now.Sub(f.since)
+}
+
+// takeOwed returns the debts of the last outage, once: nil until its return
+// has ended, and after the first call since.
+func (f *failover) takeOwed() map[string]limitCosts {
+	if f.owed.Load() == nil {
+		return nil
+	}
+	if owed := f.owed.Swap(nil); owed != nil {
+		return *owed
+	}
+	return nil
 }
 
 // down reports whether Redis is taken to be away (an outage), and returns

@@ -35,6 +35,7 @@ type fakeStore struct {
 	refunds         int
 	syncs           int
 	slotHolders     map[string]bool // ids holding a slot
+	repaid          map[string]int  // key → the units repaid under the first limit
 }
 
 func newFakeStore(clock *fakeClock, l Limit) *fakeStore {
@@ -163,6 +164,19 @@ func (s *fakeStore) line(_ context.Context, _ string, earliest, _ time.Duration)
 		return 0, s.down
 	}
 	return earliest, nil
+}
+
+func (s *fakeStore) repay(_ context.Context, key string, debt limitCosts) (limitCosts, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.down != nil {
+		return limitCosts{}, s.down
+	}
+	if s.repaid == nil {
+		s.repaid = map[string]int{}
+	}
+	s.repaid[key] += debt[0]
+	return debt, nil
 }
 
 func (s *fakeStore) heldUntil(_ context.Context, key string) (int64, error) {

@@ -101,6 +101,12 @@ const (
 	// learns longer, Delay), and was ignored as that response's foreign
 	// data; Reason is the header.
 	EventIgnored
+	// EventRepay: the process is back on Redis after an outage, and booked
+	// on Key what its local pacing granted of Key meanwhile: Cost units
+	// under the first limit (at most a burst beyond an empty bucket, a
+	// window's count beyond a full window). Err says if Redis could not be
+	// told.
+	EventRepay
 )
 
 var eventKindNames = [...]string{
@@ -110,6 +116,7 @@ var eventKindNames = [...]string{
 	EventReading: "reading", EventStaleReading: "stale-reading", EventLearned: "learned",
 	EventSlot: "slot", EventSlotRelease: "slot-release", EventSlotAbandon: "slot-abandon", EventSlotExpire: "slot-expire",
 	EventClass: "class", EventFail: "fail", EventSettleCapped: "settle-capped", EventRate: "rate", EventIgnored: "ignored",
+	EventRepay: "repay",
 }
 
 // String returns the kind's name, such as "wait" or "fallback".

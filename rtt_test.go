@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/fleetpace/pace/internal/redistest"
-	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
 )
 
@@ -77,9 +76,7 @@ func TestSlowLinkIsNotAnOutage(t *testing.T) {
 	end := time.Now().Add(4 * time.Second)
 	var wg sync.WaitGroup
 	for _, addr := range []string{srv.Addr, srv.Addr, proxy.Addr} {
-		c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
-		t.Cleanup(func() { c.Close() })
-		r := mustRedis(t, c, PerSecond(100).WithBurst(5), WithObserver(observe))
+		r := mustRedis(t, redistest.ClientOf(t, addr), PerSecond(100).WithBurst(5), WithObserver(observe))
 		for range 4 {
 			wg.Go(func() {
 				for {

@@ -43,7 +43,7 @@ func slogLevel(k EventKind) slog.Level {
 	switch k {
 	case EventFallback, EventProbe, EventSlotAbandon:
 		return slog.LevelWarn
-	case EventRecover, EventHold, EventHoldCapped, EventHoldEnd, EventLearned, EventSlotExpire:
+	case EventRecover, EventRepay, EventHold, EventHoldCapped, EventHoldEnd, EventLearned, EventSlotExpire:
 		return slog.LevelInfo
 	}
 	return slog.LevelDebug

@@ -112,6 +112,8 @@ var (
 	rateSource string
 	//go:embed lua/refused.lua
 	refusedSource string
+	//go:embed lua/repay.lua
+	repaySource string
 
 	reserveScript = newScript(rateSource, reserveSource)
 	quotaScript   = newScript(rateSource, quotaSource)
@@ -123,6 +125,7 @@ var (
 	syncScript    = newScript(syncSource)
 	slotsScript   = newScript(slotsSource)
 	lineScript    = newScript(lineSource)
+	repayScript   = newScript(repaySource)
 )
 
 // newScript is a script of parts, after the common prelude.

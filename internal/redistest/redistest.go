@@ -167,9 +167,14 @@ func (s *Server) Pid() int {
 
 // Client returns a go-redis client of s, closed when the test ends, with
 // the options pace recommends (ContextTimeoutEnabled).
-func (s *Server) Client(tb testing.TB) *redis.Client {
+func (s *Server) Client(tb testing.TB) *redis.Client { return ClientOf(tb, s.Addr) }
+
+// ClientOf returns a go-redis client of the Redis at addr (a Server's, or a
+// Proxy's), closed when the test ends, with the options pace recommends
+// (ContextTimeoutEnabled).
+func ClientOf(tb testing.TB, addr string) *redis.Client {
 	tb.Helper()
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true})
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	tb.Cleanup(func() { c.Close() })
 	return c
 }

@@ -1,0 +1,90 @@
+-- Books on a key what one process granted alone while Redis was away from
+-- it (see repay.go), so that the grants the others made in Redis meanwhile
+-- and its own do not both count as the limit's. Each limit takes what it
+-- has free now and at most one burst (a window's count) beyond, so that a
+-- debt costs the fleet one refill period at most, however long the outage
+-- was. A steered bucket takes nothing: the upstream's counters saw the
+-- grants, and steer it.
+--
+-- KEYS[i]   limit i's key (see quota.lua)
+-- ARGV[1]   the id that names the debt's grants in sliding windows
+-- ARGV[4i-2], ARGV[4i-1], ARGV[4i], ARGV[4i+1]   limit i: its kind (1
+--           bucket, 2 sliding window, 3 fixed window), a bucket's interval
+--           and burst or a window's length and count, and the debt under it
+--
+-- Returns {now, booked_1, ..., booked_n}: the units each limit took.
+local n = #KEYS
+local kinds, as, bs, debts, tats, steers = {}, {}, {}, {}, {}, {}
+for i = 1, n do
+  kinds[i], as[i], bs[i], debts[i] = tonumber(ARGV[4 * i - 2]), tonumber(ARGV[4 * i - 1]), tonumber(ARGV[4 * i]), tonumber(ARGV[4 * i + 1])
+  if kinds[i] == 1 then
+    tats[i], steers[i] = read_bucket(i)
+  elseif kinds[i] == 2 then
+    read(i, 'ZCARD')
+  else
+    read(i, 'HLEN')
+  end
+end
+
+-- repay_bucket moves the schedule on by the debt, up to an empty bucket
+-- and one burst more.
+local function repay_bucket(i, tat, a, b, debt)
+  local from = math.max(tat or now, now)
+  local units = math.max(math.min(debt, math.floor((math.min(now + 2 * b * a, now + horizon) - from) / a)), 0)
+  if units > 0 then
+    local finish = from + units * a
+    redis.call('SET', KEYS[i], string.format('%d', finish), 'PXAT', full_expiry(finish))
+  end
+  return units
+end
+
+-- repay_sliding adds the debt's grants at now, up to a full window and one
+-- window more; a window counts only its last count grants, so those beyond
+-- it hold the grants of others back in turn.
+local function repay_sliding(i, a, b, debt, id)
+  local key = KEYS[i]
+  local held = redis.call('ZCOUNT', key, now - a - guard(a), '+inf')
+  local units = math.max(math.min(debt, 2 * b - held), 0)
+  for j = 1, units do
+    redis.call('ZADD', key, now, id .. ':' .. j)
+  end
+  if units > 0 and redis.call('PEXPIRETIME', key) < ms_expiry(now + a + guard(a)) then
+    redis.call('PEXPIREAT', key, ms_expiry(now + a + guard(a)))
+  end
+  return units
+end
+
+-- repay_fixed counts the debt in the current window, up to its count, and
+-- the rest in the next one.
+local function repay_fixed(i, a, b, debt)
+  local key = KEYS[i]
+  local w = (now - now % a) / a
+  local left = debt
+  for window = w, w + 1 do
+    local used = number(i, redis.call('HGET', key, string.format('%d', window)), 2^53) or 0
+    local units = math.max(math.min(left, b - used), 0)
+    if units > 0 then
+      redis.call('HINCRBY', key, string.format('%d', window), units)
+      left = left - units
+    end
+  end
+  local expiry = ms_expiry((w + 2) * a)
+  if debt > left and redis.call('PEXPIRETIME', key) < expiry then
+    redis.call('PEXPIREAT', key, expiry)
+  end
+  return debt - left
+end
+
+local reply = {now}
+for i = 1, n do
+  local units = 0
+  if kinds[i] == 1 and not steers[i] then
+    units = repay_bucket(i, tats[i], as[i], bs[i], debts[i])
+  elseif kinds[i] == 2 then
+    units = repay_sliding(i, as[i], bs[i], debts[i], ARGV[1])
+  elseif kinds[i] == 3 then
+    units = repay_fixed(i, as[i], bs[i], debts[i])
+  end
+  reply[i + 1] = units
+end
+return reply
