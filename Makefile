@@ -13,8 +13,10 @@ test: redis-server limiters
 	# fake clock, but its end-to-end proofs (the fault fleets, the demo) run
 	# up to 9 processes against a real redis-server and assert counts over
 	# wall-clock spans; two such packages at once on 2 cores measure each
-	# other's load instead.
-	set -e; for m in $(MODULES); do echo "== $$m"; (cd $$m && go vet ./... && go test -race -count=1 -p 1 ./...); done
+	# other's load instead. Within a package, the fleets that sleep most of
+	# their time run 4 at a time (-parallel 4), and those that use half a
+	# core run in pairs (internal/pairs); the rest run alone.
+	set -e; for m in $(MODULES); do echo "== $$m"; (cd $$m && go vet ./... && go test -race -count=1 -p 1 -parallel 4 ./...); done
 
 # make bench: the benchmarks, each beside its baseline from the same run. The
 # core's run on CPU 0 and pin their redis-server to the last CPU, so that

@@ -122,6 +122,35 @@ func (c *caller) run(ctx context.Context, script *redis.Script, keys []string, a
 	return cmd
 }
 
+// runLong runs script as run does, and lets the call go on in the
+// background after its timeout, up to maxCallTimeout: a late answer is a
+// round trip of its own (no retransmission), so a Redis that has become
+// slower than the timeout is measured, and the next call waits for it. A
+// late answer is not the caller's: what the script booked stays booked.
+// The failover's probe runs so, once a cool-down.
+func (c *caller) runLong(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	start := time.Now()
+	timeout := c.trips.timeout()
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(maxCallTimeout, timeout+timeout/4))
+	done := make(chan *redis.Cmd, 1)
+	go func() {
+		defer cancel()
+		cmd := script.Run(lctx, c.client, keys, args...)
+		c.done(start, cmd.Err())
+		done <- cmd
+	}()
+	wait := time.NewTimer(timeout + timeout/4)
+	defer wait.Stop()
+	select {
+	case cmd := <-done:
+		return cmd
+	case <-wait.C:
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(timedOut(timeout))
+		return cmd
+	}
+}
+
 // pipeline runs the commands that fill sends, in one round trip, with the
 // call's timeout.
 func (c *caller) pipeline(ctx context.Context, p redis.Pipeliner) ([]redis.Cmder, error) {
@@ -154,6 +183,9 @@ func (c *caller) exec(cctx context.Context, d *sharedDeadline, p redis.Pipeliner
 	}
 }
 
-func (d *sharedDeadline) timedOut() error {
-	return fmt.Errorf("pace: Redis did not answer within the call timeout of %v", d.timeout)
+func (d *sharedDeadline) timedOut() error { return timedOut(d.timeout) }
+
+// timedOut is the error of a call that Redis did not answer within timeout.
+func timedOut(timeout time.Duration) error {
+	return fmt.Errorf("pace: Redis did not answer within the call timeout of %v", timeout)
 }

@@ -13,6 +13,7 @@ import (
 // key one decision touches shares its hash tag, so no CROSSSLOT error can
 // arise.
 func TestOnCluster(t *testing.T) {
+	besideOthers(t)
 	c := redistest.StartCluster(t).Client(t)
 	for name, check := range map[string]func(*testing.T, redis.UniversalClient){
 		"MatchesModel":         checkMatchesModel,

@@ -109,6 +109,7 @@ func TestFleetLeavesTheForeignShare(t *testing.T) {
 // left in the window over the units left; the window spent to 97% or more;
 // no gap beyond 0.5 s; and, in the next window, on at its pace.
 func TestFleetSpreadsAWindow(t *testing.T) {
+	besideOthers(t)
 	srv := redistest.Start(t)
 	warmScript(t, srv)
 	start := time.Now().Add(1500 * time.Millisecond).Truncate(time.Second)

@@ -189,6 +189,7 @@ type request struct {
 	horizon   time.Duration
 	own       time.Duration // the caller's budget, before its class narrowed it
 	failures  int           // its Redis calls that failed, unconfirmed, so far
+	probe     bool          // the failover's probe, whose call may answer late (see caller.runLong)
 }
 
 // wait books the wait of q and sleeps until it is due, booking anew after a
@@ -295,6 +296,7 @@ func (r *Redis) decide(ctx context.Context, q request, now time.Time) (ticket, e
 // decideShared books the request in Redis, not before the local slot of
 // first (the outage's share, while returning; else none).
 func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budget time.Duration, route route, first ticket) (ticket, error) {
+	q.probe = route == viaProbe
 	b, err := r.store.reserve(ctx, q, budget, first.delay)
 	if isOutage(err) {
 		down, local := r.failed(ctx, q.key, q.costs[0], failedCall{began: now, probe: route == viaProbe, failures: q.failures + 1, err: err})

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetpace/pace/internal/pairs"
 	"github.com/fleetpace/pace/internal/redistest"
 	"golang.org/x/time/rate"
 )
@@ -341,6 +342,7 @@ func TestFaultKill(t *testing.T) {
 		length time.Duration
 	}{{4, 500 * time.Millisecond}, {4, 2 * time.Second}, {4, 5 * time.Second}, {2, 2 * time.Second}, {8, 2 * time.Second}} {
 		t.Run(fmt.Sprintf("%d processes, %v", c.procs, c.length), func(t *testing.T) {
+			pairs.Run(t)
 			srv := redistest.Start(t)
 			warmScript(t, srv)
 			runFault(t, srv.Addr, c.procs, c.length, false, srv.Kill, srv.Restart).check(t)
@@ -382,6 +384,7 @@ func warmScript(t *testing.T, srv *redistest.Server) {
 func TestFaultPolicies(t *testing.T) {
 	for _, policy := range []FailurePolicy{FailOpen, FailClosed} {
 		t.Run(policy.String(), func(t *testing.T) {
+			pairs.Run(t)
 			srv := redistest.Start(t)
 			warmScript(t, srv)
 			start := time.Now().Add(time.Second)

@@ -381,6 +381,17 @@ func longestStall(end time.Time) time.Duration {
 	return longest
 }
 
+// besideOthers lets a test run beside the other tests that call it (as
+// many at once as go test's -parallel allows) once the package's other
+// tests are done: each runs a fleet that sleeps most of its time, against
+// a Redis of its own, and uses a quarter of a core at most under the race
+// detector. The fault fleets, which use more, run in pairs (internal/pairs);
+// the loaded machine, whose bounds measure the machine's load, alone.
+func besideOthers(t *testing.T) {
+	t.Helper()
+	t.Parallel()
+}
+
 // runFleet starts procs worker processes of this test binary, all told to do
 // w, and returns their reports. During the run, it calls each fault's act at
 // its time after w.Start, and returns when each was done too.
@@ -453,6 +464,7 @@ type fault struct {
 // 10 + 200*t + 1 grants over the span t they cover and at least 97% of
 // 200*t, with exactly one script call per grant.
 func TestRedisFleet(t *testing.T) {
+	besideOthers(t)
 	ctx := context.Background()
 	c := newTestRedis(t)
 	const limit = "200/s burst 10"

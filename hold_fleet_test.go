@@ -70,11 +70,13 @@ func runFleetHold(t *testing.T, status int, header, value string, hold time.Dura
 
 // TestFleetHoldsOnRetryAfter: a 429 with Retry-After: 2 pauses the fleet.
 func TestFleetHoldsOnRetryAfter(t *testing.T) {
+	besideOthers(t)
 	runFleetHold(t, http.StatusTooManyRequests, "Retry-After", "2", 2*time.Second)
 }
 
 // TestFleetHoldsOnRateLimitField: a 200 whose RateLimit field says the
 // quota is spent for a second pauses the fleet.
 func TestFleetHoldsOnRateLimitField(t *testing.T) {
+	besideOthers(t)
 	runFleetHold(t, http.StatusOK, "RateLimit", `"default";r=0;t=1`, time.Second)
 }

@@ -305,6 +305,7 @@ func checkKeysExpire(t *testing.T, c redis.UniversalClient) {
 // on the times the grants returned, no window of 2 s, wherever it starts,
 // holds more than 100, and the fleet uses at least 95% of 100 per 2 s.
 func TestFleetWindow(t *testing.T) {
+	besideOthers(t)
 	c := newTestRedis(t)
 	const n, per, run = 100, 2 * time.Second, 6 * time.Second
 	start := time.Now().Add(time.Second)
@@ -337,6 +338,7 @@ func TestFleetWindow(t *testing.T) {
 // grant they get the tighter of the two, 10 + 10t until the window's 50 are
 // spent, 4 s in, then nothing more.
 func TestFleetAllOf(t *testing.T) {
+	besideOthers(t)
 	c := newTestRedis(t)
 	start := time.Now().Add(time.Second)
 	reports, _ := runFleet(t, 4, fleetWorker{

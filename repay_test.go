@@ -69,6 +69,7 @@ func TestRepayBounded(t *testing.T) {
 // first books what it granted alone, so that over the run the fleet stays
 // within its quota's b + r*t.
 func TestLoneOutageRepays(t *testing.T) {
+	besideOthers(t)
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	proxy := redistest.StartProxy(t, srv.Addr)

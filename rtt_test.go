@@ -192,3 +192,47 @@ func TestLoadedMachineStaysOnRedis(t *testing.T) {
 		t.Errorf("after the first second %d refused as granted of %d served; want at most 0.1%%", refused, served)
 	}
 }
+
+// TestSlowerRedisAfterAnOutage: a limiter that measured a fast Redis
+// meets one whose every answer takes 300 ms (150 ms each way: calls time
+// out, and the process falls back). Its probe's late answer is a round
+// trip too, so within a few cool-downs the limiter is back on a Redis that
+// slow, and stays there (before, no call answered within the timeout, none
+// gave a sample, and the outage lasted as long as the slowness).
+func TestSlowerRedisAfterAnOutage(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	proxy := redistest.StartProxy(t, srv.Addr)
+	var mu sync.Mutex
+	var kinds []EventKind
+	observe := WithObserver(func(_ context.Context, e Event) {
+		if e.Kind == EventFallback || e.Kind == EventRecover {
+			mu.Lock()
+			kinds = append(kinds, e.Kind)
+			mu.Unlock()
+		}
+	})
+	r := mustRedis(t, redistest.ClientOf(t, proxy.Addr), PerSecond(100), observe, WithCooldown(100*time.Millisecond, 200*time.Millisecond))
+	for range 20 {
+		if err := r.Wait(ctx, "k", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy.SetLatency(150 * time.Millisecond)
+	byRedis := 0
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); {
+		g, err := r.WaitGrant(ctx, "k", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if time.Until(end) < time.Second && g.t.limiter == "redis" {
+			byRedis++
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("events %v; %d grants by Redis in the last second; call timeout %v", kinds, byRedis, r.callTimeout())
+	if len(kinds) == 0 || kinds[len(kinds)-1] != EventRecover || byRedis == 0 {
+		t.Errorf("events %v, %d grants by Redis in the last second: want an outage, then back on Redis", kinds, byRedis)
+	}
+}

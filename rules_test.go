@@ -129,6 +129,7 @@ func TestRulesBadInput(t *testing.T) {
 // cluster: each token has its own bucket, in whatever slot its key hashes
 // to, and no token appears in any Redis key.
 func TestRulesOnRedis(t *testing.T) {
+	besideOthers(t)
 	single := redistest.Start(t).Client(t)
 	cluster := redistest.StartCluster(t).Client(t)
 	for name, c := range map[string]redis.UniversalClient{"single": single, "cluster": cluster} {

@@ -190,14 +190,20 @@ func (s *store) reserve(ctx context.Context, q request, budget, notBefore time.D
 	if budget != MaxDelay {
 		budgetArg = budget.Microseconds()
 	}
+	script, args := reserveScript, []any(nil)
 	if s.oneBucket {
-		cmd = s.calls.run(ctx, reserveScript, keys, s.limitArgs[1], s.limitArgs[2], costs[0], budgetArg, notBefore.Microseconds(), int64(q.estimated))
+		args = []any{s.limitArgs[1], s.limitArgs[2], costs[0], budgetArg, notBefore.Microseconds(), int64(q.estimated)}
 	} else {
-		args := append(make([]any, 0, 4+4*n), budgetArg, notBefore.Microseconds(), b.id)
+		script, args = quotaScript, append(make([]any, 0, 4+4*n), budgetArg, notBefore.Microseconds(), b.id)
 		for i := range n {
 			args = append(args, s.limitArgs[3*i], s.limitArgs[3*i+1], s.limitArgs[3*i+2], costs[i])
 		}
-		cmd = s.calls.run(ctx, quotaScript, keys, append(args, int64(q.estimated))...)
+		args = append(args, int64(q.estimated))
+	}
+	if q.probe {
+		cmd = s.calls.runLong(ctx, script, keys, args...)
+	} else {
+		cmd = s.calls.run(ctx, script, keys, args...)
 	}
 	err := int64Reply(cmd, reply[:5+2*n])
 	if err == nil && (reply[0] < 0 || reply[0] > 1 || reply[1] < 0) {

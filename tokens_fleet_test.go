@@ -27,6 +27,7 @@ type llmCall struct {
 // within the bound, and it uses at least 95% of what the bound allows;
 // without, it wastes what the estimates overstate.
 func TestTokenFleet(t *testing.T) {
+	besideOthers(t)
 	for _, settle := range []bool{true, false} {
 		t.Run(map[bool]string{true: "settled", false: "not settled"}[settle], func(t *testing.T) {
 			c := newTestRedis(t)

@@ -291,6 +291,7 @@ func TestOneClock(t *testing.T) {
 // used, held for 2 s: the 60 requests after the hold go at once, with the
 // burst the key had, not at the hourly rate, on Local and on Redis.
 func TestHoldKeepsTheBurst(t *testing.T) {
+	besideOthers(t)
 	ctx := context.Background()
 	for name, lim := range map[string]Holder{
 		"redis": mustRedis(t, newTestRedis(t), PerHour(5000), sharedOnly),

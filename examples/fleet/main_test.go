@@ -9,6 +9,7 @@ import (
 
 	"github.com/fleetpace/pace/internal/exampletest"
 	"github.com/fleetpace/pace/internal/limitertest"
+	"github.com/fleetpace/pace/internal/pairs"
 	"github.com/fleetpace/pace/internal/redistest"
 )
 
@@ -166,7 +167,6 @@ func TestDemoFaults(t *testing.T) {
 // arrival (nginx lets one request more than its burst go at once: 5 ms at
 // 200/s): none in the 3 runs of the README's figures, 1 in 2 beside a CPU hog.
 func TestDemoAgainstRealLimiters(t *testing.T) {
-	srv := redistest.Start(t)
 	for _, tc := range []struct {
 		limiter, limit         string
 		served, refused, bound float64 // the least share of bound served, the most share of the requests refused
@@ -177,6 +177,8 @@ func TestDemoAgainstRealLimiters(t *testing.T) {
 		{"haproxy", "400/s burst 10", 0.90, 0.03, 1600},
 	} {
 		t.Run(tc.limiter+" "+tc.limit, func(t *testing.T) {
+			pairs.Run(t)
+			srv := redistest.Start(t)
 			url := limitertest.HAProxy(t, 200)
 			if tc.limiter == "nginx" {
 				url = limitertest.Nginx(t, 200, 10)
