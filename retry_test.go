@@ -21,6 +21,7 @@ import (
 // three times, each attempt pays its token, and the whole takes the two
 // holds and the pacing, not backoff on top of the holds.
 func TestRetryClientReplaysAndHolds(t *testing.T) {
+	besideOthers(t)
 	var mu sync.Mutex
 	var bodies []string
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

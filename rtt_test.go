@@ -200,6 +200,7 @@ func TestLoadedMachineStaysOnRedis(t *testing.T) {
 // slow, and stays there (before, no call answered within the timeout, none
 // gave a sample, and the outage lasted as long as the slowness).
 func TestSlowerRedisAfterAnOutage(t *testing.T) {
+	besideOthers(t)
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	proxy := redistest.StartProxy(t, srv.Addr)

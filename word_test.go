@@ -55,6 +55,7 @@ func getWithin(client *http.Client, url string, d time.Duration) (int, error) {
 // Redis at most, not a hundred hours, and a process that starts afterwards
 // is not held either.
 func TestHoldOfASpreadWindow(t *testing.T) {
+	besideOthers(t)
 	c := newTestRedis(t)
 	reset := time.Now().Add(3 * time.Second)
 	api, _ := scriptedAPI(t, func(n int64, h http.Header) int {
@@ -122,6 +123,7 @@ func TestHoldBeforeTheFirstSync(t *testing.T) {
 // with an event; a hold beyond it is capped. Neither stalls the key, nor
 // makes its data foreign to pace (a *KeyError).
 func TestSteeringBounded(t *testing.T) {
+	besideOthers(t)
 	c := newTestRedis(t)
 	for name, tc := range map[string]struct {
 		limit   string
@@ -180,6 +182,7 @@ func TestSteeringBounded(t *testing.T) {
 // 599 of 600 requests a minute are left. No reading refills a bucket: the
 // fleet gets at most b + r*t = 40.
 func TestReadingsNeverRefill(t *testing.T) {
+	besideOthers(t)
 	c := newTestRedis(t)
 	api, n := scriptedAPI(t, func(_ int64, h http.Header) int {
 		h.Set("X-Ratelimit-Limit-Requests", "600")
@@ -325,6 +328,7 @@ func TestHoldKeepsTheBurst(t *testing.T) {
 // configured rate is the ceiling of what it learns, and 8 goroutines get
 // at most b + r*t in 2 s, not 40 in 11 ms.
 func TestLearnedLimitCeiling(t *testing.T) {
+	besideOthers(t)
 	api, n := scriptedAPI(t, func(_ int64, h http.Header) int {
 		h.Set("X-Ratelimit-Limit-Requests", "9000000000000000")
 		h.Set("X-Ratelimit-Remaining-Requests", "8999999999999999")

@@ -1,6 +1,6 @@
 // Package pairs lets tests whose fleets each use about half of one of the
-// machine's 2 cores (the fault fleets, the demo against real limiters) run
-// two at a time rather than one. Their bounds count the stalls their
+// machine's 2 cores (the fault fleets, the demo's runs) run two at a time
+// rather than one. Their bounds count the stalls their
 // processes measure, as they do beside a CPU hog.
 package pairs
 
