@@ -378,12 +378,14 @@ func atTurn(q request, turn bool) request {
 // is refused at once.
 func (r *Redis) deferred(ctx context.Context, q request, earliest time.Duration) error {
 	retry := earliest
-	if down, _ := r.failover.down(); !down {
-		refill := refillOf(r.limits, &q.costs)
-		if lined, err := r.store.line(ctx, q.key, earliest, refill); err == nil {
-			retry = lined // else the line is a courtesy lost
+	refill := refillOf(r.limits, &q.costs)
+	r.shared(ctx, q.key, false, func() error { // a line that fails is a courtesy lost
+		lined, err := r.store.line(ctx, q.key, earliest, refill)
+		if err == nil {
+			retry = lined
 		}
-	}
+		return err
+	})
 	if own := waitBudget(ctx, r.config.maxWait, r.now()); retry+q.horizon > own {
 		return refuse(ctx, r.config.observer, "redis", q.key, q.costs[0], retry+q.horizon, own)
 	}
@@ -409,13 +411,13 @@ var errNotGivenBack = errors.New("pace: tokens not given back: Redis is unavaila
 // refund gives booking b back to Redis, unless Redis is away: then the
 // tokens stay booked rather than hold the caller for a call timeout.
 func (r *Redis) refund(ctx context.Context, key string, b booking) error {
-	if down, _ := r.failover.down(); down {
-		return errNotGivenBack
-	}
-	_, _, err := r.untilConfirmed(ctx, key, func() error {
+	_, err := r.shared(ctx, key, true, func() error {
 		_, _, err := r.store.refund(ctx, key, b)
 		return err
 	})
+	if errors.Is(err, errAway) {
+		return errNotGivenBack
+	}
 	return err
 }
 
@@ -447,16 +449,12 @@ func (r *Redis) Settle(ctx context.Context, res *Reservation, actual Costs) erro
 // settleShared settles a reservation that Redis booked; while Redis is
 // away, on the outage's local limiter instead.
 func (r *Redis) settleShared(ctx context.Context, res *Reservation, actual limitCosts) error {
-	down, local := r.failover.down()
-	if !down {
-		var err error
-		down, local, err = r.untilConfirmed(ctx, res.key, func() error {
-			_, _, err := r.store.settle(ctx, res.key, res.ticket.booking, actual)
-			return err
-		})
-		if !down {
-			return err
-		}
+	local, err := r.shared(ctx, res.key, true, func() error {
+		_, _, err := r.store.settle(ctx, res.key, res.ticket.booking, actual)
+		return err
+	})
+	if !errors.Is(err, errAway) {
+		return err
 	}
 	if local != nil && local != res.ticket.local {
 		local.settle(res.key, res.estimate, actual, r.now())
@@ -512,17 +510,14 @@ func (r *Redis) Hold(ctx context.Context, key string, h Hold) error {
 	if err != nil || !holds {
 		return err
 	}
-	if down, local := r.failover.down(); down {
-		return holdLocally(ctx, local, key, h)
-	}
 	r.listen()
 	var changed bool
 	var end int64
-	down, local, err := r.untilConfirmed(ctx, key, func() (err error) {
+	local, err := r.shared(ctx, key, true, func() (err error) {
 		changed, end, err = r.store.hold(ctx, key, h.For, r.holdChannel())
 		return err
 	})
-	if down {
+	if errors.Is(err, errAway) {
 		return holdLocally(ctx, local, key, h)
 	}
 	if err != nil {

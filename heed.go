@@ -67,18 +67,15 @@ func (r *Redis) heed(ctx context.Context, key string, t ticket, w word, o Heedin
 	if !o.Refusals || !t.booking.granted || (!served && (!w.refused || w.explained(r.namedLimits))) {
 		return
 	}
-	if down, _ := r.failover.down(); down {
-		return // the outage's pacing has no rate of the key's
-	}
-	began := r.now()
-	if served && !r.retimes.news(key, t.booking.now, began) {
-		return
-	}
-	share, _, err := r.store.refused(ctx, key, t.booking, served, r.holdChannel())
-	switch {
-	case isOutage(err):
-		r.failed(ctx, key, 0, failedCall{began: began, failures: 1, err: err})
-	case share > 0:
+	var share int64
+	r.shared(ctx, key, false, func() (err error) { // away, the outage's pacing has no rate of the key's
+		if served && !r.retimes.news(key, t.booking.now, r.now()) {
+			return nil
+		}
+		share, _, err = r.store.refused(ctx, key, t.booking, served, r.holdChannel())
+		return err
+	})
+	if share > 0 {
 		reportRate(ctx, r.config.observer, "redis", key, share, w.status)
 	}
 }

@@ -93,21 +93,35 @@ func (r *Redis) callTimeout() time.Duration {
 	return r.calls.trips.timeout()
 }
 
-// untilConfirmed runs call, a Redis call for key, again while it fails
-// with a failure the breaker does not confirm, and returns its error and,
-// when the failures confirm an outage, true and the outage's local
-// limiter. Its confirmRow-th failure confirms the outage.
-func (r *Redis) untilConfirmed(ctx context.Context, key string, call func() error) (down bool, local *Local, err error) {
+// shared runs call, a Redis call for key beside a request's booking (a
+// hold, a refund, a settlement, a sync, a line, a rate's news), unless Redis
+// is taken to be away: then it returns errAway and the outage's local
+// limiter, without calling. A failure is recorded; one the breaker
+// confirms returns errAway, wrapping it, and the outage's local limiter.
+// With retry, a failure the breaker does not confirm calls again (its
+// confirmRow-th confirms), else it is returned as it is.
+func (r *Redis) shared(ctx context.Context, key string, retry bool, call func() error) (*Local, error) {
+	if down, local := r.failover.down(); down {
+		return local, errAway
+	}
 	for failures := 1; ; failures++ {
 		began := r.now()
-		if err = call(); !isOutage(err) {
-			return false, nil, err
+		err := call()
+		if !isOutage(err) {
+			return nil, err
 		}
-		if down, local = r.failed(ctx, key, 0, failedCall{began: began, failures: failures, err: err}); down {
-			return down, local, err
+		if down, local := r.failed(ctx, key, 0, failedCall{began: began, failures: failures, err: err}); down {
+			return local, fmt.Errorf("%w: %w", errAway, err)
+		}
+		if !retry {
+			return nil, err
 		}
 	}
 }
+
+// errAway says that Redis is taken to be away: the call was not made, or
+// its failure confirmed an outage.
+var errAway = errors.New("pace: Redis is away")
 
 // outageLimiter returns the local limiter for an outage that begins at
 // since: under each limit, this process's share of it (a window taken as a

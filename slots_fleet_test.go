@@ -130,7 +130,6 @@ func anyOf(ids, all []string) bool {
 // slots the others held in Redis (11 or 12 in flight; see the README). No
 // live process may fall back.
 func TestFleetCapInFlight(t *testing.T) {
-	besideOthers(t)
 	const (
 		lease   = time.Second
 		service = 400 * time.Millisecond

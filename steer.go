@@ -84,19 +84,25 @@ func (r *Redis) Sync(ctx context.Context, res *Reservation, readings []Reading, 
 // Readings of a refusal are never dropped: they account for units not
 // spent. Readings this process can tell are stale are dropped unasked.
 func (r *Redis) sync(ctx context.Context, key string, b booking, readings []Reading, refused bool, arrival time.Time) error {
+	if !b.granted {
+		return nil // booked without Redis
+	}
 	now := r.now()
-	if down, _ := r.failover.down(); !b.granted || down {
-		return nil // booked without Redis, or Redis away
-	}
-	steers := r.steerings(ctx, key, readings, now.Sub(arrival))
-	if len(steers) == 0 || !r.syncs.due(key, b, steers, refused, now) {
-		return nil
-	}
-	reply, err := r.store.sync(ctx, key, b, steers, refused, r.holdChannel())
-	if err != nil {
-		if isOutage(err) {
-			r.failed(ctx, key, 0, failedCall{began: now, failures: 1, err: err})
+	var steers []steering
+	var reply syncReply
+	_, err := r.shared(ctx, key, false, func() (err error) {
+		steers = r.steerings(ctx, key, readings, now.Sub(arrival))
+		if len(steers) == 0 || !r.syncs.due(key, b, steers, refused, now) {
+			steers = nil
+			return nil
 		}
+		reply, err = r.store.sync(ctx, key, b, steers, refused, r.holdChannel())
+		return err
+	})
+	if steers == nil {
+		return nil // nothing to steer, or Redis away
+	}
+	if err != nil {
 		return err
 	}
 	r.syncs.note(key, steers, reply, now)
