@@ -72,19 +72,29 @@ func (u *inFlightUpstream) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	time.Sleep(u.service)
 }
 
-// holdersOf returns the slot ids that hold a slot of key's cap in Redis.
+// holdersOf returns the slot ids whose lease of a slot of key's cap has
+// not ended in Redis (a lapsed lease stays in the set until the next call
+// of the slots script purges it).
 func holdersOf(t *testing.T, c *redis.Client, key, name string) []string {
-	return idsIn(t, c, DefaultPrefix+"{"+key+"}"+slotsSuffix+name)
+	return liveIn(t, c, DefaultPrefix+"{"+key+"}"+slotsSuffix+name)
 }
 
-// inLineOf returns the ids in the line for a slot of key's cap in Redis.
+// inLineOf returns the ids whose place in the line for a slot of key's
+// cap has not lapsed in Redis.
 func inLineOf(t *testing.T, c *redis.Client, key, name string) []string {
-	return idsIn(t, c, DefaultPrefix+"{"+key+"}"+lineSuffix+name)
+	return liveIn(t, c, DefaultPrefix+"{"+key+"}"+waitersSuffix+name)
 }
 
-// idsIn returns the members of the sorted set at redisKey.
-func idsIn(t *testing.T, c *redis.Client, redisKey string) []string {
-	ids, err := c.ZRange(context.Background(), redisKey, 0, -1).Result()
+// liveIn returns the members of the sorted set at redisKey, scored by the
+// ends of their leases, whose leases end after Redis's clock now.
+func liveIn(t *testing.T, c *redis.Client, redisKey string) []string {
+	ctx := context.Background()
+	now, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Error(err)
+		return nil
+	}
+	ids, err := c.ZRangeByScore(ctx, redisKey, &redis.ZRangeBy{Min: "(" + strconv.FormatInt(now.UnixMicro(), 10), Max: "+inf"}).Result()
 	if err != nil {
 		t.Error(err)
 	}
@@ -151,9 +161,10 @@ func TestFleetCapInFlight(t *testing.T) {
 	var freed, later time.Duration
 	var heldAtKill, givenLater int
 	var measured sync.WaitGroup
-	measure := func(pid int) {
+	var pid int       // the killed process
+	var held []string // its slots when it was killed, as ready found them
+	measure := func() {
 		kill := time.Now()
-		held := idsOf(holdersOf(t, c, key, name), pid)
 		heldAtKill = len(held)
 		measured.Go(func() {
 			var given []string
@@ -175,15 +186,14 @@ func TestFleetCapInFlight(t *testing.T) {
 			}
 		})
 	}
-	var pid int
 	start := time.Now().Add(time.Second)
 	reports, done := runFleet(t, 4, fleetWorker{
 		Addr: c.Options().Addr, Limit: name, Goroutines: 16, URL: srv.URL, Lease: lease, CallTimeout: 250 * time.Millisecond,
 		Start: start, End: start.Add(length),
 	}, fault{at: killAt, kill: 1, ready: func(p int) bool {
-		pid = p
-		return len(idsOf(holdersOf(t, c, key, name), p)) > 0
-	}, act: func() { measure(pid) }})
+		pid, held = p, idsOf(holdersOf(t, c, key, name), p)
+		return len(held) > 0
+	}, act: measure})
 	measured.Wait()
 	for i, r := range reports {
 		if len(r.Fallbacks) > 0 {
