@@ -20,6 +20,7 @@ import (
 // found room between two turns, lines up again at the end); a batch
 // request whose turn would pass its deadline is refused at once.
 func TestClassesKeepRoomForCritical(t *testing.T) {
+	besideOthers(t)
 	const interval = 20 * time.Millisecond
 	var joined atomic.Int32 // batch requests booked or deferred
 	observe := WithObserver(func(ctx context.Context, e Event) {

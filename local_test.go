@@ -149,6 +149,7 @@ func TestLocalDeadlineAndCancel(t *testing.T) {
 // TestLocalKeepsTheBound: 8 goroutines on one key at 200/s burst 10 for a
 // second are granted at most 10 + 200*t + 1 and at least 97% of 200*t.
 func TestLocalKeepsTheBound(t *testing.T) {
+	besideOthers(t)
 	loc := mustLocal(t, PerSecond(200).WithBurst(10))
 	from := time.Now()
 	grants, err := runWorkers(8, from.Add(time.Second), func(ctx context.Context) error { return loc.Wait(ctx, "k", 1) })

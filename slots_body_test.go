@@ -33,6 +33,7 @@ func (failing) RoundTrip(*http.Request) (*http.Response, error) {
 // fails; a body never closed and left idle is freed when its lease lapses,
 // and the observer hears of it.
 func TestSlotLivesWithTheBody(t *testing.T) {
+	besideOthers(t)
 	const lease = 300 * time.Millisecond
 	srv := httptest.NewServer(http.HandlerFunc(slowBody))
 	defer srv.Close()

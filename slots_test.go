@@ -187,6 +187,7 @@ func TestSlotsLapse(t *testing.T) {
 // TestSlotsRenewed: a slot held for several leases is renewed and stays
 // held: nobody else gets it until it is released.
 func TestSlotsRenewed(t *testing.T) {
+	besideOthers(t)
 	const lease = 150 * time.Millisecond
 	for name, l := range slotters(t, Concurrent(1), WithLease(lease)) {
 		t.Run(name, func(t *testing.T) {

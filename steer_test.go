@@ -285,6 +285,7 @@ func TestStaleReadingAcrossProcesses(t *testing.T) {
 // probe, a request a second, not a hold of 40 s; once they have stopped,
 // the probe's reading spreads the rest again.
 func TestWindowEstimateOfOthers(t *testing.T) {
+	besideOthers(t)
 	ctx := context.Background()
 	c := newTestRedis(t)
 	var fleet [8]*Redis // each syncs once: a process syncs a key every 50 ms at most

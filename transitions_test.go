@@ -122,6 +122,7 @@ func TestOutageKeepsKeysApart(t *testing.T) {
 // to 5 times 100 ms apart by default, and only then says it broke; a caller
 // that wakes before that goes at its slot, see README, When Redis fails.)
 func TestHoldAfterRestartReachesSleepers(t *testing.T) {
+	besideOthers(t)
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	observe, booked := waitsOn("k")

@@ -97,6 +97,7 @@ func TestHoldOfASpreadWindow(t *testing.T) {
 // minutes. The hold is no booking: 1.5 s later, a request goes at once,
 // rather than wait 40 minutes.
 func TestHoldBeforeTheFirstSync(t *testing.T) {
+	besideOthers(t)
 	c := newTestRedis(t)
 	reset := time.Now().Add(40 * time.Minute)
 	api, _ := scriptedAPI(t, func(n int64, h http.Header) int {
@@ -210,6 +211,7 @@ func TestReadingsNeverRefill(t *testing.T) {
 // tokens go: 15 requests. The bound of TestReadingsNeverRefill is on what
 // the fleet is known to spend; an estimate is the upstream's to correct.
 func TestReadingsGiveBackEstimates(t *testing.T) {
+	besideOthers(t)
 	c := newTestRedis(t)
 	api, n := scriptedAPI(t, func(_ int64, h http.Header) int {
 		h.Set("X-Ratelimit-Limit-Tokens", "100")
