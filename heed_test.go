@@ -59,7 +59,6 @@ func sendFor(t *testing.T, lim Limiter, url string, goroutines int, d time.Durat
 // cuts. With IgnoreRefusals
 // nothing steers it, and about half the requests are refused to the end.
 func TestRefusalsSteerTheRate(t *testing.T) {
-	besideOthers(t)
 	c := newTestRedis(t)
 	for name, newLimiter := range map[string]func(Option) Limiter{
 		"redis": func(o Option) Limiter { return mustRedis(t, c, PerSecond(100).WithBurst(5), o, sharedOnly) },
