@@ -299,7 +299,7 @@ func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budg
 	q.probe = route == viaProbe
 	b, err := r.store.reserve(ctx, q, budget, first.delay)
 	if isOutage(err) {
-		down, local := r.failed(ctx, q.key, q.costs[0], failedCall{began: now, probe: route == viaProbe, failures: q.failures + 1, err: err})
+		down, local := r.failed(ctx, q.key, q.costs[0], failedCall{began: now, probe: q.probe, failures: q.failures + 1, err: err})
 		if !down {
 			return ticket{}, errUnconfirmed
 		}
