@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // A Class is a request's priority class. A request of a class with a
@@ -89,7 +91,7 @@ func checkHorizons(h map[Class]time.Duration) error {
 
 // horizonOf is how far ahead a request of the class ctx carries may book,
 // for costs under limits; 0 for no horizon.
-func horizonOf(ctx context.Context, config commonConfig, limits []Limit, costs *limitCosts) time.Duration {
+func horizonOf(ctx context.Context, config commonConfig, limits []Limit, costs *store.LimitCosts) time.Duration {
 	c := classOf(ctx)
 	if d := config.horizons[c]; d > 0 {
 		return d
@@ -102,7 +104,7 @@ func horizonOf(ctx context.Context, config commonConfig, limits []Limit, costs *
 
 // refillOf is the time the slowest of limits takes to refill costs: a
 // bucket's interval, or a window's length over its count, times the cost.
-func refillOf(limits []Limit, costs *limitCosts) time.Duration {
+func refillOf(limits []Limit, costs *store.LimitCosts) time.Duration {
 	var longest time.Duration
 	for i, l := range limits {
 		longest = max(longest, time.Duration(float64(l.period)/l.count)*time.Duration(costs[i]))
@@ -140,7 +142,7 @@ func asDeferral(err error) (*deferral, bool) {
 }
 
 // deferLines are a Local's lines of deferred requests, by key: when the
-// last one's turn ends (as lua/line.lua keeps them in Redis).
+// last one's turn ends (as internal/store/lua/line.lua keeps them in Redis).
 type deferLines struct {
 	mu   sync.Mutex
 	last expiringMap[time.Time]

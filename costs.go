@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // Costs are what one request takes under each limit of its quota, by the
@@ -46,7 +48,7 @@ type Reserver interface {
 type Reservation struct {
 	limiter  Reserver // the limiter that made it
 	key      string
-	estimate limitCosts
+	estimate store.LimitCosts
 	ticket   ticket // what was booked, and where
 	settled  atomic.Bool
 }
@@ -61,26 +63,19 @@ func (r *Reservation) Delay() time.Duration { return r.ticket.delay }
 // request steers the key (see Heeder).
 func (r *Reservation) Grant() Grant { return Grant{r.ticket} }
 
-// limitCosts are a request's costs under each limit of its quota, by the
-// limit's position.
-type limitCosts [maxLimits]int
-
 // uniform is cost under each limit.
-func uniform(cost int) limitCosts {
-	var c limitCosts
+func uniform(cost int) store.LimitCosts {
+	var c store.LimitCosts
 	for i := range c {
 		c[i] = cost
 	}
 	return c
 }
 
-// limitSet is a set of a quota's limits, by position: bit i for limit i.
-type limitSet uint8
-
 // estimated is the set of limits that estimate names: their costs are
 // estimates, which the upstream's counters may correct until they are
-// settled (see lua/common.lua's CEILING).
-func (n namedLimits) estimated(estimate Costs) (set limitSet) {
+// settled (see internal/store/lua/common.lua's CEILING).
+func (n namedLimits) estimated(estimate Costs) (set store.LimitSet) {
 	for i, name := range n.names {
 		if _, ok := estimate[name]; ok {
 			set |= 1 << i
@@ -110,8 +105,8 @@ func newNamedLimits(limits []Limit) namedLimits {
 
 // costsOf reads c, for key, as a cost under each limit. An estimate must
 // fit each limit's burst or count, lest its wait never end.
-func (n namedLimits) costsOf(key string, c Costs, estimate bool) (limitCosts, error) {
-	var costs limitCosts
+func (n namedLimits) costsOf(key string, c Costs, estimate bool) (store.LimitCosts, error) {
+	var costs store.LimitCosts
 	for i := range n.limits {
 		costs[i] = 1
 	}
@@ -124,11 +119,11 @@ func (n namedLimits) costsOf(key string, c Costs, estimate bool) (limitCosts, er
 		}
 		switch {
 		case i < 0:
-			return costs, &requestError{fmt.Sprintf("pace: key %s: Costs name %q, which is not a limit of the quota (%s)", quoteKey(key), name, strings.Join(n.names, ", "))}
+			return costs, &requestError{fmt.Sprintf("pace: key %s: Costs name %q, which is not a limit of the quota (%s)", store.QuoteKey(key), name, strings.Join(n.names, ", "))}
 		case cost < 0:
-			return costs, &requestError{fmt.Sprintf("pace: key %s: cost %d under limit %q is below 0", quoteKey(key), cost, name)}
+			return costs, &requestError{fmt.Sprintf("pace: key %s: cost %d under limit %q is below 0", store.QuoteKey(key), cost, name)}
 		case estimate && cost > n.limits[i].burst:
-			return costs, &requestError{fmt.Sprintf("pace: key %s: cost %d under limit %q exceeds its burst %d", quoteKey(key), cost, name, n.limits[i].burst)}
+			return costs, &requestError{fmt.Sprintf("pace: key %s: cost %d under limit %q exceeds its burst %d", store.QuoteKey(key), cost, name, n.limits[i].burst)}
 		}
 		costs[i] = cost
 	}
@@ -136,18 +131,18 @@ func (n namedLimits) costsOf(key string, c Costs, estimate bool) (limitCosts, er
 }
 
 // checkReserve reports a reservation that cannot begin, as checkWait does.
-func (n namedLimits) checkReserve(ctx context.Context, key string, estimate Costs) (limitCosts, error) {
+func (n namedLimits) checkReserve(ctx context.Context, key string, estimate Costs) (store.LimitCosts, error) {
 	if err := checkWait(ctx, 1, key, 1); err != nil {
-		return limitCosts{}, err
+		return store.LimitCosts{}, err
 	}
 	return n.costsOf(key, estimate, true)
 }
 
 // checkSettle reports a settlement that cannot be made: of a reservation
 // that limiter did not make, or with a bad actual cost.
-func (n namedLimits) checkSettle(limiter Reserver, r *Reservation, actual Costs) (limitCosts, error) {
+func (n namedLimits) checkSettle(limiter Reserver, r *Reservation, actual Costs) (store.LimitCosts, error) {
 	if r == nil || r.limiter != limiter {
-		return limitCosts{}, &requestError{"pace: Settle: a reservation this limiter did not make"}
+		return store.LimitCosts{}, &requestError{"pace: Settle: a reservation this limiter did not make"}
 	}
 	return n.costsOf(r.key, actual, false)
 }
@@ -156,7 +151,7 @@ func (n namedLimits) checkSettle(limiter Reserver, r *Reservation, actual Costs)
 // ever hold (a bucket's burst, a window's count) and, for a bucket, at the
 // estimate plus what it refills in bound, so that no settlement can delay
 // the key beyond bound; limiter's observer o hears of each cap.
-func (n namedLimits) capDebts(ctx context.Context, o Observer, limiter string, r *Reservation, actual *limitCosts, bound time.Duration) {
+func (n namedLimits) capDebts(ctx context.Context, o Observer, limiter string, r *Reservation, actual *store.LimitCosts, bound time.Duration) {
 	for i, l := range n.limits {
 		most := l.burst
 		if l.kind == bucket {

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fleetpace/pace/internal/store"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -39,7 +40,7 @@ type Redis struct {
 	costCap  int // the smallest burst or window count of the limits: the most a request may cost under every limit
 	config   redisConfig
 	now      func() time.Time // time.Now, or a test's clock
-	calls    *caller
+	calls    *store.Caller
 	store    sharedStore
 	failover *failover
 	fleet    *fleet
@@ -66,16 +67,16 @@ var (
 // sharedStore is what a Redis limiter asks of Redis: a *store, or a test's
 // fake.
 type sharedStore interface {
-	reserve(ctx context.Context, q request, budget, notBefore time.Duration) (booking, error)
-	refund(ctx context.Context, key string, b booking) ([maxLimits]refundResult, int64, error)
-	settle(ctx context.Context, key string, b booking, actual limitCosts) (settled bool, now int64, err error)
-	sync(ctx context.Context, key string, b booking, steers []steering, refused bool, channel string) (syncReply, error)
-	hold(ctx context.Context, key string, d time.Duration, channel string) (changed bool, end int64, err error)
-	slots(ctx context.Context, key string, c slotCall) (slotsReply, error)
-	line(ctx context.Context, key string, earliest, turn time.Duration) (time.Duration, error)
-	heldUntil(ctx context.Context, key string) (int64, error)
-	refused(ctx context.Context, key string, b booking, served bool, channel string) (share, now int64, err error)
-	repay(ctx context.Context, key string, debt limitCosts) (took limitCosts, err error)
+	Reserve(ctx context.Context, q store.Request, budget, notBefore time.Duration) (store.Booking, error)
+	Refund(ctx context.Context, key string, b store.Booking) ([store.MaxLimits]store.RefundResult, int64, error)
+	Settle(ctx context.Context, key string, b store.Booking, actual store.LimitCosts) (settled bool, now int64, err error)
+	Sync(ctx context.Context, key string, b store.Booking, steers []store.Steer, refused bool, channel string) (store.SyncReply, error)
+	Hold(ctx context.Context, key string, d time.Duration, channel string) (changed bool, end int64, err error)
+	Slots(ctx context.Context, key string, c store.SlotCall) (store.SlotsReply, error)
+	Line(ctx context.Context, key string, earliest, turn time.Duration) (time.Duration, error)
+	HeldUntil(ctx context.Context, key string) (int64, error)
+	Refused(ctx context.Context, key string, b store.Booking, served bool, channel string) (share, now int64, err error)
+	Repay(ctx context.Context, key string, debt store.LimitCosts) (took store.LimitCosts, err error)
 }
 
 // NewRedis returns a Redis limiter that gives each key the quota q (a Limit,
@@ -92,9 +93,9 @@ func NewRedis(client redis.Scripter, q Quota, opts ...RedisOption) (*Redis, erro
 		return nil, err
 	}
 	r.client = client
-	r.calls = newCaller(client, r.config.callTimeout)
-	r.failover.breaker.answers = &r.calls.answers
-	r.store = newStore(r.calls, r.config.prefix, r.id, r.limits)
+	r.calls = store.NewCaller(client, r.config.callTimeout)
+	r.failover.breaker.answers = &r.calls.Answers
+	r.store = store.New(r.calls, r.config.prefix, r.id, storeLimits(r.limits))
 	return r, nil
 }
 
@@ -125,6 +126,24 @@ func newRedis(q Quota, now func() time.Time, opts ...RedisOption) (*Redis, error
 	return r, nil
 }
 
+// storeLimits are limits as the store takes them. Each limit's Redis key
+// is prefix{key}, a colon and the limit's name; the key of a quota of one
+// unnamed bucket is prefix{key} alone.
+func storeLimits(limits []Limit) []store.Limit {
+	kinds := map[limitKind]store.Kind{bucket: store.Bucket, slidingWindow: store.SlidingWindow, fixedWindow: store.FixedWindow}
+	out := make([]store.Limit, len(limits))
+	for i, l := range limits {
+		out[i] = store.Limit{Kind: kinds[l.kind], Span: l.intervalMicros(), Count: l.burst, Suffix: ":" + limitName(l)}
+		if l.kind != bucket {
+			out[i].Span = l.period.Microseconds()
+		}
+	}
+	if len(limits) == 1 && limits[0].kind == bucket && limits[0].name == "" {
+		out[0].Suffix = ""
+	}
+	return out
+}
+
 // Wait implements Limiter. It books cost tokens for key in Redis, under
 // every limit, and sleeps until they are due; if ctx ends first, the tokens
 // go back to the bucket, so that the next callers get them sooner. While
@@ -143,8 +162,8 @@ func (r *Redis) WaitGrant(ctx context.Context, key string, cost int) (Grant, err
 	if err := r.cap.check(ctx, key); err != nil || !r.cap.rated {
 		return Grant{}, err
 	}
-	q := request{key: key, costs: uniform(cost)}
-	q.horizon = horizonOf(ctx, r.config.commonConfig, r.limits, &q.costs)
+	q := request{Request: store.Request{Key: key, Costs: uniform(cost)}}
+	q.horizon = horizonOf(ctx, r.config.commonConfig, r.limits, &q.Costs)
 	t, err := r.wait(ctx, q)
 	return Grant{t}, err
 }
@@ -170,7 +189,7 @@ func (r *Redis) Reserve(ctx context.Context, key string, estimate Costs) (*Reser
 	if err != nil {
 		return nil, err
 	}
-	q := request{key: key, costs: costs, settled: true, estimated: r.estimated(estimate), horizon: horizonOf(ctx, r.config.commonConfig, r.limits, &costs)}
+	q := request{Request: store.Request{Key: key, Costs: costs, Settled: true, Estimated: r.estimated(estimate)}, horizon: horizonOf(ctx, r.config.commonConfig, r.limits, &costs)}
 	t, err := r.wait(ctx, q)
 	if err != nil {
 		return nil, err
@@ -178,18 +197,13 @@ func (r *Redis) Reserve(ctx context.Context, key string, estimate Costs) (*Reser
 	return &Reservation{limiter: r, key: key, estimate: costs, ticket: t}, nil
 }
 
-// request is one wait: its key, its cost under each limit, whether it will
-// be settled and which of its costs are estimates, and the horizon of its
-// class (0 for none; see Class).
+// request is one wait: what its booking needs, the horizon of its class (0
+// for none; see Class), and what became of it so far.
 type request struct {
-	key       string
-	costs     limitCosts
-	settled   bool
-	estimated limitSet
-	horizon   time.Duration
-	own       time.Duration // the caller's budget, before its class narrowed it
-	failures  int           // its Redis calls that failed, unconfirmed, so far
-	probe     bool          // the failover's probe, whose call may answer late (see caller.runLong)
+	store.Request
+	horizon  time.Duration
+	own      time.Duration // the caller's budget, before its class narrowed it
+	failures int           // its Redis calls that failed, unconfirmed, so far
 }
 
 // wait books the wait of q and sleeps until it is due, booking anew after a
@@ -208,22 +222,22 @@ func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 		if err != nil {
 			return ticket{}, err
 		}
-		r.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: t.limiter, Key: q.key, Cost: q.costs[0], Delay: t.delay, Err: t.cause})
-		switch err := r.sleep(ctx, q.key, t); {
+		r.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: t.limiter, Key: q.Key, Cost: q.Costs[0], Delay: t.delay, Err: t.cause})
+		switch err := r.sleep(ctx, q.Key, t); {
 		case errors.Is(err, errRetimed):
 			if t.local != nil {
-				t.local.cancel(q.key, t.res, r.now())
+				t.local.cancel(q.Key, t.res, r.now())
 			}
 			if errors.Is(err, errRecut) {
-				r.refund(ctx, q.key, t.booking) // a failure reaches the observer
+				r.refund(ctx, q.Key, t.booking) // a failure reaches the observer
 			}
 			continue // the key's pace changed while this caller slept
 		case err != nil:
 			return ticket{}, r.giveBack(ctx, q, t, err)
 		}
-		if !r.replacedByHold(ctx, q.key, t) {
+		if !r.replacedByHold(ctx, q.Key, t) {
 			if t.limiter == "local" {
-				r.failover.debts.owe(q.key, q.costs, limitCosts{})
+				r.failover.debts.owe(q.Key, q.Costs, store.LimitCosts{})
 			}
 			return t, nil
 		}
@@ -244,10 +258,10 @@ var (
 // sleep sleeps for t's delay, unless ctx ends first, or, for a booking in
 // Redis, the key is retimed meanwhile (errRetimed, or errRecut).
 func (r *Redis) sleep(ctx context.Context, key string, t ticket) error {
-	if !t.booking.granted {
+	if !t.booking.Granted {
 		return sleep(ctx, key, t.delay)
 	}
-	return r.retimes.sleep(ctx, key, t.delay, t.booking.now)
+	return r.retimes.sleep(ctx, key, t.delay, t.booking.Now)
 }
 
 // A ticket is a wait that a limiter granted: how long it is, who decided
@@ -255,10 +269,10 @@ func (r *Redis) sleep(ctx context.Context, key string, t ticket) error {
 type ticket struct {
 	limiter   string // "redis", "local" or "open"
 	delay     time.Duration
-	start     time.Time // when the decision began, by the limiter's clock
-	cause     error     // why Redis did not decide, if it did not
-	booking   booking   // Redis's booking, when booking.granted
-	local     *Local    // the local limiter that booked the wait too, or nil
+	start     time.Time     // when the decision began, by the limiter's clock
+	cause     error         // why Redis did not decide, if it did not
+	booking   store.Booking // Redis's booking, when booking.granted
+	local     *Local        // the local limiter that booked the wait too, or nil
 	res       localBooking
 	listening bool // the key's rate listens for a success (see refusals.go)
 }
@@ -288,7 +302,7 @@ func (r *Redis) decide(ctx context.Context, q request, now time.Time) (ticket, e
 	}
 	t, err := r.decideShared(ctx, q, now, budget, route, first)
 	if first.local != nil && (err != nil || t.local != first.local) {
-		first.local.cancel(q.key, first.res, r.now()) // refused, or decided by the next outage
+		first.local.cancel(q.Key, first.res, r.now()) // refused, or decided by the next outage
 	}
 	return t, err
 }
@@ -296,27 +310,27 @@ func (r *Redis) decide(ctx context.Context, q request, now time.Time) (ticket, e
 // decideShared books the request in Redis, not before the local slot of
 // first (the outage's share, while returning; else none).
 func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budget time.Duration, route route, first ticket) (ticket, error) {
-	q.probe = route == viaProbe
-	b, err := r.store.reserve(ctx, q, budget, first.delay)
-	if isOutage(err) {
-		down, local := r.failed(ctx, q.key, q.costs[0], failedCall{began: now, probe: q.probe, failures: q.failures + 1, err: err})
+	q.Probe = route == viaProbe
+	b, err := r.store.Reserve(ctx, q.Request, budget, first.delay)
+	if store.IsOutage(err) {
+		down, local := r.failed(ctx, q.Key, q.Costs[0], failedCall{began: now, probe: q.Probe, failures: q.failures + 1, err: err})
 		if !down {
 			return ticket{}, errUnconfirmed
 		}
 		return r.decideWithout(ctx, q, local, err, budget)
 	}
 	if route == viaProbe {
-		r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: q.key, Cost: q.costs[0], Delay: r.failover.recover(r.now(), r.callTimeout())})
+		r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: q.Key, Cost: q.Costs[0], Delay: r.failover.recover(r.now(), r.callTimeout())})
 	}
 	if err != nil {
 		return ticket{}, err
 	}
-	r.beat(ctx, b.now, now)
-	if b.recovered {
-		reportRate(ctx, r.config.observer, "redis", q.key, rateFull, 0)
+	r.beat(ctx, b.Now, now)
+	if b.Recovered {
+		reportRate(ctx, r.config.observer, "redis", q.Key, rateFull, 0)
 	}
-	if !b.granted {
-		return ticket{}, r.refuse(ctx, q, "redis", b.delay, budget)
+	if !b.Granted {
+		return ticket{}, r.refuse(ctx, q, "redis", b.Delay, budget)
 	}
 	return r.pass(ctx, q, now, b, first)
 }
@@ -327,25 +341,25 @@ func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budg
 // an outage had begun, or the probe), the outage's local limiter books the
 // wait too, at or after its slot; if that would pass the caller's budget,
 // b is given back and the wait refused.
-func (r *Redis) pass(ctx context.Context, q request, start time.Time, b booking, first ticket) (ticket, error) {
+func (r *Redis) pass(ctx context.Context, q request, start time.Time, b store.Booking, first ticket) (ticket, error) {
 	now := r.now()
 	// The reply came after the decision, so its arrival plus the delay is no
 	// earlier than the slot itself.
-	slot := now.Add(b.delay)
-	gate := r.failover.granted(q.key, slot, now, first.local != nil)
+	slot := now.Add(b.Delay)
+	gate := r.failover.granted(q.Key, slot, now, first.local != nil)
 	if first.local != nil {
-		first.limiter, first.delay, first.booking, first.listening = "redis", b.delay, b, b.listening
+		first.limiter, first.delay, first.booking, first.listening = "redis", b.Delay, b, b.Listening
 		return first, nil
 	}
-	t := ticket{limiter: "redis", delay: b.delay, start: start, booking: b, local: gate, listening: b.listening}
+	t := ticket{limiter: "redis", delay: b.Delay, start: start, booking: b, local: gate, listening: b.Listening}
 	if gate == nil {
 		return t, nil
 	}
 	budget := waitBudget(ctx, r.config.maxWait, now)
-	delay, ok := t.local.reserve(q.key, &q.costs, now, slot, budget, &t.res, nil)
+	delay, ok := t.local.reserve(q.Key, &q.Costs, now, slot, budget, &t.res, nil)
 	if !ok {
-		err := refuse(ctx, r.config.observer, "redis", q.key, q.costs[0], delay, budget)
-		return ticket{}, errors.Join(err, r.refund(ctx, q.key, b))
+		err := refuse(ctx, r.config.observer, "redis", q.Key, q.Costs[0], delay, budget)
+		return ticket{}, errors.Join(err, r.refund(ctx, q.Key, b))
 	}
 	t.delay = delay
 	return t, nil
@@ -357,7 +371,7 @@ func (r *Redis) refuse(ctx context.Context, q request, limiter string, delay, bu
 	if defers(delay, q.own, q.horizon) {
 		return &deferral{delay: delay}
 	}
-	return refuse(ctx, r.config.observer, limiter, q.key, q.costs[0], delay, budget)
+	return refuse(ctx, r.config.observer, limiter, q.Key, q.Costs[0], delay, budget)
 }
 
 // atTurn is q, with twice the horizon of its class when its turn has come
@@ -371,37 +385,37 @@ func atTurn(q request, turn bool) request {
 
 // deferred waits for the turn of a request q its class kept out of the
 // schedule, whose wait comes within its horizon after earliest: in the
-// line of the key's deferred requests (see lua/line.lua), or, while Redis
+// line of the key's deferred requests (see internal/store/lua/line.lua), or, while Redis
 // is away, at earliest. A request whose turn came, but found the schedule
 // beyond its horizon still, lines up again: every booking of the class is
 // a turn of the line, which so spaces them. A turn past the caller's budget
 // is refused at once.
 func (r *Redis) deferred(ctx context.Context, q request, earliest time.Duration) error {
 	retry := earliest
-	refill := refillOf(r.limits, &q.costs)
-	r.shared(ctx, q.key, false, func() error { // a line that fails is a courtesy lost
-		lined, err := r.store.line(ctx, q.key, earliest, refill)
+	refill := refillOf(r.limits, &q.Costs)
+	r.shared(ctx, q.Key, false, func() error { // a line that fails is a courtesy lost
+		lined, err := r.store.Line(ctx, q.Key, earliest, refill)
 		if err == nil {
 			retry = lined
 		}
 		return err
 	})
 	if own := waitBudget(ctx, r.config.maxWait, r.now()); retry+q.horizon > own {
-		return refuse(ctx, r.config.observer, "redis", q.key, q.costs[0], retry+q.horizon, own)
+		return refuse(ctx, r.config.observer, "redis", q.Key, q.Costs[0], retry+q.horizon, own)
 	}
-	return deferred(ctx, r.config.observer, "redis", q.key, q.costs[0], retry)
+	return deferred(ctx, r.config.observer, "redis", q.Key, q.Costs[0], retry)
 }
 
 // giveBack returns what ticket t booked, for a caller whose wait ended
 // early with err, and returns err with anything that went wrong.
 func (r *Redis) giveBack(ctx context.Context, q request, t ticket, err error) error {
 	if t.local != nil {
-		t.local.cancel(q.key, t.res, r.now())
+		t.local.cancel(q.Key, t.res, r.now())
 	}
-	if t.booking.granted {
-		err = errors.Join(err, r.refund(ctx, q.key, t.booking))
+	if t.booking.Granted {
+		err = errors.Join(err, r.refund(ctx, q.Key, t.booking))
 	}
-	r.config.observer.emit(ctx, Event{Kind: EventCancel, Limiter: t.limiter, Key: q.key, Cost: q.costs[0], Delay: t.delay, Err: err})
+	r.config.observer.emit(ctx, Event{Kind: EventCancel, Limiter: t.limiter, Key: q.Key, Cost: q.Costs[0], Delay: t.delay, Err: err})
 	return err
 }
 
@@ -410,9 +424,9 @@ var errNotGivenBack = errors.New("pace: tokens not given back: Redis is unavaila
 
 // refund gives booking b back to Redis, unless Redis is away: then the
 // tokens stay booked rather than hold the caller for a call timeout.
-func (r *Redis) refund(ctx context.Context, key string, b booking) error {
+func (r *Redis) refund(ctx context.Context, key string, b store.Booking) error {
 	_, err := r.shared(ctx, key, true, func() error {
-		_, _, err := r.store.refund(ctx, key, b)
+		_, _, err := r.store.Refund(ctx, key, b)
 		return err
 	})
 	if errors.Is(err, errAway) {
@@ -434,7 +448,7 @@ func (r *Redis) Settle(ctx context.Context, res *Reservation, actual Costs) erro
 	}
 	r.capDebts(ctx, r.config.observer, "redis", res, &costs, r.config.holdBound())
 	t := res.ticket
-	if t.booking.granted {
+	if t.booking.Granted {
 		err = r.settleShared(ctx, res, costs)
 	}
 	if t.local != nil {
@@ -448,9 +462,9 @@ func (r *Redis) Settle(ctx context.Context, res *Reservation, actual Costs) erro
 
 // settleShared settles a reservation that Redis booked; while Redis is
 // away, on the outage's local limiter instead.
-func (r *Redis) settleShared(ctx context.Context, res *Reservation, actual limitCosts) error {
+func (r *Redis) settleShared(ctx context.Context, res *Reservation, actual store.LimitCosts) error {
 	local, err := r.shared(ctx, res.key, true, func() error {
-		_, _, err := r.store.settle(ctx, res.key, res.ticket.booking, actual)
+		_, _, err := r.store.Settle(ctx, res.key, res.ticket.booking, actual)
 		return err
 	})
 	if !errors.Is(err, errAway) {
@@ -459,7 +473,7 @@ func (r *Redis) settleShared(ctx context.Context, res *Reservation, actual limit
 	if local != nil && local != res.ticket.local {
 		local.settle(res.key, res.estimate, actual, r.now())
 	}
-	return fmt.Errorf("pace: key %s: the settlement is kept by this process alone: %w", quoteKey(res.key), ErrUnavailable)
+	return fmt.Errorf("pace: key %s: the settlement is kept by this process alone: %w", store.QuoteKey(res.key), ErrUnavailable)
 }
 
 // replacedByHold reports whether a hold replaced the slot of ticket t while
@@ -473,17 +487,17 @@ func (r *Redis) replacedByHold(ctx context.Context, key string, t ticket) bool {
 	if t.local != nil && t.local.heldPast(key, t.start.Add(t.delay)) {
 		return true
 	}
-	if !t.booking.granted {
+	if !t.booking.Granted {
 		return false
 	}
-	slot := t.booking.slot()
+	slot := t.booking.Slot()
 	if r.held.before(key, slot) {
 		return true
 	}
 	if !r.missedHolds(t.start) {
 		return false
 	}
-	end, err := r.store.heldUntil(ctx, key)
+	end, err := r.store.HeldUntil(ctx, key)
 	return err == nil && slot < end
 }
 
@@ -514,7 +528,7 @@ func (r *Redis) Hold(ctx context.Context, key string, h Hold) error {
 	var changed bool
 	var end int64
 	local, err := r.shared(ctx, key, true, func() (err error) {
-		changed, end, err = r.store.hold(ctx, key, h.For, r.holdChannel())
+		changed, end, err = r.store.Hold(ctx, key, h.For, r.holdChannel())
 		return err
 	})
 	if errors.Is(err, errAway) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fleetpace/pace/internal/redistest"
+	"github.com/fleetpace/pace/internal/store"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -77,12 +78,12 @@ type modelCheck struct {
 	holdEnds map[string]int64
 	counts   map[string]int
 	lastNow  int64            // the latest Redis TIME seen
-	lines    map[string]int64 // key → when its line of deferred requests ends (lua/line.lua)
+	lines    map[string]int64 // key → when its line of deferred requests ends (internal/store/lua/line.lua)
 }
 
 type modelBooking struct {
 	key string
-	b   booking
+	b   store.Booking
 }
 
 func newModelCheck(t *testing.T, c redis.UniversalClient, seed uint64) *modelCheck {
@@ -154,33 +155,33 @@ func (m *modelCheck) reserve(step int) {
 	cost := m.rng.Int64N(burst) + 1
 	budget := []time.Duration{MaxDelay, 0, time.Duration(m.rng.Int64N(5*a)) * time.Microsecond}[m.rng.IntN(3)]
 	notBefore := []time.Duration{0, 0, time.Duration(m.rng.Int64N(3*a)) * time.Microsecond}[m.rng.IntN(3)]
-	q := request{key: key, costs: uniform(int(cost)), settled: true}
+	q := store.Request{Key: key, Costs: uniform(int(cost)), Settled: true}
 	if m.rng.IntN(2) == 0 {
-		q.estimated = 1
+		q.Estimated = 1
 	}
 	m.reserveWith(step, q, budget, notBefore)
 }
 
-func (m *modelCheck) reserveWith(step int, q request, budget, notBefore time.Duration) {
-	key, cost := q.key, int64(q.costs[0])
+func (m *modelCheck) reserveWith(step int, q store.Request, budget, notBefore time.Duration) {
+	key, cost := q.Key, int64(q.Costs[0])
 	r, a, burst := m.limiterOf(key)
-	b, err := storeOf(r).reserve(context.Background(), q, budget, notBefore)
+	b, err := storeOf(r).Reserve(context.Background(), q, budget, notBefore)
 	if err != nil {
 		m.t.Fatalf("step %d: %v", step, err)
 	}
-	now := m.now(step, b.now)
+	now := m.now(step, b.Now)
 	steer := m.model.steers[key]
-	want := m.model.reserve(key, a, burst, cost, budget.Microseconds(), notBefore.Microseconds(), now, q.estimated.has(0))
-	if b.granted != want.granted || b.delay != want.delay || b.finishes[0] != want.finishes[0] || b.booked[0] != want.booked[0] ||
-		b.listening != want.listening || b.recovered != want.recovered {
+	want := m.model.reserve(key, a, burst, cost, budget.Microseconds(), notBefore.Microseconds(), now, has(q.Estimated, 0))
+	if b.Granted != want.Granted || b.Delay != want.Delay || b.Finishes[0] != want.Finishes[0] || b.Booked[0] != want.Booked[0] ||
+		b.Listening != want.Listening || b.Recovered != want.Recovered {
 		m.t.Fatalf("step %d: reserve(%s, cost %d, budget %v, not before %v) at %d: script granted=%v delay=%v finish=%d booked=%d listening=%v recovered=%v, model %v %v %d %d %v %v",
-			step, key, cost, budget, notBefore, now, b.granted, b.delay, b.finishes[0], b.booked[0], b.listening, b.recovered,
-			want.granted, want.delay, want.finishes[0], want.booked[0], want.listening, want.recovered)
+			step, key, cost, budget, notBefore, now, b.Granted, b.Delay, b.Finishes[0], b.Booked[0], b.Listening, b.Recovered,
+			want.Granted, want.Delay, want.Finishes[0], want.Booked[0], want.Listening, want.Recovered)
 	}
-	if b.recovered {
+	if b.Recovered {
 		m.counts["rate-recovered"]++
 	}
-	if !b.granted {
+	if !b.Granted {
 		m.counts["refused"]++
 		return
 	}
@@ -202,12 +203,12 @@ func (m *modelCheck) refund(step int) {
 		return
 	}
 	r, a, _ := m.limiterOf(bk.key)
-	results, now, err := storeOf(r).refund(context.Background(), bk.key, bk.b)
+	results, now, err := storeOf(r).Refund(context.Background(), bk.key, bk.b)
 	if err != nil {
 		m.t.Fatalf("step %d: %v", step, err)
 	}
-	got, finish := results[0], bk.b.finishes[0]
-	if want := m.model.refund(bk.key, finish, int64(bk.b.costs[0])*a, m.now(step, now)); got != want {
+	got, finish := results[0], bk.b.Finishes[0]
+	if want := m.model.refund(bk.key, finish, int64(bk.b.Costs[0])*a, m.now(step, now)); got != want {
 		m.t.Fatalf("step %d: refund(%s, finish %d) at %d: script %d, model %d", step, bk.key, finish, now, got, want)
 	}
 	m.counts[[]string{"refund-nothing", "refund-tail", "refund-gap"}[got]]++
@@ -215,7 +216,7 @@ func (m *modelCheck) refund(step int) {
 
 // line puts two requests its class deferred in a key's line, each as one
 // whose wait comes within its horizon from 0 to 5 intervals from now, and
-// whose turn takes 1 to 3 intervals. The line is lua/line.lua; a class's
+// whose turn takes 1 to 3 intervals. The line is internal/store/lua/line.lua; a class's
 // deferral is a refusal (a reserve whose budget is the horizon), which
 // reserve covers: the rate bound over all classes is the bucket's.
 func (m *modelCheck) line(step int) {
@@ -228,13 +229,13 @@ func (m *modelCheck) line(step int) {
 func (m *modelCheck) lineOne(step int, key string) {
 	r, a, _ := m.limiterOf(key)
 	earliest, turn := m.rng.Int64N(5*a), (m.rng.Int64N(3)+1)*a
-	now, got, err := storeOf(r).lineAt(context.Background(), key, microseconds(earliest), microseconds(turn))
+	now, got, err := storeOf(r).LineAt(context.Background(), key, store.Microseconds(earliest), store.Microseconds(turn))
 	if err != nil {
 		m.t.Fatalf("step %d: line: %v", step, err)
 	}
 	now = m.now(step, now)
 	want := max(now+earliest, m.lines[key]) - now
-	if got != microseconds(want) {
+	if got != store.Microseconds(want) {
 		m.t.Fatalf("step %d: line(%s, earliest %d, turn %d) at %d: script %v, model %dµs", step, key, earliest, turn, now, got, want)
 	}
 	m.counts[map[bool]string{true: "line-first", false: "line-behind"}[want == earliest]]++
@@ -248,12 +249,12 @@ func (m *modelCheck) settle(step int) {
 	}
 	r, a, burst := m.limiterOf(bk.key)
 	actual := m.rng.Int64N(2*burst + 2)
-	settled, now, err := storeOf(r).settle(context.Background(), bk.key, bk.b, uniform(int(actual)))
+	settled, now, err := storeOf(r).Settle(context.Background(), bk.key, bk.b, uniform(int(actual)))
 	if err != nil || !settled {
 		m.t.Fatalf("step %d: settle: %v, %v", step, settled, err)
 	}
-	m.model.settle(bk.key, a, burst, actual-int64(bk.b.costs[0]), actual-known(bk.b.estimated.has(0), int64(bk.b.costs[0])), m.now(step, now))
-	m.counts[map[bool]string{true: "settle-up", false: "settle-down"}[actual > int64(bk.b.costs[0])]]++
+	m.model.settle(bk.key, a, burst, actual-int64(bk.b.Costs[0]), actual-known(has(bk.b.Estimated, 0), int64(bk.b.Costs[0])), m.now(step, now))
+	m.counts[map[bool]string{true: "settle-up", false: "settle-down"}[actual > int64(bk.b.Costs[0])]]++
 }
 
 // sync steers the key of a recent booking (half the time the latest) with
@@ -275,18 +276,18 @@ func (m *modelCheck) sync(step int) {
 
 // syncOne steers the key of booking bk, on r (a limit of interval a and
 // burst), with st, for a request the upstream served or refused.
-func (m *modelCheck) syncOne(step int, r *Redis, a, burst int64, bk modelBooking, st steering, refused bool) {
-	reply, err := storeOf(r).sync(context.Background(), bk.key, bk.b, []steering{st}, refused, "pace-model-holds")
+func (m *modelCheck) syncOne(step int, r *Redis, a, burst int64, bk modelBooking, st store.Steer, refused bool) {
+	reply, err := storeOf(r).Sync(context.Background(), bk.key, bk.b, []store.Steer{st}, refused, "pace-model-holds")
 	if err != nil {
 		m.t.Fatalf("step %d: sync: %v", step, err)
 	}
-	want := m.model.sync(bk.key, bk.key, a, burst, bk.b, 0, st, refused, m.now(step, reply.now))
+	want := m.model.sync(bk.key, bk.key, a, burst, bk.b, 0, st, refused, m.now(step, reply.Now))
 	var synced int64
 	if s := m.model.steers[bk.key]; s != nil {
 		synced = s.synced
 	}
-	if reply.results[0] != want || reply.synced[0] != synced {
-		m.t.Fatalf("step %d: sync(%s, %+v) at %d: script %d (synced %d), model %d (synced %d)", step, bk.key, st, reply.now, reply.results[0], reply.synced[0], want, synced)
+	if reply.Results[0] != want || reply.Synced[0] != synced {
+		m.t.Fatalf("step %d: sync(%s, %+v) at %d: script %d (synced %d), model %d (synced %d)", step, bk.key, st, reply.Now, reply.Results[0], reply.Synced[0], want, synced)
 	}
 	m.counts[[]string{"sync-stale", "sync-applied", "sync-learned"}[want]]++
 	if s := m.model.steers[bk.key]; s != nil && s.foreign != 0 {
@@ -302,11 +303,11 @@ func (m *modelCheck) syncOne(step int, r *Redis, a, burst int64, bk modelBooking
 // left, resetting within 60 intervals (or, a quarter of the time, 600:
 // a window others spend in full while the fleet probes it), with or
 // without a limit to learn.
-func randomSteering(rng *rand.Rand, i int, a, b int64) steering {
+func randomSteering(rng *rand.Rand, i int, a, b int64) store.Steer {
 	left := []int64{0, rng.Int64N(b + 1), rng.Int64N(3 * b)}[rng.IntN(3)]
-	return steering{limit: i, reading: Reading{Remaining: left, Refills: rng.IntN(2) == 0},
-		reset:   time.Duration(rng.Int64N([]int64{60, 60, 60, 600}[rng.IntN(4)]*a)+1) * time.Microsecond,
-		learned: []int64{0, 0, a / 2, 2 * a}[rng.IntN(4)]}
+	return store.Steer{Limit: i, Remaining: left, Refills: rng.IntN(2) == 0,
+		Reset:   time.Duration(rng.Int64N([]int64{60, 60, 60, 600}[rng.IntN(4)]*a)+1) * time.Microsecond,
+		Learned: []int64{0, 0, a / 2, 2 * a}[rng.IntN(4)]}
 }
 
 // refusal tells the key of a recent booking of key f (whose rate after
@@ -327,12 +328,12 @@ func (m *modelCheck) refusal(step int) {
 // request, or served it.
 func (m *modelCheck) refusalOf(step int, bk modelBooking, served bool) {
 	r, _, _ := m.limiterOf(bk.key)
-	share, now, err := storeOf(r).refused(context.Background(), bk.key, bk.b, served, "pace-model-holds")
+	share, now, err := storeOf(r).Refused(context.Background(), bk.key, bk.b, served, "pace-model-holds")
 	if err != nil {
 		m.t.Fatalf("step %d: refused: %v", step, err)
 	}
 	if want := m.model.refused(bk.key, bk.b, served, m.now(step, now)); share != want {
-		m.t.Fatalf("step %d: refused(%s, booked at %d, served %v) at %d: script %d, model %d", step, bk.key, bk.b.now, served, now, share, want)
+		m.t.Fatalf("step %d: refused(%s, booked at %d, served %v) at %d: script %d, model %d", step, bk.key, bk.b.Now, served, now, share, want)
 	}
 	switch {
 	case served:
@@ -350,16 +351,16 @@ func (m *modelCheck) refusalOf(step int, bk modelBooking, served bool) {
 // probe), for 3 s at most.
 func (m *modelCheck) recover(step int) {
 	const key = "z"
-	m.reserveWith(step, request{key: key, costs: uniform(1), settled: true}, MaxDelay, 0)
+	m.reserveWith(step, store.Request{Key: key, Costs: uniform(1), Settled: true}, MaxDelay, 0)
 	m.refusalOf(step, m.bookings[len(m.bookings)-1], false)
 	time.Sleep(1600 * time.Millisecond)
 	for deadline := time.Now().Add(3 * time.Second); m.counts["rate-recovered"] == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		m.reserveWith(step, request{key: key, costs: uniform(1), settled: true}, MaxDelay, 0)
+		m.reserveWith(step, store.Request{Key: key, Costs: uniform(1), Settled: true}, MaxDelay, 0)
 	}
 }
 
 // probe drives a window of a key of its own into a probe (see spend in
-// lua/sync.lua): readings of 100, then 99 left in a window of 600 ms (the
+// internal/store/lua/sync.lua): readings of 100, then 99 left in a window of 600 ms (the
 // first steers the bucket, the second is the baseline of others'
 // spending), then, a request later, one of 1 left, which says that others
 // spend all of it.
@@ -368,14 +369,14 @@ func (m *modelCheck) probe(step int) {
 	r, a, burst := m.limiterOf(key)
 	var last modelBooking
 	for i := int64(0); i <= burst; i++ { // the burst, and one that waits
-		m.reserveWith(step, request{key: key, costs: uniform(1), settled: true}, MaxDelay, 0)
+		m.reserveWith(step, store.Request{Key: key, Costs: uniform(1), Settled: true}, MaxDelay, 0)
 		last = m.bookings[len(m.bookings)-1]
 	}
 	probes := m.counts["sync-probe"]
 	for _, left := range []int64{100, 99, 1} {
-		st := steering{reading: Reading{Remaining: left}, reset: time.Duration(600*a) * time.Microsecond}
+		st := store.Steer{Remaining: left, Reset: time.Duration(600*a) * time.Microsecond}
 		m.syncOne(step, r, a, burst, last, st, false)
-		m.reserveWith(step, request{key: key, costs: uniform(1), settled: true}, MaxDelay, 0)
+		m.reserveWith(step, store.Request{Key: key, Costs: uniform(1), Settled: true}, MaxDelay, 0)
 		last = m.bookings[len(m.bookings)-1]
 	}
 	if m.counts["sync-probe"] == probes {
@@ -388,7 +389,7 @@ func (m *modelCheck) hold(step int) {
 	key := m.keys[m.rng.IntN(len(m.keys))]
 	r, a, _ := m.limiterOf(key)
 	d := time.Duration(m.rng.Int64N(10*a)+1) * time.Microsecond
-	changed, end, err := storeOf(r).hold(context.Background(), key, d, "pace-model-holds")
+	changed, end, err := storeOf(r).Hold(context.Background(), key, d, "pace-model-holds")
 	if err != nil {
 		m.t.Fatalf("step %d: hold: %v", step, err)
 	}
@@ -433,7 +434,7 @@ func checkDeadlineBooksNothing(t *testing.T, c redis.UniversalClient) {
 	r := mustRedis(t, c, PerSecond(20).WithBurst(1))
 	firstBooked := time.Now()
 	for range 10 {
-		if _, err := storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, MaxDelay, 0); err != nil {
+		if _, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, MaxDelay, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -442,8 +443,8 @@ func checkDeadlineBooksNothing(t *testing.T, c redis.UniversalClient) {
 	if err := r.Wait(ctx, "warm-up", 1); err != nil {
 		t.Fatal(err)
 	}
-	before, err := storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, 0, 0) // a probe: refused, books nothing
-	if err != nil || before.granted {
+	before, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, 0, 0) // a probe: refused, books nothing
+	if err != nil || before.Granted {
 		t.Fatalf("probe: %+v, %v", before, err)
 	}
 
@@ -465,18 +466,18 @@ func checkDeadlineBooksNothing(t *testing.T, c redis.UniversalClient) {
 	if elapsed >= 25*time.Millisecond {
 		t.Errorf("Wait took %v to refuse, want well within its deadline of 50ms: it must not wait", elapsed)
 	}
-	after, err := storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, 0, 0)
+	after, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if after.finishes[0] != before.finishes[0] {
+	if after.Finishes[0] != before.Finishes[0] {
 		t.Errorf("the next caller would finish at %d, before the refused wait at %d: the refused wait booked %d µs",
-			after.finishes[0], before.finishes[0], after.finishes[0]-before.finishes[0])
+			after.Finishes[0], before.Finishes[0], after.Finishes[0]-before.Finishes[0])
 	}
 	// The warm-up and the probe took some of the 500 ms (14 ms once on a
 	// cluster, under load).
-	if least := 500*time.Millisecond - time.Since(firstBooked) - time.Millisecond; de.Delay > before.delay || de.Delay < after.delay || de.Delay < least {
-		t.Errorf("DeadlineError.Delay = %v, want between %v and %v, and at least %v (500ms since the first booking)", de.Delay, after.delay, before.delay, least)
+	if least := 500*time.Millisecond - time.Since(firstBooked) - time.Millisecond; de.Delay > before.Delay || de.Delay < after.Delay || de.Delay < least {
+		t.Errorf("DeadlineError.Delay = %v, want between %v and %v, and at least %v (500ms since the first booking)", de.Delay, after.Delay, before.Delay, least)
 	}
 	if de.Budget > 50*time.Millisecond {
 		t.Errorf("DeadlineError.Budget = %v, want at most the 50ms deadline", de.Budget)
@@ -495,7 +496,7 @@ func TestRedisMaxWait(t *testing.T) {
 			t.Fatalf("wait %d: %v", i, err)
 		}
 	}
-	storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, MaxDelay, 0) // the next caller would wait about 200 ms
+	storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, MaxDelay, 0) // the next caller would wait about 200 ms
 	err := r.Wait(ctx, "k", 1)
 	var de *DeadlineError
 	if !errors.As(err, &de) || !errors.Is(err, context.DeadlineExceeded) || de.Budget != 150*time.Millisecond || de.Delay < 150*time.Millisecond {
@@ -516,7 +517,7 @@ func checkCancelGivesBack(t *testing.T, c redis.UniversalClient) {
 			booked <- e
 		}
 	}))
-	if _, err := storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, MaxDelay, 0); err != nil { // empty the bucket
+	if _, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, MaxDelay, 0); err != nil { // empty the bucket
 		t.Fatal(err)
 	}
 	var cancels []context.CancelFunc
@@ -546,7 +547,7 @@ func checkCancelGivesBack(t *testing.T, c redis.UniversalClient) {
 		firstFive.Wait()
 		lastFive.Wait()
 	}()
-	before, err := storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, 0, 0)
+	before, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -556,11 +557,11 @@ func checkCancelGivesBack(t *testing.T, c redis.UniversalClient) {
 	}
 	lastFive.Wait() // each Wait returns once its refund is done
 
-	after, err := storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, 0, 0)
+	after, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if moved, want := before.finishes[0]-after.finishes[0], 5*r.limits[0].intervalMicros(); moved != want {
+	if moved, want := before.Finishes[0]-after.Finishes[0], 5*r.limits[0].intervalMicros(); moved != want {
 		t.Errorf("cancelling 5 callers moved the next caller up by %d µs, want %d (5 tokens)", moved, want)
 	}
 	for i, err := range errs[5:] {
@@ -568,10 +569,10 @@ func checkCancelGivesBack(t *testing.T, c redis.UniversalClient) {
 			t.Errorf("cancelled caller %d: %v, want an error wrapping context.Canceled", i+5, err)
 		}
 	}
-	if n, err := c.Exists(ctx, storeOf(r).bucketKey("k")+":gaps").Result(); err != nil || n != 0 {
+	if n, err := c.Exists(ctx, storeOf(r).BucketKey("k")+":gaps").Result(); err != nil || n != 0 {
 		t.Errorf("gaps key left behind after every gap joined the tail: exists=%d, %v", n, err)
 	}
-	t.Logf("next caller's delay: %v before the cancels, %v after", before.delay, after.delay)
+	t.Logf("next caller's delay: %v before the cancels, %v after", before.Delay, after.Delay)
 }
 
 // TestRedisSurvivesScriptFlush: SCRIPT FLUSH between two waits changes
@@ -581,7 +582,7 @@ func TestRedisSurvivesScriptFlush(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
 	r := mustRedis(t, c, PerSecond(10).WithBurst(1)) // 100 ms a token
-	first, err := storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, MaxDelay, 0)
+	first, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, MaxDelay, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -591,12 +592,12 @@ func TestRedisSurvivesScriptFlush(t *testing.T) {
 	if err := c.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	second, err := storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, MaxDelay, 0)
+	second, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, MaxDelay, 0)
 	if err != nil {
 		t.Fatalf("reserve after SCRIPT FLUSH: %v", err)
 	}
-	if want := first.finishes[0] + r.limits[0].intervalMicros(); second.finishes[0] != want {
-		t.Errorf("after SCRIPT FLUSH the booking finished at %d, want %d: the bucket lost its state", second.finishes[0], want)
+	if want := first.Finishes[0] + r.limits[0].intervalMicros(); second.Finishes[0] != want {
+		t.Errorf("after SCRIPT FLUSH the booking finished at %d, want %d: the bucket lost its state", second.Finishes[0], want)
 	}
 	calls, err := redistest.CommandStats(ctx, c)
 	if err != nil {
@@ -616,24 +617,24 @@ func TestRedisKeyLayout(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
 	r := mustRedis(t, c, PerMinute(60).WithBurst(3), WithPrefix("quota:")) // 1 s a token
-	b, err := storeOf(r).reserve(ctx, request{key: "api.example.com:443", costs: uniform(2)}, MaxDelay, 0)
+	b, err := storeOf(r).Reserve(ctx, store.Request{Key: "api.example.com:443", Costs: uniform(2)}, MaxDelay, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	const key = "quota:{api.example.com:443}"
 	stored, err := c.Get(ctx, key).Int64()
-	if err != nil || stored != b.finishes[0] {
-		t.Fatalf("GET %s = %d, %v; want the schedule time %d", key, stored, err, b.finishes[0])
+	if err != nil || stored != b.Finishes[0] {
+		t.Fatalf("GET %s = %d, %v; want the schedule time %d", key, stored, err, b.Finishes[0])
 	}
 	ttl, err := c.PTTL(ctx, key).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	full := time.Duration(b.finishes[0]-b.now) * time.Microsecond // 2 s: the bucket is full again then
+	full := time.Duration(b.Finishes[0]-b.Now) * time.Microsecond // 2 s: the bucket is full again then
 	if ttl < full-50*time.Millisecond || ttl > full+time.Second {
 		t.Errorf("PTTL %s = %v, want from %v, when the bucket is full again, to a second later", key, ttl, full)
 	}
 }
 
 // storeOf is r's store, for tests that call the scripts directly.
-func storeOf(r *Redis) *store { return r.store.(*store) }
+func storeOf(r *Redis) *store.Store { return r.store.(*store.Store) }

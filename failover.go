@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // A FailurePolicy says what a Redis limiter does while Redis fails.
@@ -81,7 +83,7 @@ type failover struct {
 	// debts are what the outage's local limiter granted alone, owed (see
 	// repay.go) once returning ends.
 	debts outageDebts
-	owed  atomic.Pointer[map[string]limitCosts]
+	owed  atomic.Pointer[map[string]store.LimitCosts]
 }
 
 type mode uint32
@@ -211,7 +213,7 @@ func (f *failover) recover(now time.Time, timeout time.Duration) time.Duration {
 
 // takeOwed returns the debts of the last outage, once: nil until its return
 // has ended, and after the first call since.
-func (f *failover) takeOwed() map[string]limitCosts {
+func (f *failover) takeOwed() map[string]store.LimitCosts {
 	if f.owed.Load() == nil {
 		return nil
 	}

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // The failover's table tests: a Redis limiter on a fake clock, over a fake
@@ -42,10 +44,10 @@ func newFakeStore(clock *fakeClock, l Limit) *fakeStore {
 	return &fakeStore{clock: clock, interval: l.intervalMicros(), burst: int64(l.burst), model: newBucketModel(), holds: map[string]int64{}}
 }
 
-func (s *fakeStore) reserve(_ context.Context, q request, budget, notBefore time.Duration) (booking, error) {
+func (s *fakeStore) Reserve(_ context.Context, q store.Request, budget, notBefore time.Duration) (store.Booking, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	key, costs := q.key, q.costs
+	key, costs := q.Key, q.Costs
 	s.reserves++
 	if f := s.during; f != nil {
 		s.during = nil
@@ -54,21 +56,21 @@ func (s *fakeStore) reserve(_ context.Context, q request, budget, notBefore time
 	if s.down != nil || s.failNext > 0 {
 		s.failNext = max(s.failNext-1, 0)
 		s.advance(s.failTakes)
-		return booking{}, cmp.Or(s.down, errConnRefused)
+		return store.Booking{}, cmp.Or(s.down, errConnRefused)
 	}
 	now := s.now().UnixMicro()
-	b := s.model.reserve(key, s.interval, s.burst, int64(costs[0]), budget.Microseconds(), notBefore.Microseconds(), now, q.estimated.has(0))
-	b.costs = costs
+	b := s.model.reserve(key, s.interval, s.burst, int64(costs[0]), budget.Microseconds(), notBefore.Microseconds(), now, has(q.Estimated, 0))
+	b.Costs = costs
 	if s.bookThenFail > 0 {
 		s.bookThenFail--
 		s.advance(s.failTakes)
-		return booking{}, context.DeadlineExceeded
+		return store.Booking{}, context.DeadlineExceeded
 	}
 	s.answers.Add(1)
 	return b, nil
 }
 
-func (s *fakeStore) refused(_ context.Context, key string, b booking, served bool, _ string) (int64, int64, error) {
+func (s *fakeStore) Refused(_ context.Context, key string, b store.Booking, served bool, _ string) (int64, int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.down != nil {
@@ -78,48 +80,48 @@ func (s *fakeStore) refused(_ context.Context, key string, b booking, served boo
 	return s.model.refused(key, b, served, now), now, nil
 }
 
-func (s *fakeStore) refund(_ context.Context, key string, b booking) ([maxLimits]refundResult, int64, error) {
+func (s *fakeStore) Refund(_ context.Context, key string, b store.Booking) ([store.MaxLimits]store.RefundResult, int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var results [maxLimits]refundResult
+	var results [store.MaxLimits]store.RefundResult
 	if s.down != nil {
 		return results, 0, s.down
 	}
 	s.refunds++
 	now := s.now().UnixMicro()
-	results[0] = s.model.refund(key, b.finishes[0], int64(b.costs[0])*s.interval, now)
+	results[0] = s.model.refund(key, b.Finishes[0], int64(b.Costs[0])*s.interval, now)
 	return results, now, nil
 }
 
-func (s *fakeStore) settle(_ context.Context, key string, b booking, actual limitCosts) (bool, int64, error) {
+func (s *fakeStore) Settle(_ context.Context, key string, b store.Booking, actual store.LimitCosts) (bool, int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.down != nil {
 		return false, 0, s.down
 	}
 	now := s.now().UnixMicro()
-	s.model.settle(key, s.interval, s.burst, int64(actual[0]-b.costs[0]), int64(actual[0])-known(b.estimated.has(0), int64(b.costs[0])), now)
+	s.model.settle(key, s.interval, s.burst, int64(actual[0]-b.Costs[0]), int64(actual[0])-known(has(b.Estimated, 0), int64(b.Costs[0])), now)
 	return true, now, nil
 }
 
-func (s *fakeStore) sync(_ context.Context, key string, b booking, steers []steering, refused bool, _ string) (syncReply, error) {
+func (s *fakeStore) Sync(_ context.Context, key string, b store.Booking, steers []store.Steer, refused bool, _ string) (store.SyncReply, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.syncs++
 	if s.down != nil {
-		return syncReply{}, s.down
+		return store.SyncReply{}, s.down
 	}
-	r := syncReply{now: s.now().UnixMicro()}
+	r := store.SyncReply{Now: s.now().UnixMicro()}
 	for i, st := range steers {
-		r.results[i] = s.model.sync(key, key, s.interval, s.burst, b, 0, st, refused, r.now)
+		r.Results[i] = s.model.sync(key, key, s.interval, s.burst, b, 0, st, refused, r.Now)
 		if steer := s.model.steers[key]; steer != nil {
-			r.synced[i] = steer.synced
+			r.Synced[i] = steer.synced
 		}
 	}
 	return r, nil
 }
 
-func (s *fakeStore) hold(_ context.Context, key string, d time.Duration, _ string) (bool, int64, error) {
+func (s *fakeStore) Hold(_ context.Context, key string, d time.Duration, _ string) (bool, int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.down != nil {
@@ -132,32 +134,32 @@ func (s *fakeStore) hold(_ context.Context, key string, d time.Duration, _ strin
 	return true, end, nil
 }
 
-// slots keeps holders without leases or a line: a request that finds the
+// Slots keeps holders without leases or a line: a request that finds the
 // cap full is told it waits, and is never told its slot.
-func (s *fakeStore) slots(_ context.Context, _ string, c slotCall) (slotsReply, error) {
+func (s *fakeStore) Slots(_ context.Context, _ string, c store.SlotCall) (store.SlotsReply, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.down != nil {
-		return slotsReply{}, s.down
+		return store.SlotsReply{}, s.down
 	}
 	if s.slotHolders == nil {
 		s.slotHolders = map[string]bool{}
 	}
-	reply := slotsReply{now: s.now().UnixMicro(), state: slotHeld}
+	reply := store.SlotsReply{Now: s.now().UnixMicro(), State: store.SlotHeld}
 	switch {
-	case c.op == slotRelease:
-		delete(s.slotHolders, c.id)
-		reply.state = slotNone
-	case c.op == slotRenew || s.slotHolders[c.id] || len(s.slotHolders) < c.limit:
-		s.slotHolders[c.id] = true
+	case c.Op == store.SlotRelease:
+		delete(s.slotHolders, c.ID)
+		reply.State = store.SlotNone
+	case c.Op == store.SlotRenew || s.slotHolders[c.ID] || len(s.slotHolders) < c.Limit:
+		s.slotHolders[c.ID] = true
 	default:
-		reply.state = slotWaiting
+		reply.State = store.SlotWaiting
 	}
 	return reply, nil
 }
 
-// line keeps no line: each deferred request's turn is its earliest.
-func (s *fakeStore) line(_ context.Context, _ string, earliest, _ time.Duration) (time.Duration, error) {
+// Line keeps no line: each deferred request's turn is its earliest.
+func (s *fakeStore) Line(_ context.Context, _ string, earliest, _ time.Duration) (time.Duration, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.down != nil {
@@ -166,11 +168,11 @@ func (s *fakeStore) line(_ context.Context, _ string, earliest, _ time.Duration)
 	return earliest, nil
 }
 
-func (s *fakeStore) repay(_ context.Context, key string, debt limitCosts) (limitCosts, error) {
+func (s *fakeStore) Repay(_ context.Context, key string, debt store.LimitCosts) (store.LimitCosts, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.down != nil {
-		return limitCosts{}, s.down
+		return store.LimitCosts{}, s.down
 	}
 	if s.repaid == nil {
 		s.repaid = map[string]int{}
@@ -179,7 +181,7 @@ func (s *fakeStore) repay(_ context.Context, key string, debt limitCosts) (limit
 	return debt, nil
 }
 
-func (s *fakeStore) heldUntil(_ context.Context, key string) (int64, error) {
+func (s *fakeStore) HeldUntil(_ context.Context, key string) (int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.down != nil {
@@ -248,7 +250,7 @@ func (f *failoverTest) decide(key string, budget time.Duration) (ticket, error) 
 		ctx, cancel = context.WithDeadline(ctx, f.clock.Now().Add(budget))
 		defer cancel()
 	}
-	return f.r.decideAsking(ctx, request{key: key, costs: uniform(1)})
+	return f.r.decideAsking(ctx, request{Request: store.Request{Key: key, Costs: uniform(1)}})
 }
 
 // grant decides a request that must be granted, and returns its ticket.
@@ -428,8 +430,8 @@ func TestFailover(t *testing.T) {
 			if schedule() != before || f.store.reserves != calls {
 				f.t.Errorf("the refused wait left Redis's schedule at %d (was %d), after %d calls: it was charged", schedule(), before, f.store.reserves-calls)
 			}
-			if tk := f.grant("hot", 0); tk.limiter != "redis" || tk.booking.delay != tk.delay || tk.delay < time.Second {
-				f.t.Errorf("the hot key without a deadline: %q, local delay %v, Redis's %v; want Redis to book it for its local slot, over a second ahead", tk.limiter, tk.delay, tk.booking.delay)
+			if tk := f.grant("hot", 0); tk.limiter != "redis" || tk.booking.Delay != tk.delay || tk.delay < time.Second {
+				f.t.Errorf("the hot key without a deadline: %q, local delay %v, Redis's %v; want Redis to book it for its local slot, over a second ahead", tk.limiter, tk.delay, tk.booking.Delay)
 			}
 		}},
 		{"an answer that arrives after the outage began is counted locally too", tenPerSecond, 1, func(f *failoverTest) {
@@ -448,12 +450,12 @@ func TestFailover(t *testing.T) {
 			booked := f.grant("k", 0) // Redis: bucket of 1, now empty
 			f.fail()
 			first := f.grant("k", 0)
-			err := f.r.giveBack(context.Background(), request{key: "k", costs: uniform(1)}, first, context.Canceled)
+			err := f.r.giveBack(context.Background(), request{Request: store.Request{Key: "k", Costs: uniform(1)}}, first, context.Canceled)
 			if !errors.Is(err, context.Canceled) {
 				f.t.Fatalf("giveBack: %v", err)
 			}
 			f.checkDelay("after the cancel, the next local grant", f.grant("k", 0).delay, first.delay, first.delay)
-			err = f.r.giveBack(context.Background(), request{key: "k", costs: uniform(1)}, booked, context.Canceled)
+			err = f.r.giveBack(context.Background(), request{Request: store.Request{Key: "k", Costs: uniform(1)}}, booked, context.Canceled)
 			if !errors.Is(err, errNotGivenBack) || f.store.refunds != 0 {
 				f.t.Errorf("a Redis booking cancelled during the outage: %v, %d refunds; want it kept, and said so", err, f.store.refunds)
 			}

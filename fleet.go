@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fleetpace/pace/internal/store"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -88,13 +89,13 @@ func (f *fleet) beatDue(now time.Time) bool {
 // beat sends the heartbeat through p in one round trip, at redisNow (Redis's
 // clock, in microseconds, from the reservation just made), and counts the
 // fleet.
-func (f *fleet) beat(ctx context.Context, c *caller, p redis.Pipeliner, redisNow int64) error {
+func (f *fleet) beat(ctx context.Context, c *store.Caller, p redis.Pipeliner, redisNow int64) error {
 	ttl := heartbeatTTL.Microseconds()
 	p.ZRemRangeByScore(ctx, f.key, "-inf", strconv.FormatInt(redisNow-ttl, 10))
 	p.ZAdd(ctx, f.key, redis.Z{Score: float64(redisNow), Member: f.member})
 	count := p.ZCard(ctx, f.key)
 	p.PExpire(ctx, f.key, heartbeatTTL)
-	if _, err := c.pipeline(ctx, p); err != nil {
+	if _, err := c.Pipeline(ctx, p); err != nil {
 		f.nextBeat.Store(time.Now().Add(firstBeatGap).UnixNano()) // soon again: the count may be stale
 		return err
 	}

@@ -340,7 +340,7 @@ func (w fleetWorker) run() (fleetReport, error) {
 	for range w.Goroutines {
 		wg.Go(func() {
 			for time.Now().Before(w.End) {
-				q := &fleetRequest{Start: time.Now(), CallTimeout: r.calls.trips.timeout()}
+				q := &fleetRequest{Start: time.Now(), CallTimeout: r.calls.Timeout()}
 				ctx, cancel := context.WithValue(context.Background(), requestKey{}, q), context.CancelFunc(func() {})
 				if w.StopAtEnd {
 					ctx, cancel = context.WithDeadline(ctx, w.End)
@@ -354,7 +354,7 @@ func (w fleetWorker) run() (fleetReport, error) {
 				if q.End.IsZero() {
 					q.End = time.Now()
 				}
-				q.CallTimeout = max(q.CallTimeout, r.calls.trips.timeout())
+				q.CallTimeout = max(q.CallTimeout, r.calls.Timeout())
 				if err != nil {
 					q.Err, q.Unavailable = err.Error(), errors.Is(err, ErrUnavailable)
 				}

@@ -64,15 +64,15 @@ func (r *Redis) heed(ctx context.Context, key string, t ticket, w word, o Heedin
 		r.sync(ctx, key, t.booking, w.readings, w.refused, w.at)
 	}
 	served := !w.refused && t.listening
-	if !o.Refusals || !t.booking.granted || (!served && (!w.refused || w.explained(r.namedLimits))) {
+	if !o.Refusals || !t.booking.Granted || (!served && (!w.refused || w.explained(r.namedLimits))) {
 		return
 	}
 	var share int64
 	r.shared(ctx, key, false, func() (err error) { // away, the outage's pacing has no rate of the key's
-		if served && !r.retimes.news(key, t.booking.now, r.now()) {
+		if served && !r.retimes.news(key, t.booking.Now, r.now()) {
 			return nil
 		}
-		share, _, err = r.store.refused(ctx, key, t.booking, served, r.holdChannel())
+		share, _, err = r.store.Refused(ctx, key, t.booking, served, r.holdChannel())
 		return err
 	})
 	if share > 0 {

@@ -2,7 +2,6 @@ package pace
 
 import (
 	"context"
-	"crypto/sha1"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -144,7 +143,7 @@ func TestRefusalsExplainedDoNotCut(t *testing.T) {
 // once more for each request the cut woke.
 func TestACutTellsOneSuccess(t *testing.T) {
 	c := newTestRedis(t)
-	runs := &scriptRuns{hash: refusedScript.Hash()}
+	runs := &refusedRuns{}
 	c.AddHook(runs)
 	var n atomic.Int64
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -162,31 +161,28 @@ func TestACutTellsOneSuccess(t *testing.T) {
 	}
 }
 
-// scriptRuns is a go-redis hook that counts the runs of the script whose
-// SHA1 is hash that reached Redis (an EVALSHA answered NOSCRIPT is not one:
-// the EVAL after it is).
-type scriptRuns struct {
-	hash string
-	n    atomic.Int64
-}
+// refusedRuns is a go-redis hook that counts the runs of the refused
+// script (internal/store/lua/refused.lua, whose first argument after its one key is
+// "refused" or "served") that reached Redis: an EVALSHA answered NOSCRIPT
+// is not one, the EVAL after it is.
+type refusedRuns struct{ n atomic.Int64 }
 
-func (s *scriptRuns) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (s *refusedRuns) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-func (s *scriptRuns) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (s *refusedRuns) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		args := cmd.Args()
-		if len(args) < 2 || err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		if name := cmd.Name(); (name != "evalsha" && name != "eval") || len(args) < 5 || err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
 			return err
 		}
-		source := fmt.Sprint(args[1])
-		if cmd.Name() == "evalsha" && source == s.hash || cmd.Name() == "eval" && fmt.Sprintf("%x", sha1.Sum([]byte(source))) == s.hash {
+		if op := fmt.Sprint(args[4]); fmt.Sprint(args[2]) == "1" && (op == "refused" || op == "served") {
 			s.n.Add(1)
 		}
 		return err
 	}
 }
 
-func (s *scriptRuns) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (s *refusedRuns) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // A Hold is the upstream's word that a key's quota is spent: no request for
@@ -148,7 +150,7 @@ func (c commonConfig) hold(limits namedLimits, key string, h Hold) (Hold, bool, 
 	case key == "":
 		return h, false, fmt.Errorf("pace: Hold: empty key (%s)", h.Reason)
 	case h.For <= 0:
-		return h, false, fmt.Errorf("pace: key %s: Hold for %v (%s): want a positive time", quoteKey(key), h.For, h.Reason)
+		return h, false, fmt.Errorf("pace: key %s: Hold for %v (%s): want a positive time", store.QuoteKey(key), h.For, h.Reason)
 	}
 	if bound := c.holdBound(); h.For > bound {
 		h.For, h.Asked = bound, max(h.Asked, h.For)

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // learning is what a Limit learns from the upstream (Learn): whether it
@@ -57,7 +59,7 @@ func (l Limit) learnProblem() string {
 		return fmt.Sprintf("learning from %v to %v: want 0 < floor <= count %v <= ceiling", floor, ceiling, l.count)
 	case float64(l.period)/ceiling < float64(time.Microsecond):
 		return fmt.Sprintf("learning up to %v per %v: above the maximum of 1000000/s", ceiling, formatPeriod(l.period))
-	case int64(l.burst) > maxRefill.Microseconds()/microsPer(l.period, floor):
+	case int64(l.burst) > store.MaxRefill.Microseconds()/microsPer(l.period, floor):
 		return fmt.Sprintf("learning down to %v per %v: burst %d would take more than a year to refill", floor, formatPeriod(l.period), l.burst)
 	}
 	return ""

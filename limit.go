@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // A Limit is a token bucket: count events per period on average, with bursts
@@ -72,14 +74,6 @@ func (l Limit) limits() []Limit { return []Limit{l} }
 type AllOf []Limit
 
 func (a AllOf) limits() []Limit { return a }
-
-// maxLimits is the most limits one Quota may hold.
-const maxLimits = 8
-
-// maxRefill (a year) is the longest time a bucket may take to refill from empty.
-// It keeps every time the Redis script handles an exact integer in Lua's
-// doubles, with a wide margin.
-const maxRefill = 365 * 24 * time.Hour
 
 // PerSecond returns a Limit of n events per second with a burst of n
 // (rounded up, at least 1).
@@ -157,15 +151,15 @@ func (l Limit) problem() string {
 		return fmt.Sprintf("rate %v/s is above the maximum of 1000000/s", l.Rate())
 	case l.kind != bucket && (l.count != math.Trunc(l.count) || l.burst != int(l.count)):
 		return fmt.Sprintf("a window's count %v must be a whole number and its burst", l.count)
-	case strings.ContainsAny(l.name, reservedInNames):
+	case strings.ContainsAny(l.name, store.ReservedInNames):
 		return fmt.Sprintf("name %q may not contain '{', '}' or '#'", l.name)
 	case l.learn.on && l.kind != bucket:
 		return "a window cannot learn; Learn applies to token buckets"
 	case l.learn.on:
 		return l.learnProblem()
-	case l.kind != bucket && l.period > maxRefill:
+	case l.kind != bucket && l.period > store.MaxRefill:
 		return fmt.Sprintf("window %v is longer than a year", l.period)
-	case l.kind == bucket && int64(l.burst) > maxRefill.Microseconds()/l.intervalMicros():
+	case l.kind == bucket && int64(l.burst) > store.MaxRefill.Microseconds()/l.intervalMicros():
 		return fmt.Sprintf("burst %d takes more than a year to refill", l.burst)
 	}
 	return ""
@@ -176,7 +170,7 @@ func (l Limit) capProblem() string {
 	switch {
 	case l.count > maxSlots || l.count != math.Trunc(l.count) || l.burst != int(l.count):
 		return fmt.Sprintf("a cap of %v in flight: want a whole number from 1 to %d", l.count, maxSlots)
-	case strings.ContainsAny(l.name, reservedInNames):
+	case strings.ContainsAny(l.name, store.ReservedInNames):
 		return fmt.Sprintf("name %q may not contain '{', '}' or '#'", l.name)
 	case l.learn.on:
 		return "a cap in flight cannot learn; Learn applies to token buckets"
@@ -193,8 +187,8 @@ func checkQuota(q Quota) ([]Limit, error) {
 		return nil, fmt.Errorf("pace: no quota")
 	}
 	limits := q.limits()
-	if len(limits) == 0 || len(limits) > maxLimits {
-		return nil, fmt.Errorf("pace: a quota of %d limits; want 1 to %d", len(limits), maxLimits)
+	if len(limits) == 0 || len(limits) > store.MaxLimits {
+		return nil, fmt.Errorf("pace: a quota of %d limits; want 1 to %d", len(limits), store.MaxLimits)
 	}
 	caps := 0
 	for _, l := range limits {

@@ -3,8 +3,9 @@ package pace
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
+
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // A Limiter paces events by key. Local and Redis implement it; so can a user
@@ -32,9 +33,9 @@ type DeadlineError struct {
 // long the caller could wait.
 func (e *DeadlineError) Error() string {
 	if e.Budget >= MaxDelay {
-		return fmt.Sprintf("pace: key %s: a wait of %v for cost %d exceeds MaxDelay, the longest wait a limiter books (%v)", quoteKey(e.Key), e.Delay, e.Cost, MaxDelay)
+		return fmt.Sprintf("pace: key %s: a wait of %v for cost %d exceeds MaxDelay, the longest wait a limiter books (%v)", store.QuoteKey(e.Key), e.Delay, e.Cost, MaxDelay)
 	}
-	return fmt.Sprintf("pace: key %s: a wait of %v for cost %d exceeds the %v the caller may wait", quoteKey(e.Key), e.Delay, e.Cost, e.Budget)
+	return fmt.Sprintf("pace: key %s: a wait of %v for cost %d exceeds the %v the caller may wait", store.QuoteKey(e.Key), e.Delay, e.Cost, e.Budget)
 }
 
 // Unwrap returns context.DeadlineExceeded.
@@ -70,11 +71,11 @@ func checkWait(ctx context.Context, maxCost int, key string, cost int) error {
 	case key == "":
 		return &requestError{fmt.Sprintf("pace: empty key (cost %d)", cost)}
 	case cost < 1:
-		return &requestError{fmt.Sprintf("pace: key %s: cost %d is below 1", quoteKey(key), cost)}
+		return &requestError{fmt.Sprintf("pace: key %s: cost %d is below 1", store.QuoteKey(key), cost)}
 	case cost > maxCost:
-		return &requestError{fmt.Sprintf("pace: key %s: cost %d exceeds the burst %d", quoteKey(key), cost, maxCost)}
+		return &requestError{fmt.Sprintf("pace: key %s: cost %d exceeds the burst %d", store.QuoteKey(key), cost, maxCost)}
 	case ctx.Err() != nil:
-		return fmt.Errorf("pace: key %s: context ended before the wait: %w", quoteKey(key), context.Cause(ctx))
+		return fmt.Errorf("pace: key %s: context ended before the wait: %w", store.QuoteKey(key), context.Cause(ctx))
 	}
 	return nil
 }
@@ -93,16 +94,14 @@ func waitBudget(ctx context.Context, maxWait time.Duration, now time.Time) time.
 	return budget
 }
 
-// quoteKey quotes a key for a message: whole when short, else its first
-// 64 bytes and its length, so that a megabyte key does not make a megabyte
-// error.
-func quoteKey(key string) string {
-	const shown = 64
-	if len(key) <= shown {
-		return strconv.Quote(key)
-	}
-	return strconv.Quote(key[:shown]) + "... (" + strconv.Itoa(len(key)) + " bytes)"
-}
+// A KeyError reports that what Redis holds for one key is not what pace
+// wrote there (a value of another type or form, or a time further ahead than
+// any pace books), or a fixed window booked more than 64 windows ahead. It
+// concerns that key alone: Redis is not failing, and other keys go on.
+// Deleting the Redis key, or letting it expire, heals it. Its fields are
+// Key (the key, as the caller named it), RedisKey (the Redis key at fault)
+// and Problem (what is wrong there); its Error names all three.
+type KeyError = store.KeyError
 
 // sleep waits for delay on one timer, or until ctx ends, and then returns an
 // error that wraps ctx's error.
@@ -122,5 +121,5 @@ func sleep(ctx context.Context, key string, delay time.Duration) error {
 
 // waitEnded is the error of a wait of delay for key that ctx ended.
 func waitEnded(ctx context.Context, key string, delay time.Duration) error {
-	return fmt.Errorf("pace: key %s: wait of %v ended early: %w", quoteKey(key), delay, context.Cause(ctx))
+	return fmt.Errorf("pace: key %s: wait of %v ended early: %w", store.QuoteKey(key), delay, context.Cause(ctx))
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetpace/pace/internal/redistest"
+	"github.com/fleetpace/pace/internal/store"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -113,7 +114,7 @@ func TestBadInputs(t *testing.T) {
 			t.Run(lname+"/"+name, func(t *testing.T) {
 				err := promptly(t, func() error { return lim.Wait(ctx, tc.key, tc.cost) })
 				if err == nil || !strings.Contains(err.Error(), tc.want) || len(err.Error()) > 200 {
-					t.Errorf("Wait(%s, %d): %.300v, want an error of at most 200 bytes containing %q", quoteKey(tc.key), tc.cost, err, tc.want)
+					t.Errorf("Wait(%s, %d): %.300v, want an error of at most 200 bytes containing %q", store.QuoteKey(tc.key), tc.cost, err, tc.want)
 				}
 			})
 		}
@@ -227,5 +228,13 @@ func TestRedisOddReplies(t *testing.T) {
 				t.Errorf("reply %#v: Wait returned %v, want an error wrapping ErrUnavailable that quotes the reply", val, err)
 			}
 		})
+	}
+}
+
+// TestStoreBounds: the scripts bound the times they write by MaxDelay and
+// the longest refill, as the limiters do.
+func TestStoreBounds(t *testing.T) {
+	if store.MaxDelay != MaxDelay {
+		t.Errorf("the store's MaxDelay is %v, the limiters' %v", store.MaxDelay, MaxDelay)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fleetpace/pace/internal/store"
 	"golang.org/x/time/rate"
 )
 
@@ -69,7 +70,7 @@ type rateNote struct{ listening, recovered bool }
 
 // localBooking is what a Local booked for one request: a reservation a
 // limit, or none where the request was granted at once.
-type localBooking [maxLimits]*rate.Reservation
+type localBooking [store.MaxLimits]*rate.Reservation
 
 var (
 	_ Holder   = (*Local)(nil)
@@ -199,7 +200,7 @@ func (loc *Local) Settle(ctx context.Context, r *Reservation, actual Costs) erro
 // wait books costs for key and sleeps until they are due, booking anew
 // after a hold that came meanwhile, or a cut of the key's rate, and puts
 // what it booked in t.
-func (loc *Local) wait(ctx context.Context, key string, costs *limitCosts, t *ticket) error {
+func (loc *Local) wait(ctx context.Context, key string, costs *store.LimitCosts, t *ticket) error {
 	for turn := false; ; {
 		horizon := horizonOf(ctx, loc.config, loc.limits, costs)
 		if turn {
@@ -246,7 +247,7 @@ func (loc *Local) wait(ctx context.Context, key string, costs *limitCosts, t *ti
 // schedule, whose wait comes within its horizon after earliest, at the end
 // of key's line (see Redis.deferred). A turn past the caller's budget (own)
 // is refused at once.
-func (loc *Local) deferred(ctx context.Context, key string, costs *limitCosts, earliest, own, horizon time.Duration) error {
+func (loc *Local) deferred(ctx context.Context, key string, costs *store.LimitCosts, earliest, own, horizon time.Duration) error {
 	retry := loc.lines.lineUp(key, loc.now(), earliest, refillOf(loc.limits, costs))
 	if retry+horizon > own {
 		return refuse(ctx, loc.config.observer, "local", key, costs[0], retry+horizon, own)
@@ -261,7 +262,7 @@ func (loc *Local) deferred(ctx context.Context, key string, costs *limitCosts, e
 // returns false with the delay. Where a request is granted at once, there
 // is no reservation to give back. note, if not nil, hears what the booking
 // found of the key's rate.
-func (loc *Local) reserve(key string, costs *limitCosts, now, notBefore time.Time, budget time.Duration, b *localBooking, note *rateNote) (delay time.Duration, ok bool) {
+func (loc *Local) reserve(key string, costs *store.LimitCosts, now, notBefore time.Time, budget time.Duration, b *localBooking, note *rateNote) (delay time.Duration, ok bool) {
 	shard := loc.shard(key)
 	shard.mu.Lock()
 	defer shard.mu.Unlock()
@@ -295,7 +296,7 @@ func (loc *Local) reserve(key string, costs *limitCosts, now, notBefore time.Tim
 // underRate returns the earliest time from at that k's rate after refusals
 // lets a request of costs go, booked at now, and what the rate measures it
 // by (see rateUnits); note, if not nil, hears what it found of the rate.
-func (loc *Local) underRate(k *localKey, costs *limitCosts, now, at time.Time, note *rateNote) (time.Time, int64) {
+func (loc *Local) underRate(k *localKey, costs *store.LimitCosts, now, at time.Time, note *rateNote) (time.Time, int64) {
 	us := now.UnixMicro()
 	if note != nil {
 		note.recovered, note.listening = k.rate.recovered(us), k.rate.listening()
@@ -307,7 +308,7 @@ func (loc *Local) underRate(k *localKey, costs *limitCosts, now, at time.Time, n
 // book books costs under every limit of k at once, at the first time from
 // at when each has them, unless that is beyond budget from now. The caller
 // holds the shard's lock, so nobody else books on k meanwhile.
-func (k *localKey) book(costs *limitCosts, now, at time.Time, budget time.Duration, b *localBooking) (delay time.Duration, ok bool) {
+func (k *localKey) book(costs *store.LimitCosts, now, at time.Time, budget time.Duration, b *localBooking) (delay time.Duration, ok bool) {
 	due := at // when every limit has its cost
 	for i, lim := range k.lims {
 		if short := float64(costs[i]) - lim.TokensAt(at); short > 0 {
@@ -330,7 +331,7 @@ func (k *localKey) book(costs *limitCosts, now, at time.Time, budget time.Durati
 
 // allowAll grants costs at now under every limit when each has them, and
 // reports whether it did.
-func (k *localKey) allowAll(now time.Time, costs *limitCosts) bool {
+func (k *localKey) allowAll(now time.Time, costs *store.LimitCosts) bool {
 	if len(k.lims) == 1 {
 		return k.lims[0].AllowN(now, costs[0])
 	}
@@ -364,7 +365,7 @@ func (loc *Local) cancel(key string, b localBooking, now time.Time) {
 // settle charges key's buckets, at now or its last reservation time, with
 // the difference between actual and estimate under each limit: a debt (of
 // a burst at most: see capDebts), or a credit that fills the bucket at most.
-func (loc *Local) settle(key string, estimate, actual limitCosts, now time.Time) {
+func (loc *Local) settle(key string, estimate, actual store.LimitCosts, now time.Time) {
 	shard := loc.shard(key)
 	shard.mu.Lock()
 	defer shard.mu.Unlock()

@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // bucketModel is a plain Go model of the two Redis scripts: the same GCRA
@@ -32,24 +34,24 @@ func newBucketModel() *bucketModel {
 // after it (finishes[0]), the steered bucket's count of units booked (else
 // 0), and whether the key's rate listens for a success, or was dropped.
 // cost is a reservation's estimate when estimated.
-func (m *bucketModel) reserve(key string, interval, burst, cost, budget, notBefore, now int64, estimated bool) booking {
+func (m *bucketModel) reserve(key string, interval, burst, cost, budget, notBefore, now int64, estimated bool) store.Booking {
 	s, arrival := m.steers[key], max(now+notBefore, m.holds[key])
-	var b booking
+	var b store.Booking
 	rate, unit := m.keyRate(key, now, &b), cost*s.interval(interval)
 	arrival = rate.allow(now, arrival, unit, burst*s.interval(interval))
 	slot := max(arrival, s.allow(m.tat[key], interval, burst, cost, arrival, now))
-	b.delay, b.now = microseconds(slot-now), now
-	b.finishes[0] = s.finish(m.tat[key], interval, burst, cost, slot, now)
+	b.Delay, b.Now = store.Microseconds(slot-now), now
+	b.Finishes[0] = s.finish(m.tat[key], interval, burst, cost, slot, now)
 	if slot-now > budget {
 		return b
 	}
 	rate.book(now, slot, unit)
-	b.granted, b.booked[0] = true, m.book(key, interval, b.finishes[0], cost, known(estimated, cost), slot, now)
+	b.Granted, b.Booked[0] = true, m.book(key, interval, b.Finishes[0], cost, known(estimated, cost), slot, now)
 	return b
 }
 
 // has reports whether limit i is in s.
-func (s limitSet) has(i int) bool { return s&(1<<i) != 0 }
+func has(s store.LimitSet, i int) bool { return s&(1<<i) != 0 }
 
 // known is known in common.lua: the units of a booking's cost that move a
 // bucket's CEILING, none of an estimate.
@@ -63,9 +65,9 @@ func known(estimated bool, cost int64) int64 {
 // keyRate returns key's rate after refusals, as a booking at now finds it,
 // and notes in b whether it listens for a success, or was dropped, back at
 // the configured rate.
-func (m *bucketModel) keyRate(key string, now int64, b *booking) *keyRate {
+func (m *bucketModel) keyRate(key string, now int64, b *store.Booking) *keyRate {
 	k := m.rateOf(key)
-	b.recovered, b.listening = k.recovered(now), k.listening()
+	b.Recovered, b.Listening = k.recovered(now), k.listening()
 	return k
 }
 
@@ -81,12 +83,12 @@ func (m *bucketModel) rateOf(key string) *keyRate {
 
 // refused is refused.lua: it returns the share the key's rate goes at
 // after a cut, or 0.
-func (m *bucketModel) refused(key string, b booking, served bool, now int64) int64 {
+func (m *bucketModel) refused(key string, b store.Booking, served bool, now int64) int64 {
 	k := m.rateOf(key)
 	switch {
 	case served:
-		k.served(b.now)
-	case k.refused(now, b.now):
+		k.served(b.Now)
+	case k.refused(now, b.Now):
 		return k.bottom
 	}
 	return 0
@@ -116,7 +118,7 @@ func (m *bucketModel) settle(key string, a, b, units, spent, now int64) {
 	s.moveCeiling(a, spent, now, now)
 	switch {
 	case diff > 0:
-		m.tat[key] = min(max(tat, now)+diff, now+horizon.Microseconds())
+		m.tat[key] = min(max(tat, now)+diff, now+store.Horizon.Microseconds())
 		s.written(now)
 	case diff < 0 && ok && tat > now:
 		s.movedBack(max(s.allow(tat, a, b, 1, now, now), now))
@@ -139,10 +141,10 @@ func (m *bucketModel) settle(key string, a, b, units, spent, now int64) {
 
 // sync is sync.lua for one bucket of interval a and burst b, for a reading
 // of a request of key booked as bk. bucket is the bucket's Redis key.
-func (m *bucketModel) sync(key, bucket string, a, b int64, bk booking, i int, st steering, refused bool, now int64) int64 {
+func (m *bucketModel) sync(key, bucket string, a, b int64, bk store.Booking, i int, st store.Steer, refused bool, now int64) int64 {
 	s := m.steers[bucket]
-	tat, s, result := s.sync(m.tat[bucket], a, b, bk.finishes[i], bk.booked[i], bk.slot(), bk.delay == 0, int64(bk.costs[i]), refused,
-		st.reading.Remaining, st.reset.Microseconds(), st.reading.Refills, st.learned, m.holds[key], now)
+	tat, s, result := s.sync(m.tat[bucket], a, b, bk.Finishes[i], bk.Booked[i], bk.Slot(), bk.Delay == 0, int64(bk.Costs[i]), refused,
+		st.Remaining, st.Reset.Microseconds(), st.Refills, st.Learned, m.holds[key], now)
 	if result > 0 || (refused && s != nil) {
 		m.tat[bucket], m.steers[bucket] = tat, s
 		s.written(now)
@@ -155,17 +157,17 @@ func (m *bucketModel) sync(key, bucket string, a, b int64, bk booking, i int, st
 func (m *bucketModel) hold(key string, end int64) { m.holds[key] = end }
 
 // refund is refund.lua.
-func (m *bucketModel) refund(key string, finish, size, now int64) refundResult {
+func (m *bucketModel) refund(key string, finish, size, now int64) store.RefundResult {
 	tat, ok := m.tat[key]
 	if !ok || m.steers[key] != nil || finish <= now || finish > tat {
-		return refundNothing
+		return store.RefundNothing
 	}
 	if m.gaps[key] == nil {
 		m.gaps[key] = make(map[int64]int64)
 	}
 	if finish < tat {
 		m.gaps[key][finish] = size
-		return refundGap
+		return store.RefundGap
 	}
 	tat = finish - size
 	for {
@@ -182,7 +184,7 @@ func (m *bucketModel) refund(key string, finish, size, now int64) refundResult {
 		}
 	}
 	m.tat[key] = tat
-	return refundTail
+	return store.RefundTail
 }
 
 func (m *bucketModel) isTopGap(key string, finish int64) bool {
@@ -203,7 +205,7 @@ func TestModelKeepsTheBound(t *testing.T) {
 	m := newBucketModel()
 	type grant struct{ at, cost, finish int64 }
 	var grants []grant // booked and not given back
-	refunds := map[refundResult]int{}
+	refunds := map[store.RefundResult]int{}
 	now := int64(1_000_000)
 	for range 20000 {
 		switch op := rng.IntN(10); {
@@ -211,8 +213,8 @@ func TestModelKeepsTheBound(t *testing.T) {
 			cost := rng.Int64N(burst) + 1
 			budget := []int64{math.MaxInt64, 0, rng.Int64N(10 * interval), rng.Int64N(10 * interval)}[rng.IntN(4)]
 			notBefore := []int64{0, 0, rng.Int64N(3 * interval)}[rng.IntN(3)]
-			if b := m.reserve("k", interval, burst, cost, budget, notBefore, now, false); b.granted {
-				grants = append(grants, grant{now + b.delay.Microseconds(), cost, b.finishes[0]})
+			if b := m.reserve("k", interval, burst, cost, budget, notBefore, now, false); b.Granted {
+				grants = append(grants, grant{now + b.Delay.Microseconds(), cost, b.Finishes[0]})
 			}
 		case op < 8 && len(grants) > 0:
 			// Recent bookings are the ones still ahead, and only a caller
@@ -236,7 +238,7 @@ func TestModelKeepsTheBound(t *testing.T) {
 			}
 		}
 	}
-	if len(grants) < 2000 || refunds[refundTail] < 100 || refunds[refundGap] < 100 {
+	if len(grants) < 2000 || refunds[store.RefundTail] < 100 || refunds[store.RefundGap] < 100 {
 		t.Fatalf("%d grants, refunds %v: the sequence did not exercise the bucket", len(grants), refunds)
 	}
 }
@@ -270,9 +272,9 @@ type quotaReply struct {
 // bucket's TAT after it, each steered bucket's count of units booked (else
 // 0), and whether the key's rate listens for a success, or was dropped.
 // The costs under the limits in estimated are a reservation's estimates.
-func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs []int64, estimated limitSet, budget, notBefore int64, id string, now int64) quotaReply {
+func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs []int64, estimated store.LimitSet, budget, notBefore int64, id string, now int64) quotaReply {
 	slot := max(now+notBefore, m.buckets.holds[key])
-	var b booking
+	var b store.Booking
 	rate := m.buckets.keyRate(key, now, &b)
 	unit, burst := m.rateUnits(keys, limits, costs)
 	for i, l := range limits {
@@ -319,7 +321,7 @@ func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs
 			finishes[i] = m.buckets.steers[keys[i]].finish(m.buckets.tat[keys[i]], l[1], l[2], costs[i], slot, now)
 		}
 	}
-	reply := quotaReply{delay: slot - now, finishes: finishes, booked: booked, listening: b.listening, recovered: b.recovered}
+	reply := quotaReply{delay: slot - now, finishes: finishes, booked: booked, listening: b.Listening, recovered: b.Recovered}
 	if slot-now > budget {
 		return reply
 	}
@@ -327,7 +329,7 @@ func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs
 	for i, l := range limits {
 		switch l[0] {
 		case 1:
-			booked[i] = m.buckets.book(keys[i], l[1], finishes[i], costs[i], known(estimated.has(i), costs[i]), slot, now)
+			booked[i] = m.buckets.book(keys[i], l[1], finishes[i], costs[i], known(has(estimated, i), costs[i]), slot, now)
 		case 2:
 			if m.grants[keys[i]] == nil {
 				m.grants[keys[i]] = map[string]int64{}
@@ -351,7 +353,7 @@ func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs
 // against (see rateUnits), as quota.lua takes it: a bucket's interval, the
 // learned one if any, and a window's length over its count.
 func (m *quotaModel) rateUnits(keys []string, limits [][3]int64, costs []int64) (unit, burst int64) {
-	var lc limitCosts
+	var lc store.LimitCosts
 	ls := make([]Limit, len(limits))
 	for i, l := range limits {
 		lc[i], ls[i] = int(costs[i]), Limit{burst: int(l[2])}
@@ -386,8 +388,8 @@ func (m *quotaModel) trim(key string, count, old int64) {
 }
 
 // refund is refund.lua.
-func (m *quotaModel) refund(keys []string, limits [][3]int64, costs []int64, id string, slot int64, finishes []int64, now int64) []refundResult {
-	results := make([]refundResult, len(limits))
+func (m *quotaModel) refund(keys []string, limits [][3]int64, costs []int64, id string, slot int64, finishes []int64, now int64) []store.RefundResult {
+	results := make([]store.RefundResult, len(limits))
 	for i, l := range limits {
 		cost := costs[i]
 		switch l[0] {
@@ -398,13 +400,13 @@ func (m *quotaModel) refund(keys []string, limits [][3]int64, costs []int64, id 
 				member := fmt.Sprintf("%s:%d", id, j)
 				if _, ok := m.grants[keys[i]][member]; ok {
 					delete(m.grants[keys[i]], member)
-					results[i] = refundTail
+					results[i] = store.RefundTail
 				}
 			}
 		case 3:
 			if used, ok := m.counts[keys[i]][slot/l[1]]; ok && slot > now {
 				m.counts[keys[i]][slot/l[1]] -= min(cost, used)
-				results[i] = refundTail
+				results[i] = store.RefundTail
 			}
 		}
 	}
@@ -414,12 +416,12 @@ func (m *quotaModel) refund(keys []string, limits [][3]int64, costs []int64, id 
 // settle is settle.lua, for a booking not settled before: under each limit,
 // the difference between actual[i] and estimate[i] is charged or given back;
 // the costs under the limits in estimated were estimates.
-func (m *quotaModel) settle(keys []string, limits [][3]int64, estimate, actual []int64, estimated limitSet, id string, slot, now int64) {
+func (m *quotaModel) settle(keys []string, limits [][3]int64, estimate, actual []int64, estimated store.LimitSet, id string, slot, now int64) {
 	for i, l := range limits {
 		kind, a, b := l[0], l[1], l[2]
 		switch kind {
 		case 1:
-			m.buckets.settle(keys[i], a, b, actual[i]-estimate[i], actual[i]-known(estimated.has(i), estimate[i]), now)
+			m.buckets.settle(keys[i], a, b, actual[i]-estimate[i], actual[i]-known(has(estimated, i), estimate[i]), now)
 		case 2:
 			for j := actual[i] + 1; j <= estimate[i]; j++ {
 				delete(m.grants[keys[i]], fmt.Sprintf("%s:%d", id, j))

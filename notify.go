@@ -50,9 +50,9 @@ func (h *heldKeys) before(key string, slot int64) bool {
 // A retime voids the bookings made before it: their callers, asleep in any
 // process, wake and book anew, at the new pace. The sync script publishes
 // "KEY\nretime AT" on the hold channel when the interval a key learned
-// changed (lua/sync.lua, which takes the bookings out of the schedule
+// changed (internal/store/lua/sync.lua, which takes the bookings out of the schedule
 // itself), and the refused script "KEY\nrate AT" when a refusal cut the
-// key's rate (lua/refused.lua: the callers give their bookings back); AT
+// key's rate (internal/store/lua/refused.lua: the callers give their bookings back); AT
 // is by Redis's clock, in microseconds. Each limiter notes when each key
 // was retimed, and wakes its sleepers, which book anew if theirs was.
 type retimes struct {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // What a Redis limiter does when Redis fails: its breaker (breaker.go) and
@@ -26,7 +28,7 @@ func (r *Redis) decideAsking(ctx context.Context, q request) (ticket, error) {
 			return t, err
 		}
 		if q.failures++; ctx.Err() != nil {
-			return ticket{}, fmt.Errorf("pace: key %s: %w", quoteKey(q.key), context.Cause(ctx))
+			return ticket{}, fmt.Errorf("pace: key %s: %w", store.QuoteKey(q.Key), context.Cause(ctx))
 		}
 	}
 }
@@ -43,7 +45,7 @@ func (r *Redis) decideWithout(ctx context.Context, q request, local *Local, caus
 	case FailOpen:
 		return ticket{limiter: "open", start: now, cause: cause}, nil
 	case FailClosed:
-		return ticket{}, r.unavailable(ctx, q.key, q.costs[0], cause)
+		return ticket{}, r.unavailable(ctx, q.Key, q.Costs[0], cause)
 	}
 	t, err := r.decideLocally(ctx, q, local, now, budget)
 	t.cause = cause // the observer hears why Redis did not decide
@@ -54,7 +56,7 @@ func (r *Redis) decideWithout(ctx context.Context, q request, local *Local, caus
 // FailClosed fails while Redis is away (cause says why), and tells the
 // observer.
 func (r *Redis) unavailable(ctx context.Context, key string, cost int, cause error) error {
-	err := fmt.Errorf("pace: key %s: %w: %w", quoteKey(key), ErrUnavailable, cause)
+	err := fmt.Errorf("pace: key %s: %w: %w", store.QuoteKey(key), ErrUnavailable, cause)
 	r.config.observer.emit(ctx, Event{Kind: EventFail, Limiter: "redis", Key: key, Cost: cost, Err: err})
 	return err
 }
@@ -62,7 +64,7 @@ func (r *Redis) unavailable(ctx context.Context, key string, cost int, cause err
 // decideLocally books the wait on local, the outage's local limiter.
 func (r *Redis) decideLocally(ctx context.Context, q request, local *Local, now time.Time, budget time.Duration) (ticket, error) {
 	t := ticket{limiter: "local", start: now, local: local}
-	delay, ok := local.reserve(q.key, &q.costs, now, now, budget, &t.res, nil)
+	delay, ok := local.reserve(q.Key, &q.Costs, now, now, budget, &t.res, nil)
 	if !ok {
 		return ticket{}, r.refuse(ctx, q, "local", delay, budget)
 	}
@@ -90,7 +92,7 @@ func (r *Redis) callTimeout() time.Duration {
 	if r.calls == nil {
 		return r.config.callTimeout // a test's store
 	}
-	return r.calls.trips.timeout()
+	return r.calls.Timeout()
 }
 
 // shared runs call, a Redis call for key beside a request's booking (a
@@ -107,7 +109,7 @@ func (r *Redis) shared(ctx context.Context, key string, retry bool, call func() 
 	for failures := 1; ; failures++ {
 		began := r.now()
 		err := call()
-		if !isOutage(err) {
+		if !store.IsOutage(err) {
 			return nil, err
 		}
 		if down, local := r.failed(ctx, key, 0, failedCall{began: began, failures: failures, err: err}); down {

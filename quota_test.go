@@ -11,14 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetpace/pace/internal/store"
 	"github.com/redis/go-redis/v9"
 )
 
 // modelLimits are a limiter's limits as quota.lua receives them.
 func modelLimits(r *Redis) [][3]int64 {
 	var limits [][3]int64
-	for i := 0; i < len(storeOf(r).limitArgs); i += 3 {
-		limits = append(limits, [3]int64{storeOf(r).limitArgs[i].(int64), storeOf(r).limitArgs[i+1].(int64), storeOf(r).limitArgs[i+2].(int64)})
+	for _, l := range storeLimits(r.limits) {
+		limits = append(limits, [3]int64{int64(l.Kind), l.Span, int64(l.Count)})
 	}
 	return limits
 }
@@ -56,7 +57,7 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 	type booked struct {
 		limiter int
 		key     string
-		b       booking
+		b       store.Booking
 	}
 	var bookings []booked
 	model := newQuotaModel()
@@ -69,30 +70,30 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 			i := rng.IntN(len(keys))
 			r, key := limiters[i], keys[i]
 			costs := make([]int64, len(r.limits))
-			var lc limitCosts
+			var lc store.LimitCosts
 			for j, l := range r.limits {
 				costs[j] = int64(rng.IntN(l.burst + 1))
 				lc[j] = int(costs[j])
 			}
 			budget := []time.Duration{MaxDelay, 0, time.Duration(rng.IntN(20_000)) * time.Microsecond}[rng.IntN(3)]
 			notBefore := []time.Duration{0, 0, time.Duration(rng.IntN(5_000)) * time.Microsecond}[rng.IntN(3)]
-			estimated := limitSet(rng.IntN(1 << len(r.limits)))
-			b, err := storeOf(r).reserve(ctx, request{key: key, costs: lc, settled: true, estimated: estimated}, budget, notBefore)
+			estimated := store.LimitSet(rng.IntN(1 << len(r.limits)))
+			b, err := storeOf(r).Reserve(ctx, store.Request{Key: key, Costs: lc, Settled: true, Estimated: estimated}, budget, notBefore)
 			if err != nil {
 				t.Fatalf("step %d: %v", step, err)
 			}
-			want := model.reserve(key, storeOf(r).keys(key, false), modelLimits(r), costs, estimated, budget.Microseconds(), notBefore.Microseconds(), b.id, b.now)
+			want := model.reserve(key, storeOf(r).Keys(key, false), modelLimits(r), costs, estimated, budget.Microseconds(), notBefore.Microseconds(), b.ID, b.Now)
 			n := len(r.limits)
-			if b.granted != want.granted || b.delay.Microseconds() != want.delay || !slices.Equal(b.finishes[:n], want.finishes) || !slices.Equal(b.booked[:n], want.booked) ||
-				b.listening != want.listening || b.recovered != want.recovered {
+			if b.Granted != want.granted || b.Delay.Microseconds() != want.delay || !slices.Equal(b.Finishes[:n], want.finishes) || !slices.Equal(b.Booked[:n], want.booked) ||
+				b.Listening != want.listening || b.Recovered != want.recovered {
 				t.Fatalf("step %d: reserve(%s, costs %v, budget %v, not before %v) at %d: script granted=%v delay=%v finishes=%v booked=%v listening=%v recovered=%v, model %+v",
-					step, key, costs, budget, notBefore, b.now, b.granted, b.delay, b.finishes[:n], b.booked[:n], b.listening, b.recovered, want)
+					step, key, costs, budget, notBefore, b.Now, b.Granted, b.Delay, b.Finishes[:n], b.Booked[:n], b.Listening, b.Recovered, want)
 			}
-			lastNow = b.now
-			if b.recovered {
+			lastNow = b.Now
+			if b.Recovered {
 				counts["rate-recovered"]++
 			}
-			if b.granted {
+			if b.Granted {
 				counts["granted"]++
 				bookings = append(bookings, booked{i, key, b})
 			} else {
@@ -102,16 +103,16 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 			j := len(bookings) - 1 - rng.IntN(min(len(bookings), 6))
 			bk := bookings[j]
 			bookings = slices.Delete(bookings, j, j+1)
-			if bk.b.slot() < lastNow+2000 {
+			if bk.b.Slot() < lastNow+2000 {
 				continue // only a caller still asleep gives back; this one has gone
 			}
 			r := limiters[bk.limiter]
-			results, now, err := storeOf(r).refund(ctx, bk.key, bk.b)
+			results, now, err := storeOf(r).Refund(ctx, bk.key, bk.b)
 			if err != nil {
 				t.Fatalf("step %d: %v", step, err)
 			}
 			n := len(r.limits)
-			want := model.refund(storeOf(r).keys(bk.key, false), modelLimits(r), int64s(bk.b.costs[:n]), bk.b.id, bk.b.slot(), bk.b.finishes[:n], now)
+			want := model.refund(storeOf(r).Keys(bk.key, false), modelLimits(r), int64s(bk.b.Costs[:n]), bk.b.ID, bk.b.Slot(), bk.b.Finishes[:n], now)
 			if !slices.Equal(results[:n], want) {
 				t.Fatalf("step %d: refund(%s) at %d: script %v, model %v", step, bk.key, now, results[:n], want)
 			}
@@ -124,20 +125,20 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 			bookings = slices.Delete(bookings, j, j+1)
 			r := limiters[bk.limiter]
 			n := len(r.limits)
-			var actual limitCosts
+			var actual store.LimitCosts
 			for i, l := range r.limits { // below, at or above the estimate, sometimes beyond the burst
 				actual[i] = rng.IntN(2*l.burst + 2)
 			}
 			var now int64
 			for again := range 2 { // settling twice changes nothing the second time
-				settled, at, err := storeOf(r).settle(ctx, bk.key, bk.b, actual)
+				settled, at, err := storeOf(r).Settle(ctx, bk.key, bk.b, actual)
 				if err != nil || settled != (again == 0) {
 					t.Fatalf("step %d: settle %d of %s: %v, %v", step, again, bk.key, settled, err)
 				}
 				now = cmp.Or(now, at)
 			}
-			model.settle(storeOf(r).keys(bk.key, false), modelLimits(r), int64s(bk.b.costs[:n]), int64s(actual[:n]), bk.b.estimated, bk.b.id, bk.b.slot(), now)
-			counts[map[bool]string{true: "settle-up", false: "settle-down"}[actual[0] > bk.b.costs[0]]]++
+			model.settle(storeOf(r).Keys(bk.key, false), modelLimits(r), int64s(bk.b.Costs[:n]), int64s(actual[:n]), bk.b.Estimated, bk.b.ID, bk.b.Slot(), now)
+			counts[map[bool]string{true: "settle-up", false: "settle-down"}[actual[0] > bk.b.Costs[0]]]++
 		case op < 21 && len(bookings) > 0:
 			// Steered buckets give nothing back: only q3's are steered,
 			// by the response to one of its latest bookings.
@@ -156,12 +157,12 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 			// or, a third of the time, served it: its key's rate takes it.
 			bk := bookings[len(bookings)-1-rng.IntN(min(len(bookings), 4))]
 			served := rng.IntN(3) == 0
-			share, now, err := storeOf(limiters[bk.limiter]).refused(ctx, bk.key, bk.b, served, "pace-model-holds")
+			share, now, err := storeOf(limiters[bk.limiter]).Refused(ctx, bk.key, bk.b, served, "pace-model-holds")
 			if err != nil {
 				t.Fatalf("step %d: refused: %v", step, err)
 			}
 			if want := model.buckets.refused(bk.key, bk.b, served, now); share != want {
-				t.Fatalf("step %d: refused(%s, booked at %d, served %v) at %d: script %d, model %d", step, bk.key, bk.b.now, served, now, share, want)
+				t.Fatalf("step %d: refused(%s, booked at %d, served %v) at %d: script %d, model %d", step, bk.key, bk.b.Now, served, now, share, want)
 			}
 			counts[map[bool]string{true: "rate-cut", false: "rate-unchanged"}[share > 0]]++
 		default:
@@ -181,7 +182,7 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 // syncQuota steers a random bucket of r's quota for key with a random
 // reading for the request booked as b, and the model's too, and fails the
 // test unless they agree. It returns what became of the reading.
-func syncQuota(t *testing.T, step int, r *Redis, key string, b booking, model *bucketModel, rng *rand.Rand) string {
+func syncQuota(t *testing.T, step int, r *Redis, key string, b store.Booking, model *bucketModel, rng *rand.Rand) string {
 	var buckets []int
 	for i, l := range r.limits {
 		if l.kind == bucket {
@@ -195,13 +196,13 @@ func syncQuota(t *testing.T, step int, r *Redis, key string, b booking, model *b
 	a, burst := r.limits[i].intervalMicros(), int64(r.limits[i].burst)
 	st := randomSteering(rng, i, a, burst)
 	refused := rng.IntN(4) == 0
-	reply, err := storeOf(r).sync(context.Background(), key, b, []steering{st}, refused, "pace-model-holds")
+	reply, err := storeOf(r).Sync(context.Background(), key, b, []store.Steer{st}, refused, "pace-model-holds")
 	if err != nil {
 		t.Fatalf("step %d: sync: %v", step, err)
 	}
-	want := model.sync(key, storeOf(r).keys(key, false)[i], a, burst, b, i, st, refused, reply.now)
-	if reply.results[0] != want {
-		t.Fatalf("step %d: sync(%s, limit %d, %+v) at %d: script %d, model %d", step, key, i, st, reply.now, reply.results[0], want)
+	want := model.sync(key, storeOf(r).Keys(key, false)[i], a, burst, b, i, st, refused, reply.Now)
+	if reply.Results[0] != want {
+		t.Fatalf("step %d: sync(%s, limit %d, %+v) at %d: script %d, model %d", step, key, i, st, reply.Now, reply.Results[0], want)
 	}
 	return []string{"sync-stale", "sync-applied", "sync-applied-learned"}[want]
 }
@@ -236,7 +237,7 @@ func checkAllOrNothing(t *testing.T, c redis.UniversalClient) {
 	// A slower bucket for the refusal, so that the 20 grants before it do
 	// not leave time to refill a token.
 	r = mustRedis(t, c, AllOf{PerMinute(20), Window(40, 10*time.Second)}, WithFleetSize(1))
-	keys := storeOf(r).keys("j", false)
+	keys := storeOf(r).Keys("j", false)
 	read := func() [2]string {
 		t.Helper()
 		tat, err := c.Get(ctx, keys[0]).Result()
@@ -279,7 +280,7 @@ func checkKeysExpire(t *testing.T, c redis.UniversalClient) {
 			t.Fatal(err)
 		}
 	}
-	keys := storeOf(r).keys("k", true)
+	keys := storeOf(r).Keys("k", true)
 	count := func() int64 {
 		n, err := c.Exists(ctx, keys...).Result()
 		if err != nil {
@@ -379,19 +380,19 @@ func TestFixedWindowWaitsForTheNext(t *testing.T) {
 	ctx := context.Background()
 	// Hour-long windows, aligned to the hour: the four calls fall in one.
 	r := mustRedis(t, newTestRedis(t), FixedWindow(3, time.Hour), WithFleetSize(1))
-	var b booking
+	var b store.Booking
 	for i := range 4 {
 		var err error
-		if b, err = storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, MaxDelay, 0); err != nil {
+		if b, err = storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, MaxDelay, 0); err != nil {
 			t.Fatal(err)
 		}
-		if i < 3 && b.delay != 0 {
-			t.Fatalf("grant %d of a fresh window waited %v", i, b.delay)
+		if i < 3 && b.Delay != 0 {
+			t.Fatalf("grant %d of a fresh window waited %v", i, b.Delay)
 		}
 	}
 	hour := time.Hour.Microseconds()
-	if b.slot()%hour != 0 || b.delay <= 0 || b.delay > time.Hour || b.slot()/hour != b.now/hour+1 {
-		t.Errorf("the 4th request goes at %d µs after waiting %v: want the start of the next hour", b.slot(), b.delay)
+	if b.Slot()%hour != 0 || b.Delay <= 0 || b.Delay > time.Hour || b.Slot()/hour != b.Now/hour+1 {
+		t.Errorf("the 4th request goes at %d µs after waiting %v: want the start of the next hour", b.Slot(), b.Delay)
 	}
 }
 
@@ -404,12 +405,12 @@ func TestQuotaHoldAndFallback(t *testing.T) {
 	if err := r.Hold(ctx, "k", Hold{For: 200 * time.Millisecond, Reason: "test"}); err != nil {
 		t.Fatal(err)
 	}
-	b, err := storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, MaxDelay, 0)
+	b, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, MaxDelay, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.delay < 150*time.Millisecond || b.delay > 200*time.Millisecond {
-		t.Errorf("a request during a 200ms hold waits %v, want the rest of the hold", b.delay)
+	if b.Delay < 150*time.Millisecond || b.Delay > 200*time.Millisecond {
+		t.Errorf("a request during a 200ms hold waits %v, want the rest of the hold", b.Delay)
 	}
 
 	quota := mustRedis(t, newTestRedis(t), AllOf{PerSecond(10), Window(100, time.Minute), PerHour(10000).WithBurst(5)}, WithFleetSize(2))

@@ -8,10 +8,12 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // The slots of a Redis limiter's cap of requests in flight live in Redis
-// (see lua/slots.lua): a lease per holder, a line of waiters. A request
+// (see internal/store/lua/slots.lua): a lease per holder, a line of waiters. A request
 // takes a slot in one script call when one is free; else it joins the line
 // and sleeps until the call that frees a slot hands it over and tells it on
 // the hold channel, or until the first holder's lease may lapse, or a third
@@ -99,17 +101,17 @@ func (r *Redis) trySlot(ctx context.Context, key string, failures int) (*Slot, e
 	}
 	id, told := r.slotWaiters.join(r.id)
 	defer r.slotWaiters.leave(id)
-	reply, err := r.slotCall(ctx, key, slotAcquire, id)
+	reply, err := r.slotCall(ctx, key, store.SlotAcquire, id)
 	probe := route == viaProbe
-	if probe && !isOutage(err) {
+	if probe && !store.IsOutage(err) {
 		probe = false
 		r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: key, Cost: 1, Delay: r.failover.recover(r.now(), r.callTimeout())})
 	}
 	if err == nil {
-		r.beat(ctx, reply.now, start) // the fleet's size sets the share of the cap should Redis fail
+		r.beat(ctx, reply.Now, start) // the fleet's size sets the share of the cap should Redis fail
 		err = r.waitInLine(ctx, key, id, reply, told)
 	}
-	if isOutage(err) && ctx.Err() == nil { // a caller that left the line is no outage
+	if store.IsOutage(err) && ctx.Err() == nil { // a caller that left the line is no outage
 		if down, _ := r.failed(ctx, key, 1, failedCall{began: start, probe: probe, failures: failures + 1, err: err}); !down {
 			return nil, errUnconfirmed
 		}
@@ -126,22 +128,22 @@ func (r *Redis) trySlot(ctx context.Context, key string, failures int) (*Slot, e
 // by the hold channel, or finding it at a renewal of its place. A request
 // whose place lapsed (Redis lost it) joins the line again. If ctx ends
 // first, id leaves the line, or frees the slot it was just given.
-func (r *Redis) waitInLine(ctx context.Context, key, id string, reply slotsReply, told <-chan struct{}) error {
-	for reply.state != slotHeld {
-		timer := time.NewTimer(reply.nextCheck(r.lease()))
+func (r *Redis) waitInLine(ctx context.Context, key, id string, reply store.SlotsReply, told <-chan struct{}) error {
+	for reply.State != store.SlotHeld {
+		timer := time.NewTimer(reply.NextCheck(r.lease()))
 		select {
 		case <-told:
 			timer.Stop()
 			return nil
 		case <-ctx.Done():
 			timer.Stop()
-			_, err := r.slotCall(context.WithoutCancel(ctx), key, slotRelease, id)
-			return errors.Join(fmt.Errorf("pace: key %s: while in line for one of %d slots: %w", quoteKey(key), r.cap.limit.burst, context.Cause(ctx)), err)
+			_, err := r.slotCall(context.WithoutCancel(ctx), key, store.SlotRelease, id)
+			return errors.Join(fmt.Errorf("pace: key %s: while in line for one of %d slots: %w", store.QuoteKey(key), r.cap.limit.burst, context.Cause(ctx)), err)
 		case <-timer.C:
 		}
-		op := slotWait
-		if reply.state == slotNone {
-			op = slotAcquire
+		op := store.SlotWait
+		if reply.State == store.SlotNone {
+			op = store.SlotAcquire
 		}
 		var err error
 		if reply, err = r.slotCall(ctx, key, op, id); err != nil {
@@ -166,10 +168,10 @@ func (r *Redis) takeSlotWithout(ctx context.Context, key string, cause error) (*
 
 // slotCall calls the slots script to do op for key's request id.
 // Slots of others that lapsed are reported to the observer.
-func (r *Redis) slotCall(ctx context.Context, key, op, id string) (slotsReply, error) {
-	reply, err := r.store.slots(ctx, key, slotCall{op: op, id: id, name: limitName(r.cap.limit), limit: r.cap.limit.burst, lease: r.lease(), channel: r.holdChannel()})
-	if reply.expired > 0 {
-		r.config.observer.emit(ctx, Event{Kind: EventSlotExpire, Limiter: "redis", Key: key, Cost: int(reply.expired)})
+func (r *Redis) slotCall(ctx context.Context, key, op, id string) (store.SlotsReply, error) {
+	reply, err := r.store.Slots(ctx, key, store.SlotCall{Op: op, ID: id, Name: limitName(r.cap.limit), Limit: r.cap.limit.burst, Lease: r.lease(), Channel: r.holdChannel()})
+	if reply.Expired > 0 {
+		r.config.observer.emit(ctx, Event{Kind: EventSlotExpire, Limiter: "redis", Key: key, Cost: int(reply.Expired)})
 	}
 	return reply, err
 }
@@ -181,43 +183,11 @@ func (r *Redis) lease() time.Duration { return r.config.leaseOrDefault() }
 type redisSlots struct{ r *Redis }
 
 func (o redisSlots) renew(ctx context.Context, key, id string) error {
-	_, err := o.r.slotCall(ctx, key, slotRenew, id)
+	_, err := o.r.slotCall(ctx, key, store.SlotRenew, id)
 	return err
 }
 
 func (o redisSlots) release(ctx context.Context, key, id string) error {
-	_, err := o.r.slotCall(ctx, key, slotRelease, id)
+	_, err := o.r.slotCall(ctx, key, store.SlotRelease, id)
 	return err
-}
-
-// What the slots script does with an id (see lua/slots.lua), and what it
-// says of one.
-const (
-	slotAcquire = "acquire"
-	slotWait    = "wait"
-	slotRenew   = "renew"
-	slotRelease = "release"
-
-	slotHeld    = "held"
-	slotWaiting = "waiting"
-	slotNone    = "none"
-)
-
-// slotsReply is the slots script's answer, times in microseconds of Redis's
-// clock.
-type slotsReply struct {
-	now     int64
-	state   string // slotHeld, slotWaiting or slotNone
-	first   int64  // when the first holder's lease ends; 0 for none
-	expired int64  // leases of holders that lapsed
-}
-
-// nextCheck is how long a waiter sleeps, unless told sooner: until the
-// first holder's lease may lapse, or a third of its own lease.
-func (s slotsReply) nextCheck(lease time.Duration) time.Duration {
-	d := lease / 3
-	if s.first > 0 {
-		d = min(d, time.Duration(s.first-s.now+1000)*time.Microsecond)
-	}
-	return max(d, time.Millisecond)
 }

@@ -5,6 +5,8 @@ import (
 	"math"
 	"strconv"
 	"time"
+
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // When the upstream refuses a request (a 429 or a 503) and neither a
@@ -49,7 +51,7 @@ const (
 )
 
 // keyRate is a key's rate after refusals, in whole microseconds and parts
-// per million: lua/rate.lua keeps the same in Redis, and the property
+// per million: internal/store/lua/rate.lua keeps the same in Redis, and the property
 // tests hold the two to each other. The zero keyRate is no rate: the
 // configured one.
 type keyRate struct {
@@ -90,7 +92,7 @@ func floorDiv(a, b int64) int64 { return int64(math.Floor(float64(a) / float64(b
 // rateInterval is the time the rate's bucket takes for a request that
 // takes unit µs at the configured rate, at share s, a year at most.
 func rateInterval(unit, s int64) int64 {
-	return min(int64(math.Ceil(float64(unit)*rateFull/float64(s))), maxRefill.Microseconds())
+	return min(int64(math.Ceil(float64(unit)*rateFull/float64(s))), store.MaxRefill.Microseconds())
 }
 
 // allow returns the earliest time, at or after at, that the key's rate
@@ -181,7 +183,7 @@ func reportRate(ctx context.Context, o Observer, limiter, key string, share int6
 // to refill its burst (burst), in µs: what a key's rate measures against.
 // per gives a limit's interval, by index: the one a bucket books at
 // (learned or steered), a window's length over its count.
-func rateUnits(limits []Limit, costs *limitCosts, per func(i int) int64) (unit, burst int64) {
+func rateUnits(limits []Limit, costs *store.LimitCosts, per func(i int) int64) (unit, burst int64) {
 	unit, burst = math.MaxInt64, math.MaxInt64
 	for i, l := range limits {
 		p := per(i)

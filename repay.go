@@ -2,9 +2,9 @@ package pace
 
 import (
 	"context"
-	"fmt"
-	"strconv"
 	"sync"
+
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // What a process granted alone during an outage, booked on the shared keys
@@ -23,20 +23,20 @@ const maxDebtKeys = 10000
 // the grants of the return were booked in Redis too.
 type outageDebts struct {
 	mu      sync.Mutex
-	owed    map[string]limitCosts
+	owed    map[string]store.LimitCosts
 	keeping bool // an outage is under way, or being returned from
 }
 
 // owe adds costs (fewer, for a settlement's credit) to what key owes,
 // while an outage is under way or being returned from.
-func (d *outageDebts) owe(key string, costs, less limitCosts) {
+func (d *outageDebts) owe(key string, costs, less store.LimitCosts) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if !d.keeping {
 		return
 	}
 	if d.owed == nil {
-		d.owed = make(map[string]limitCosts)
+		d.owed = make(map[string]store.LimitCosts)
 	}
 	c, ok := d.owed[key]
 	if !ok && len(d.owed) >= maxDebtKeys {
@@ -57,7 +57,7 @@ func (d *outageDebts) open() {
 
 // close stops keeping debts and returns those kept: the process is back
 // on Redis.
-func (d *outageDebts) close() map[string]limitCosts {
+func (d *outageDebts) close() map[string]store.LimitCosts {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	owed := d.owed
@@ -68,37 +68,12 @@ func (d *outageDebts) close() map[string]limitCosts {
 // repay books each key's debt on Redis (see repay.lua), one call a key,
 // and tells the observer what each key took. A call that fails ends the
 // repayment: Redis is away again, and the next outage's debts are its own.
-func (r *Redis) repay(ctx context.Context, owed map[string]limitCosts) {
+func (r *Redis) repay(ctx context.Context, owed map[string]store.LimitCosts) {
 	for key, costs := range owed {
-		took, err := r.store.repay(ctx, key, costs)
+		took, err := r.store.Repay(ctx, key, costs)
 		r.config.observer.emit(ctx, Event{Kind: EventRepay, Limiter: "redis", Key: key, Cost: took[0], Err: err})
-		if isOutage(err) {
+		if store.IsOutage(err) {
 			return
 		}
 	}
-}
-
-// repay books debt, what this process granted of key alone, under each
-// limit as far as repay.lua lets it, and returns the units each took.
-func (s *store) repay(ctx context.Context, key string, debt limitCosts) (limitCosts, error) {
-	n := len(s.limits)
-	args := make([]any, 0, 1+4*n)
-	args = append(args, s.member+":repay:"+strconv.FormatUint(s.requestIDs.Add(1), 10))
-	for i := range n {
-		args = append(args, s.limitArgs[3*i], s.limitArgs[3*i+1], s.limitArgs[3*i+2], max(debt[i], 0))
-	}
-	keys := s.keys(key, false)
-	var reply [1 + maxLimits]int64
-	err := int64Reply(s.calls.run(ctx, repayScript, keys, args...), reply[:1+n])
-	var took limitCosts
-	for i, units := range reply[1 : 1+n] {
-		if err == nil && (units < 0 || units > int64(max(debt[i], 0))) {
-			err = fmt.Errorf("replied %v, want [now units...] with units from 0 to the debt", append([]int64(nil), reply[:1+n]...))
-		}
-		took[i] = int(units)
-	}
-	if err != nil {
-		return limitCosts{}, s.fail(key, "repay", keys, err)
-	}
-	return took, nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetpace/pace/internal/redistest"
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // TestRepayBounded: on a real Redis, a debt books what it owes under each
@@ -31,7 +32,7 @@ func TestRepayBounded(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("%v owes %d", tc.limit, tc.debt), func(t *testing.T) {
 			r := mustRedis(t, c, tc.limit, WithPrefix(fmt.Sprintf("repay-%d-%d:", tc.limit.kind, tc.debt)), sharedOnly)
-			took, err := storeOf(r).repay(ctx, "k", limitCosts{tc.debt})
+			took, err := storeOf(r).Repay(ctx, "k", store.LimitCosts{tc.debt})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -51,14 +52,14 @@ func TestRepayBounded(t *testing.T) {
 			if err := r.Wait(now, "k", 1); err == nil {
 				t.Errorf("a grant beyond the %d left after a debt of %d", left, tc.debt)
 			}
-			b, err := storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, 0, 0)
+			b, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, 0, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
 			// Beyond what was free, the debt holds the key back by up to a
 			// period more, no further.
-			if lo, hi := time.Duration(tc.want-100)*36*time.Second*9/10, 2*time.Hour+time.Minute; b.delay < lo || b.delay > hi {
-				t.Errorf("the next unit waits %v, want %v to %v", b.delay, lo, hi)
+			if lo, hi := time.Duration(tc.want-100)*36*time.Second*9/10, 2*time.Hour+time.Minute; b.Delay < lo || b.Delay > hi {
+				t.Errorf("the next unit waits %v, want %v to %v", b.Delay, lo, hi)
 			}
 		})
 	}

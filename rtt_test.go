@@ -13,46 +13,6 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// TestRoundTripsSetTheTimeout: the call timeout from the round trips
-// measured, with a floor of 50 ms (or another), on plain samples.
-func TestRoundTripsSetTheTimeout(t *testing.T) {
-	const ms = time.Millisecond
-	for name, tc := range map[string]struct {
-		floor time.Duration
-		play  func(r *roundTrips)
-		least time.Duration
-		most  time.Duration
-	}{
-		"none measured: the ceiling": {50 * ms, func(*roundTrips) {}, time.Second, time.Second},
-		"loopback: the floor": {50 * ms, func(r *roundTrips) {
-			for range 20 {
-				r.answered(100 * time.Microsecond)
-			}
-		}, 50 * ms, 50*ms + ms},
-		"the first of 80 ms: three of it, and four times its deviation of 40 ms": {50 * ms, func(r *roundTrips) { r.answered(80 * ms) }, 400 * ms, 400 * ms},
-		"80 ms steadily: three of it, and the floor": {50 * ms, func(r *roundTrips) {
-			for range 100 {
-				r.answered(80 * ms)
-			}
-		}, 290 * ms, 291 * ms},
-		"a loaded machine, 20 to 60 ms: above the slowest": {50 * ms, func(r *roundTrips) {
-			for i := range 200 {
-				r.answered(time.Duration(20+40*(i%2)) * ms)
-			}
-		}, 150 * ms, 260 * ms},
-		"a sample beyond the ceiling counts as the ceiling": {50 * ms, func(r *roundTrips) { r.answered(time.Hour) }, time.Second, time.Second},
-		"a floor above the ceiling: the floor":              {5 * time.Second, func(r *roundTrips) { r.answered(ms) }, 5 * time.Second, 5 * time.Second},
-	} {
-		t.Run(name, func(t *testing.T) {
-			r := &roundTrips{floor: tc.floor}
-			tc.play(r)
-			if got := r.timeout(); got < tc.least || got > tc.most {
-				t.Errorf("timeout %v, want %v to %v", got, tc.least, tc.most)
-			}
-		})
-	}
-}
-
 // TestSlowLinkIsNotAnOutage: three limiters of 100/s burst 5 on one key,
 // with default options, 4 goroutines each for 4 s; one reaches Redis
 // through 40 ms of latency each way (a Redis in another zone). A Redis

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // semaphore keeps the slots of a cap of requests in flight in this process,
@@ -52,7 +54,7 @@ func (s *semaphore) acquire(ctx context.Context, key string, limit int) (*Slot, 
 		case <-ctx.Done():
 			timer.Stop()
 			s.release(ctx, key, w.id) // it may have been granted meanwhile
-			return nil, fmt.Errorf("pace: key %s: while waiting for one of %d slots: %w", quoteKey(key), limit, context.Cause(ctx))
+			return nil, fmt.Errorf("pace: key %s: while waiting for one of %d slots: %w", store.QuoteKey(key), limit, context.Cause(ctx))
 		case <-timer.C:
 			next = s.check(ctx, key)
 		}

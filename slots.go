@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // A Slotter is a Limiter whose quota may cap the requests in flight
@@ -115,7 +117,7 @@ func (s *Slot) stop() bool {
 func (s *Slot) renew() {
 	if idle := s.idle(time.Now()); idle >= s.lease {
 		if s.stop() {
-			err := fmt.Errorf("pace: key %s: a response body idle for %v and never closed: its slot lapses", quoteKey(s.key), idle.Round(time.Millisecond))
+			err := fmt.Errorf("pace: key %s: a response body idle for %v and never closed: its slot lapses", store.QuoteKey(s.key), idle.Round(time.Millisecond))
 			s.observer.emit(s.ctx, Event{Kind: EventSlotAbandon, Limiter: s.limiter, Key: s.key, Cost: 1, Delay: idle, Err: err})
 		}
 		return
@@ -171,7 +173,7 @@ func (s *Slot) idle(now time.Time) time.Duration {
 // errCapped is the error of Wait and Reserve on a limiter whose quota caps
 // requests in flight: they cannot say when the request ends.
 func errCapped(key string, limit Limit) error {
-	return &requestError{fmt.Sprintf("pace: key %s: the quota caps requests in flight (%s): take a slot with Acquire (a Transport does), not Wait or Reserve", quoteKey(key), limit)}
+	return &requestError{fmt.Sprintf("pace: key %s: the quota caps requests in flight (%s): take a slot with Acquire (a Transport does), not Wait or Reserve", store.QuoteKey(key), limit)}
 }
 
 // slotCap is a limiter's cap of requests in flight, when its quota has one.

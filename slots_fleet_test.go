@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetpace/pace/internal/store"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -76,13 +77,13 @@ func (u *inFlightUpstream) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 // not ended in Redis (a lapsed lease stays in the set until the next call
 // of the slots script purges it).
 func holdersOf(t *testing.T, c *redis.Client, key, name string) []string {
-	return liveIn(t, c, DefaultPrefix+"{"+key+"}"+slotsSuffix+name)
+	return liveIn(t, c, DefaultPrefix+"{"+key+"}"+store.SlotsSuffix+name)
 }
 
 // inLineOf returns the ids whose place in the line for a slot of key's
 // cap has not lapsed in Redis.
 func inLineOf(t *testing.T, c *redis.Client, key, name string) []string {
-	return liveIn(t, c, DefaultPrefix+"{"+key+"}"+waitersSuffix+name)
+	return liveIn(t, c, DefaultPrefix+"{"+key+"}"+store.WaitersSuffix+name)
 }
 
 // liveIn returns the members of the sorted set at redisKey, scored by the

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetpace/pace/internal/store"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -255,7 +256,7 @@ func inLine(t *testing.T, l Slotter, key string) int {
 		}
 		return 0
 	case *Redis:
-		n, err := l.client.(*redis.Client).ZCard(context.Background(), DefaultPrefix+"{"+key+"}"+lineSuffix+limitName(l.cap.limit)).Result()
+		n, err := l.client.(*redis.Client).ZCard(context.Background(), DefaultPrefix+"{"+key+"}"+store.LineSuffix+limitName(l.cap.limit)).Result()
 		if err != nil {
 			t.Fatal(err)
 		}

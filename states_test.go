@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fleetpace/pace/internal/redistest"
+	"github.com/fleetpace/pace/internal/store"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -196,10 +197,10 @@ func TestStateForeignData(t *testing.T) {
 		for name, f := range values[kind] {
 			t.Run(kind+"/"+name, func(t *testing.T) {
 				key := kind + "/" + name
-				keys := storeOf(r).keys(key, false)
+				keys := storeOf(r).Keys(key, false)
 				redisKey := keys[len(keys)-1]
 				if strings.HasSuffix(kind, "hold") {
-					redisKey = storeOf(r).holdKey(key)
+					redisKey = storeOf(r).HoldKey(key)
 				}
 				if err := f.write(redisKey); err != nil {
 					t.Fatal(err)
@@ -337,12 +338,12 @@ func TestStateNoKeyCollides(t *testing.T) {
 	gaps := mustRedis(t, c, AllOf{PerSecond(100).Named("gaps"), PerHour(1000)}, WithObserver(log.observe))
 	for range 3 {
 		for _, r := range []*Redis{named, gaps} {
-			b, err := storeOf(r).reserve(ctx, request{key: "fleet", costs: uniform(1)}, MaxDelay, 0)
+			b, err := storeOf(r).Reserve(ctx, store.Request{Key: "fleet", Costs: uniform(1)}, MaxDelay, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := r.fleet.beat(ctx, r.calls, c.Pipeline(), b.now); err != nil {
-				t.Fatalf("heartbeat beside the key %q: %v", storeOf(r).keys("fleet", false), err)
+			if err := r.fleet.beat(ctx, r.calls, c.Pipeline(), b.Now); err != nil {
+				t.Fatalf("heartbeat beside the key %q: %v", storeOf(r).Keys("fleet", false), err)
 			}
 			if err := r.Wait(ctx, "fleet", 1); err != nil {
 				t.Fatal(err)
@@ -352,8 +353,8 @@ func TestStateNoKeyCollides(t *testing.T) {
 	if e, ok := log.last(EventFallback); ok {
 		t.Errorf("a colliding key made an outage: %+v", e)
 	}
-	for _, key := range []string{named.fleet.key, storeOf(named).keys("fleet", true)[1]} {
-		for _, user := range append(storeOf(named).keys("fleet", false), storeOf(gaps).keys("fleet", false)...) {
+	for _, key := range []string{named.fleet.key, storeOf(named).Keys("fleet", true)[1]} {
+		for _, user := range append(storeOf(named).Keys("fleet", false), storeOf(gaps).Keys("fleet", false)...) {
 			if key == user {
 				t.Errorf("pace's own key %q is also a limit's key", key)
 			}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // A Syncer is a Reserver that the upstream's counters can steer: Redis. A
@@ -21,11 +23,9 @@ type Syncer interface {
 
 // steering is what one reading tells one limit of the quota.
 type steering struct {
-	limit   int // the limit's index
-	reading Reading
-	reset   time.Duration // from now until the window resets, or the quota is full
-	learned int64         // the interval learned, in microseconds; 0 when not learning
-	bounded bool          // the limit's bounds changed the interval advertised
+	store.Steer
+	header  string // the header or field the reading came from
+	bounded bool   // the limit's bounds changed the interval advertised
 }
 
 // syncEvery is how often, at most, a process steers one key, unless a
@@ -83,20 +83,20 @@ func (r *Redis) Sync(ctx context.Context, res *Reservation, readings []Reading, 
 // b, which arrived at arrival; refused, the request was refused (a 429).
 // Readings of a refusal are never dropped: they account for units not
 // spent. Readings this process can tell are stale are dropped unasked.
-func (r *Redis) sync(ctx context.Context, key string, b booking, readings []Reading, refused bool, arrival time.Time) error {
-	if !b.granted {
+func (r *Redis) sync(ctx context.Context, key string, b store.Booking, readings []Reading, refused bool, arrival time.Time) error {
+	if !b.Granted {
 		return nil // booked without Redis
 	}
 	now := r.now()
 	var steers []steering
-	var reply syncReply
+	var reply store.SyncReply
 	_, err := r.shared(ctx, key, false, func() (err error) {
 		steers = r.steerings(ctx, key, readings, now.Sub(arrival))
 		if len(steers) == 0 || !r.syncs.due(key, b, steers, refused, now) {
 			steers = nil
 			return nil
 		}
-		reply, err = r.store.sync(ctx, key, b, steers, refused, r.holdChannel())
+		reply, err = r.store.Sync(ctx, key, b, plainSteers(steers), refused, r.holdChannel())
 		return err
 	})
 	if steers == nil {
@@ -107,11 +107,11 @@ func (r *Redis) sync(ctx context.Context, key string, b booking, readings []Read
 	}
 	r.syncs.note(key, steers, reply, now)
 	for i, st := range steers {
-		kinds := [...][]EventKind{{EventStaleReading}, {EventReading}, {EventReading, EventLearned}}[min(reply.results[i], 2)]
+		kinds := [...][]EventKind{{EventStaleReading}, {EventReading}, {EventReading, EventLearned}}[min(reply.Results[i], 2)]
 		for _, kind := range kinds {
-			e := Event{Kind: kind, Limiter: "redis", Key: key, Cost: int(st.reading.Remaining), Delay: st.reset, Reason: st.reading.Header}
+			e := Event{Kind: kind, Limiter: "redis", Key: key, Cost: int(st.Remaining), Delay: st.Reset, Reason: st.header}
 			if kind == EventLearned && st.bounded {
-				e.Reason += " (kept within " + r.limits[st.limit].learnText()[len(" learn"):] + ")"
+				e.Reason += " (kept within " + r.limits[st.Limit].learnText()[len(" learn"):] + ")"
 			}
 			r.config.observer.emit(ctx, e)
 		}
@@ -137,9 +137,9 @@ func (r *Redis) steerings(ctx context.Context, key string, readings []Reading, e
 			r.config.observer.emit(ctx, Event{Kind: EventIgnored, Limiter: "redis", Key: key, Delay: max(reading.Reset, window), Reason: reading.Header})
 			continue
 		}
-		st := steering{limit: i, reading: reading, reset: reading.Reset - elapsed}
+		st := steering{Steer: store.Steer{Limit: i, Remaining: reading.Remaining, Reset: reading.Reset - elapsed, Refills: reading.Refills}, header: reading.Header}
 		if learns {
-			st.learned, st.bounded = l.learned(reading.Limit, window, bound)
+			st.Learned, st.bounded = l.learned(reading.Limit, window, bound)
 		}
 		steers = append(steers, st)
 	}
@@ -162,21 +162,21 @@ type throttle struct {
 // and each bucket's SYNCED after its last sync, by limit.
 type throttled struct {
 	next, last      time.Time
-	learned, synced [maxLimits]int64
+	learned, synced [store.MaxLimits]int64
 	known           bool // synced is known
 }
 
 // due reports whether to sync steers at now, of the request booked as b
 // (refused, if the upstream refused it), and if so notes it.
-func (t *throttle) due(key string, b booking, steers []steering, refused bool, now time.Time) bool {
+func (t *throttle) due(key string, b store.Booking, steers []steering, refused bool, now time.Time) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	k := t.entry(key, now)
 	heard, fresh := refused, !k.known
 	for _, st := range steers {
-		heard = heard || (st.learned > 0 && st.learned != k.learned[st.limit])
-		k.learned[st.limit] = st.learned
-		fresh = fresh || b.booked[st.limit] > k.synced[st.limit]
+		heard = heard || (st.Learned > 0 && st.Learned != k.learned[st.Limit])
+		k.learned[st.Limit] = st.Learned
+		fresh = fresh || b.Booked[st.Limit] > k.synced[st.Limit]
 	}
 	if !heard && (!fresh || now.Before(k.next)) {
 		return false
@@ -186,12 +186,12 @@ func (t *throttle) due(key string, b booking, steers []steering, refused bool, n
 }
 
 // note notes what a sync of key for steers replied.
-func (t *throttle) note(key string, steers []steering, reply syncReply, now time.Time) {
+func (t *throttle) note(key string, steers []steering, reply store.SyncReply, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	k := t.entry(key, now)
 	for i, st := range steers {
-		k.synced[st.limit] = reply.synced[i]
+		k.synced[st.Limit] = reply.Synced[i]
 	}
 	k.known = true
 }
@@ -215,4 +215,13 @@ func (t *throttle) entry(key string, now time.Time) *throttled {
 		t.keys[key] = k
 	}
 	return k
+}
+
+// plainSteers are what steers tell the store.
+func plainSteers(steers []steering) []store.Steer {
+	plain := make([]store.Steer, len(steers))
+	for i, st := range steers {
+		plain[i] = st.Steer
+	}
+	return plain
 }

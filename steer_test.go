@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetpace/pace/internal/store"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -114,7 +115,7 @@ func TestSyncTransitions(t *testing.T) {
 	if _, ok := f.log.last(EventFallback); !ok || local.limiter != "local" || f.store.reserves != reserves+2 {
 		t.Fatalf("after the failed sync, the next request: decided by %q after %d calls; want local, the outage confirmed by two calls begun after the sync's failure", local.limiter, f.store.reserves-reserves)
 	}
-	for _, b := range []booking{third.booking, local.booking} {
+	for _, b := range []store.Booking{third.booking, local.booking} {
 		f.clock.Advance(syncEvery)
 		if err := f.r.sync(ctx, "k", b, refillReading(5, time.Second), false, f.clock.Now()); err != nil || f.store.syncs != syncs {
 			t.Fatalf("sync during the outage: %v, %d store calls; want none", err, f.store.syncs-syncs)
@@ -151,7 +152,7 @@ func TestSyncBadInput(t *testing.T) {
 	if err := quota.Sync(ctx, res, unnamed, false); err != nil {
 		t.Fatal(err)
 	}
-	if v, err := c.Get(ctx, storeOf(quota).keys("q", false)[0]).Result(); err != nil || strings.Contains(v, " ") {
+	if v, err := c.Get(ctx, storeOf(quota).Keys("q", false)[0]).Result(); err != nil || strings.Contains(v, " ") {
 		t.Errorf("the requests bucket after readings of other quotas: %q, %v; want it not steered", v, err)
 	}
 }
@@ -178,7 +179,7 @@ func TestTransportFollowsCounters(t *testing.T) {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
-		v, err := c.Get(context.Background(), storeOf(r).bucketKey(key)).Result()
+		v, err := c.Get(context.Background(), storeOf(r).BucketKey(key)).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -267,11 +268,11 @@ func TestStaleReadingAcrossProcesses(t *testing.T) {
 	if err := a.Sync(ctx, newer, refillReading(40, time.Second), false); err != nil || logA.count(EventReading) != 1 {
 		t.Fatalf("the newer reading: %v, %d EventReadings; want it applied", err, logA.count(EventReading))
 	}
-	before, _ := c.Get(ctx, storeOf(a).bucketKey("k")).Result()
+	before, _ := c.Get(ctx, storeOf(a).BucketKey("k")).Result()
 	if err := b.Sync(ctx, older, refillReading(99, time.Second), false); err != nil || logB.count(EventStaleReading) != 1 || logB.count(EventReading) != 0 {
 		t.Fatalf("the older reading: %v, %d EventStaleReadings, %d EventReadings; want it ignored as stale", err, logB.count(EventStaleReading), logB.count(EventReading))
 	}
-	if after, _ := c.Get(ctx, storeOf(a).bucketKey("k")).Result(); after != before {
+	if after, _ := c.Get(ctx, storeOf(a).BucketKey("k")).Result(); after != before {
 		t.Errorf("the stale reading changed the bucket from %q to %q", before, after)
 	}
 }

@@ -3,9 +3,11 @@ package pace
 import (
 	"cmp"
 	"math"
+
+	"github.com/fleetpace/pace/internal/store"
 )
 
-// steerModel is a steered bucket's state in the Go model, as lua/common.lua
+// steerModel is a steered bucket's state in the Go model, as internal/store/lua/common.lua
 // keeps it after the TAT: all whole microseconds or units.
 type steerModel struct {
 	seen, till, spread, learned, left, base, synced, booked, foreign, order, ceiling int64
@@ -22,7 +24,7 @@ func (s *steerModel) fleetInterval(a, b int64) int64 {
 		return i
 	}
 	i = int64(math.Ceil(float64(i) / (1 - math.Min(float64(s.foreign)*float64(i)/1e12, 0.99))))
-	return min(i, max(s.interval(a), int64(math.Floor(float64(maxRefill.Microseconds())/float64(b)))))
+	return min(i, max(s.interval(a), int64(math.Floor(float64(store.MaxRefill.Microseconds())/float64(b)))))
 }
 
 // interval is interval: the learned one, or a.
@@ -73,7 +75,7 @@ func (s *steerModel) movedBack(free int64) {
 // moveCeiling is move_ceiling.
 func (s *steerModel) moveCeiling(a, units, slot, now int64) {
 	if s != nil {
-		s.ceiling = min(max(max(s.ceiling, slot)+units*s.interval(a), now), now+horizon.Microseconds())
+		s.ceiling = min(max(max(s.ceiling, slot)+units*s.interval(a), now), now+store.Horizon.Microseconds())
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fleetpace/pace/internal/redistest"
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // Transitions against a real redis-server, killed or restarted by the test,
@@ -99,7 +100,7 @@ func TestOutageKeepsKeysApart(t *testing.T) {
 			r := mustRedis(t, srv.Client(t), PerSecond(10), WithFleetSize(1), WithObserver(observe))
 			stop := book(r, booked)
 			defer stop()
-			timeout := r.calls.trips.timeout() // as the bookings' round trips set it
+			timeout := r.calls.Timeout() // as the bookings' round trips set it
 			srv.Kill()
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
@@ -169,11 +170,11 @@ func TestFleetCountsProcesses(t *testing.T) {
 	other := mustRedis(t, c, PerSecond(300), WithFleetName("other"))
 	beat := func(r *Redis, skew time.Duration) {
 		t.Helper()
-		b, err := storeOf(r).reserve(ctx, request{key: "k", costs: uniform(1)}, MaxDelay, 0)
+		b, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, MaxDelay, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := r.fleet.beat(ctx, r.calls, c.Pipeline(), b.now+skew.Microseconds()); err != nil {
+		if err := r.fleet.beat(ctx, r.calls, c.Pipeline(), b.Now+skew.Microseconds()); err != nil {
 			t.Fatal(err)
 		}
 	}

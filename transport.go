@@ -44,6 +44,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // Transport is an http.RoundTripper that waits on Limiter before passing each
@@ -226,7 +228,7 @@ func (t *Transport) waitRates(ctx context.Context, req *http.Request, p paced, c
 	case estimate == nil:
 		err = p.limiter.Wait(ctx, p.key, cost)
 	case !ok:
-		err = fmt.Errorf("pace: key %s: an Estimate needs a Limiter that is a Reserver, such as Local or Redis, not a %T", quoteKey(p.key), p.limiter)
+		err = fmt.Errorf("pace: key %s: an Estimate needs a Limiter that is a Reserver, such as Local or Redis, not a %T", store.QuoteKey(p.key), p.limiter)
 	default:
 		if p.res, err = reserver.Reserve(ctx, p.key, estimate(req)); err == nil {
 			p.grant = p.res.Grant()

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // trackedBody is a request body that counts its Close calls.
@@ -178,8 +180,8 @@ func TestTransportCancelsPromptly(t *testing.T) {
 	case <-time.After(time.Second):
 		t.Fatalf("RoundTrip still waiting a second after its cancel (its turn was %v away)", delay)
 	}
-	if b, err := storeOf(lim).reserve(context.Background(), request{key: "upstream:80", costs: uniform(1)}, 0, 0); err != nil || b.delay < 9*time.Second || b.delay > 10*time.Second {
-		t.Errorf("next caller would wait %v (%v), want under 10s: the cancelled token came back", b.delay, err)
+	if b, err := storeOf(lim).Reserve(context.Background(), store.Request{Key: "upstream:80", Costs: uniform(1)}, 0, 0); err != nil || b.Delay < 9*time.Second || b.Delay > 10*time.Second {
+		t.Errorf("next caller would wait %v (%v), want under 10s: the cancelled token came back", b.Delay, err)
 	}
 }
 

@@ -82,7 +82,7 @@ func TestHoldOfASpreadWindow(t *testing.T) {
 	}
 	wg.Wait()
 	key := HostKey(httptest.NewRequest(http.MethodGet, api.URL, nil))
-	ttl := c.PTTL(context.Background(), storeOf(r).bucketKey(key)).Val()
+	ttl := c.PTTL(context.Background(), storeOf(r).BucketKey(key)).Val()
 	later := mustRedis(t, c, PerHour(5000), sharedOnly)
 	start := time.Now()
 	err := later.Wait(context.Background(), key, 1)

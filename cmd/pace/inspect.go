@@ -185,7 +185,7 @@ func readTime(ctx context.Context, c redis.UniversalClient, p part, kind, what s
 
 // readRate reads a key's rate after refusals: "EDGE BOTTOM CUT HEARD
 // TAT", in parts per million of the configured rate and microseconds of
-// Redis's clock (see pace's lua/rate.lua).
+// Redis's clock (see pace's internal/store/lua/rate.lua).
 func readRate(ctx context.Context, c redis.UniversalClient, p part, now time.Time) (part, error) {
 	text, err := c.Get(ctx, p.redis).Result()
 	p.kind = "rate after refusals"

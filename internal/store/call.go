@@ -1,4 +1,4 @@
-package pace
+package store
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// caller runs Redis calls, each with a timeout of its own, whatever the
+// Caller runs Redis calls, each with a timeout of its own, whatever the
 // request's context and whatever the options of the client: the one its
 // round trips set (roundTrips).
 //
@@ -18,14 +18,14 @@ import (
 // ContextTimeoutEnabled) gets the call directly, with a deadline. Any other
 // client (go-redis's default, or a type pace cannot inspect) might block for
 // its ReadTimeout and retries, seconds in all, so its call runs on a goroutine
-// of its own and the caller stops waiting for it at the deadline.
-type caller struct {
+// of its own and the Caller stops waiting for it at the deadline.
+type Caller struct {
 	client  redis.Scripter
 	trips   roundTrips
 	guarded bool // the client may ignore context deadlines
-	// answers counts the calls Redis answered without an error: the
+	// Answers counts the calls Redis answered without an error: the
 	// failover's breaker ends a row of failures at one.
-	answers atomic.Uint64
+	Answers atomic.Uint64
 
 	// deadline is a context whose deadline lies timeout to 1.25*timeout
 	// ahead, renewed every quarter timeout and shared by the calls that start
@@ -40,10 +40,14 @@ type sharedDeadline struct {
 	timeout time.Duration
 }
 
-// newCaller returns the caller of client, whose calls get at least floor.
-func newCaller(client redis.Scripter, floor time.Duration) *caller {
-	return &caller{client: client, trips: roundTrips{floor: floor}, guarded: !appliesContextDeadlines(client)}
+// NewCaller returns the caller of client, whose calls get at least floor.
+func NewCaller(client redis.Scripter, floor time.Duration) *Caller {
+	return &Caller{client: client, trips: roundTrips{floor: floor}, guarded: !appliesContextDeadlines(client)}
 }
+
+// Timeout is the timeout of a call that begins now, as the round trips
+// set it.
+func (c *Caller) Timeout() time.Duration { return c.trips.timeout() }
 
 // appliesContextDeadlines reports whether client bounds its socket I/O by a
 // context's deadline.
@@ -71,7 +75,7 @@ type callContext struct {
 func (c callContext) Value(key any) any { return c.values.Value(key) }
 
 // context returns the context of a call that begins now, and its deadline's.
-func (c *caller) context(ctx context.Context, now time.Time) (context.Context, *sharedDeadline) {
+func (c *Caller) context(ctx context.Context, now time.Time) (context.Context, *sharedDeadline) {
 	d, timeout := c.deadline.Load(), c.trips.timeout()
 	// Renewed when due, or when the round trips cut the timeout by more than
 	// a quarter (as from the ceiling to the first answer's).
@@ -85,9 +89,9 @@ func (c *caller) context(ctx context.Context, now time.Time) (context.Context, *
 
 // done takes the outcome of a call that began at start: its round trip,
 // when Redis answered, and an answer without an error.
-func (c *caller) done(start time.Time, err error) {
+func (c *Caller) done(start time.Time, err error) {
 	if err == nil {
-		c.answers.Add(1)
+		c.Answers.Add(1)
 	}
 	if err == nil || isRedisError(err) {
 		c.trips.answered(time.Since(start))
@@ -101,8 +105,8 @@ func isRedisError(err error) bool {
 	return errors.As(err, &redisErr)
 }
 
-// run runs script with the call's timeout.
-func (c *caller) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+// Run runs script with the call's timeout.
+func (c *Caller) Run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	start := time.Now()
 	cctx, d := c.context(ctx, start)
 	var cmd *redis.Cmd
@@ -122,13 +126,13 @@ func (c *caller) run(ctx context.Context, script *redis.Script, keys []string, a
 	return cmd
 }
 
-// runLong runs script as run does, and lets the call go on in the
+// RunLong runs script as Run does, and lets the call go on in the
 // background after its timeout, up to maxCallTimeout: a late answer is a
 // round trip of its own (no retransmission), so a Redis that has become
 // slower than the timeout is measured, and the next call waits for it. A
 // late answer is not the caller's: what the script booked stays booked.
 // The failover's probe runs so, once a cool-down.
-func (c *caller) runLong(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+func (c *Caller) RunLong(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	start := time.Now()
 	timeout := c.trips.timeout()
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(maxCallTimeout, timeout+timeout/4))
@@ -151,9 +155,9 @@ func (c *caller) runLong(ctx context.Context, script *redis.Script, keys []strin
 	}
 }
 
-// pipeline runs the commands that fill sends, in one round trip, with the
+// Pipeline runs the commands that fill sends, in one round trip, with the
 // call's timeout.
-func (c *caller) pipeline(ctx context.Context, p redis.Pipeliner) ([]redis.Cmder, error) {
+func (c *Caller) Pipeline(ctx context.Context, p redis.Pipeliner) ([]redis.Cmder, error) {
 	start := time.Now()
 	cctx, d := c.context(ctx, start)
 	cmds, err := c.exec(cctx, d, p)
@@ -162,7 +166,7 @@ func (c *caller) pipeline(ctx context.Context, p redis.Pipeliner) ([]redis.Cmder
 }
 
 // exec runs p within cctx, whose deadline is d's.
-func (c *caller) exec(cctx context.Context, d *sharedDeadline, p redis.Pipeliner) ([]redis.Cmder, error) {
+func (c *Caller) exec(cctx context.Context, d *sharedDeadline, p redis.Pipeliner) ([]redis.Cmder, error) {
 	if !c.guarded {
 		return p.Exec(cctx)
 	}

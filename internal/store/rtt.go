@@ -1,4 +1,4 @@
-package pace
+package store
 
 import (
 	"sync/atomic"

@@ -1,0 +1,165 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Request is what a booking needs of a request: its key, its cost under
+// each limit, whether it will be settled and which of its costs are
+// estimates, and whether it is the failover's probe, whose call may answer
+// late (see Caller.RunLong).
+type Request struct {
+	Key       string
+	Costs     LimitCosts
+	Settled   bool
+	Estimated LimitSet
+	Probe     bool
+}
+
+// Booking is what the reserve script decided.
+type Booking struct {
+	Granted   bool
+	Delay     time.Duration
+	Now       int64            // the Redis TIME of the decision, in microseconds
+	Finishes  [MaxLimits]int64 // each bucket's schedule time after the booking (0 for windows)
+	Booked    [MaxLimits]int64 // each steered bucket's count of units booked after the booking (else 0)
+	Listening bool             // the key's rate listens for a success (see refusals.go)
+	Recovered bool             // the key's rate was dropped, back at the configured one
+	ID        string           // the request's id: its grants in sliding windows, its settlement
+	Costs     LimitCosts
+	Estimated LimitSet // the limits whose costs are a reservation's estimates
+}
+
+// Slot is when the request goes, by Redis's clock, in microseconds.
+func (b Booking) Slot() int64 { return b.Now + b.Delay.Microseconds() }
+
+// Reserve runs the reserve script once: it books request q under every
+// limit, for a caller who cannot go sooner than notBefore from now, unless
+// the wait would exceed budget. A booking to be settled needs an id; one in
+// a sliding window always has one.
+func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.Duration) (Booking, error) {
+	key, costs := q.Key, q.Costs
+	b := Booking{Costs: costs, Estimated: q.Estimated}
+	n := len(s.limits)
+	keys := s.bookingKeys(key)
+	if q.Settled || s.sliding {
+		b.ID = s.member + ":" + strconv.FormatUint(s.requestIDs.Add(1), 10)
+	}
+	var reply [5 + 2*MaxLimits]int64
+	var cmd *redis.Cmd
+	budgetArg := maxDelayArg // a caller without a deadline: boxed once
+	if budget != MaxDelay {
+		budgetArg = budget.Microseconds()
+	}
+	script, args := reserveScript, []any(nil)
+	if s.oneBucket {
+		args = []any{s.limitArgs[1], s.limitArgs[2], costs[0], budgetArg, notBefore.Microseconds(), int64(q.Estimated)}
+	} else {
+		script, args = quotaScript, append(make([]any, 0, 4+4*n), budgetArg, notBefore.Microseconds(), b.ID)
+		for i := range n {
+			args = append(args, s.limitArgs[3*i], s.limitArgs[3*i+1], s.limitArgs[3*i+2], costs[i])
+		}
+		args = append(args, int64(q.Estimated))
+	}
+	if q.Probe {
+		cmd = s.calls.RunLong(ctx, script, keys, args...)
+	} else {
+		cmd = s.calls.Run(ctx, script, keys, args...)
+	}
+	err := int64Reply(cmd, reply[:5+2*n])
+	if err == nil && (reply[0] < 0 || reply[0] > 1 || reply[1] < 0) {
+		err = fmt.Errorf("replied %v, want [granted delay now finish... booked... listening recovered]", append([]int64(nil), reply[:5+2*n]...))
+	}
+	if err != nil {
+		return Booking{}, s.fail(key, "reserve", keys, err)
+	}
+	b.Granted, b.Delay, b.Now = reply[0] == 1, Microseconds(reply[1]), reply[2]
+	copy(b.Finishes[:], reply[3:3+n])
+	copy(b.Booked[:], reply[3+n:3+2*n])
+	b.Listening, b.Recovered = reply[3+2*n] == 1, reply[4+2*n] == 1
+	return b, nil
+}
+
+// RefundResult says what the refund script did with a booking under one
+// limit.
+type RefundResult int64
+
+const (
+	RefundNothing RefundResult = iota // its time had passed, or the bucket was gone
+	RefundTail                        // the tokens went back into the bucket, or the window
+	RefundGap                         // kept as a gap until the bookings behind it go too
+)
+
+// Refund gives back booking b for key under every limit, and returns what
+// became of it under each and the Redis TIME it used, in microseconds. Like
+// every call, it has a deadline of its own, so it runs although ctx has
+// usually ended.
+func (s *Store) Refund(ctx context.Context, key string, b Booking) ([MaxLimits]RefundResult, int64, error) {
+	var results [MaxLimits]RefundResult
+	n := len(s.limits)
+	args := append(make([]any, 0, 2+4*n), b.ID, b.Slot())
+	for i := range n {
+		args = append(args, s.limitArgs[3*i], s.limitArgs[3*i+1], b.Costs[i], b.Finishes[i])
+	}
+	keys := s.Keys(key, true)
+	var reply [1 + MaxLimits]int64
+	err := int64Reply(s.calls.Run(ctx, refundScript, keys, args...), reply[:1+n])
+	for i, res := range reply[1 : 1+n] {
+		if err == nil && (res < int64(RefundNothing) || res > int64(RefundGap)) {
+			err = fmt.Errorf("replied %v, want [now result...] with results 0, 1 or 2", append([]int64(nil), reply[:1+n]...))
+		}
+		results[i] = RefundResult(res)
+	}
+	if err != nil {
+		return results, 0, s.fail(key, "refund", keys, err)
+	}
+	return results, reply[0], nil
+}
+
+// Settle settles booking b of key at the actual costs, and reports whether
+// it did (false: it had been settled already) and the Redis TIME it used,
+// in microseconds.
+func (s *Store) Settle(ctx context.Context, key string, b Booking, actual LimitCosts) (bool, int64, error) {
+	n := len(s.limits)
+	args := append(make([]any, 0, 3+5*n), b.ID, b.Slot())
+	for i := range n {
+		args = append(args, s.limitArgs[3*i], s.limitArgs[3*i+1], s.limitArgs[3*i+2], b.Costs[i], actual[i])
+	}
+	args = append(args, int64(b.Estimated))
+	keys := append(s.Keys(key, true), s.prefix+"{"+key+"}"+settledSuffix+b.ID)
+	var reply [2]int64
+	if err := int64Reply(s.calls.Run(ctx, settleScript, keys, args...), reply[:]); err != nil {
+		return false, 0, s.fail(key, "settle", keys, err)
+	}
+	return reply[0] == 1, reply[1], nil
+}
+
+// Repay books debt, what this process granted of key alone, under each
+// limit as far as lua/repay.lua lets it, and returns the units each took.
+func (s *Store) Repay(ctx context.Context, key string, debt LimitCosts) (LimitCosts, error) {
+	n := len(s.limits)
+	args := make([]any, 0, 1+4*n)
+	args = append(args, s.member+":repay:"+strconv.FormatUint(s.requestIDs.Add(1), 10))
+	for i := range n {
+		args = append(args, s.limitArgs[3*i], s.limitArgs[3*i+1], s.limitArgs[3*i+2], max(debt[i], 0))
+	}
+	keys := s.Keys(key, false)
+	var reply [1 + MaxLimits]int64
+	err := int64Reply(s.calls.Run(ctx, repayScript, keys, args...), reply[:1+n])
+	var took LimitCosts
+	for i, units := range reply[1 : 1+n] {
+		if err == nil && (units < 0 || units > int64(max(debt[i], 0))) {
+			err = fmt.Errorf("replied %v, want [now units...] with units from 0 to the debt", append([]int64(nil), reply[:1+n]...))
+		}
+		took[i] = int(units)
+	}
+	if err != nil {
+		return LimitCosts{}, s.fail(key, "repay", keys, err)
+	}
+	return took, nil
+}

@@ -1,0 +1,76 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// SlotCall is one call of the slots script (lua/slots.lua): what to do
+// (SlotAcquire, SlotWait, SlotRenew or SlotRelease) for which request id,
+// under which cap (its name and size), with which lease, telling waiters on
+// which channel.
+type SlotCall struct {
+	Op, ID  string
+	Name    string
+	Limit   int
+	Lease   time.Duration
+	Channel string
+}
+
+// Slots runs the slots script for key.
+func (s *Store) Slots(ctx context.Context, key string, c SlotCall) (SlotsReply, error) {
+	base := s.prefix + "{" + key + "}"
+	keys := []string{base + SlotsSuffix + c.Name, base + LineSuffix + c.Name, base + WaitersSuffix + c.Name}
+	val, err := s.calls.Run(ctx, slotsScript, keys, c.Op, c.ID, c.Limit, c.Lease.Microseconds(), c.Channel, key).Result()
+	if err != nil {
+		return SlotsReply{}, s.fail(key, "slots", keys, err)
+	}
+	items, ok := val.([]any)
+	if !ok || len(items) != 4 {
+		return SlotsReply{}, fmt.Errorf("pace: key %s: the slots script replied %v, want 4 items", QuoteKey(key), val)
+	}
+	var reply SlotsReply
+	now, _ := items[0].(string)
+	reply.State, _ = items[1].(string)
+	first, _ := items[2].(string)
+	reply.Expired, _ = items[3].(int64)
+	reply.Now, err = strconv.ParseInt(now, 10, 64)
+	if reply.First, _ = strconv.ParseInt(first, 10, 64); err != nil || reply.State == "" {
+		return SlotsReply{}, fmt.Errorf("pace: key %s: the slots script replied %v, want a time, a state, a time and a count", QuoteKey(key), val)
+	}
+	return reply, nil
+}
+
+// What the slots script does with an id (see lua/slots.lua), and what it
+// says of one.
+const (
+	SlotAcquire = "acquire"
+	SlotWait    = "wait"
+	SlotRenew   = "renew"
+	SlotRelease = "release"
+
+	SlotHeld    = "held"
+	SlotWaiting = "waiting"
+	SlotNone    = "none"
+)
+
+// SlotsReply is the slots script's answer, times in microseconds of Redis's
+// clock.
+type SlotsReply struct {
+	Now     int64
+	State   string // SlotHeld, SlotWaiting or SlotNone
+	First   int64  // when the first holder's lease ends; 0 for none
+	Expired int64  // leases of holders that lapsed
+}
+
+// NextCheck is how long a waiter sleeps, unless told sooner: until the
+// first holder's lease may lapse, or a third of its own lease.
+func (s SlotsReply) NextCheck(lease time.Duration) time.Duration {
+	d := lease / 3
+	if s.First > 0 {
+		d = min(d, time.Duration(s.First-s.Now+1000)*time.Microsecond)
+	}
+	return max(d, time.Millisecond)
+}

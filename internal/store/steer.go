@@ -1,0 +1,76 @@
+package store
+
+import (
+	"context"
+	"time"
+)
+
+// Refused tells key's rate what became of the request booked as b: the
+// upstream refused it (served false: the rate may be cut, and the fleet
+// told on channel), or served it. It returns the share of its configured
+// rate the key goes at after a cut, in parts per million (0: nothing was
+// cut), and the Redis TIME it used.
+func (s *Store) Refused(ctx context.Context, key string, b Booking, served bool, channel string) (share, now int64, err error) {
+	op := "refused"
+	if served {
+		op = "served"
+	}
+	keys := []string{s.rateKey(key)}
+	var reply [2]int64
+	if err := int64Reply(s.calls.Run(ctx, refusedScript, keys, op, b.Now, channel, key), reply[:]); err != nil {
+		return 0, 0, s.fail(key, "refused", keys, err)
+	}
+	return reply[1], reply[0], nil
+}
+
+// A Steer is what one reading of the upstream's counters tells one limit
+// of a quota (see lua/sync.lua).
+type Steer struct {
+	Limit     int           // the limit's index
+	Remaining int64         // the units the upstream has left
+	Reset     time.Duration // from now until the window resets, or the quota is full
+	Refills   bool          // the units come back a few at a time, as a bucket's do
+	Learned   int64         // the interval learned, in microseconds; 0 when not learning
+}
+
+// SyncReply is what the sync script replied: for each steering, what
+// became of it (0 stale, 1 applied, 2 applied and learned anew) and its
+// bucket's count of units booked at its last reading (SYNCED, 0 when not
+// steered); and the Redis TIME it used, in microseconds.
+type SyncReply struct {
+	Results, Synced [MaxLimits]int64
+	Now             int64
+}
+
+// Sync steers key's buckets by what a response said (see lua/sync.lua),
+// for the request booked as b. The upstream refused the request when
+// refused (a 429). When the pace changes, it tells the fleet on channel,
+// as of a hold.
+func (s *Store) Sync(ctx context.Context, key string, b Booking, steers []Steer, refused bool, channel string) (SyncReply, error) {
+	keys := s.Keys(key, false)
+	syncKeys := make([]string, 0, len(steers)+1)
+	args := append(make([]any, 0, 3+11*len(steers)), channel, key, flag(refused))
+	for _, st := range steers {
+		syncKeys = append(syncKeys, keys[st.Limit])
+		args = append(args, s.limitArgs[3*st.Limit+1], s.limitArgs[3*st.Limit+2], b.Finishes[st.Limit], b.Booked[st.Limit],
+			b.Slot(), flag(b.Delay == 0), b.Costs[st.Limit], st.Remaining, st.Reset.Microseconds(), flag(st.Refills), st.Learned)
+	}
+	syncKeys = append(syncKeys, s.HoldKey(key))
+	var reply [1 + 2*MaxLimits]int64
+	n := len(steers)
+	if err := int64Reply(s.calls.Run(ctx, syncScript, syncKeys, args...), reply[:1+2*n]); err != nil {
+		return SyncReply{}, s.fail(key, "sync", syncKeys, err)
+	}
+	r := SyncReply{Now: reply[0]}
+	copy(r.Results[:], reply[1:1+n])
+	copy(r.Synced[:], reply[1+n:1+2*n])
+	return r, nil
+}
+
+// flag is a script's argument for a truth: 1 or 0.
+func flag(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

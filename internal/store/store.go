@@ -1,0 +1,141 @@
+// Package store runs pace's Lua scripts on Redis: it names the keys of a
+// quota, passes each script its arguments as plain data and reads its
+// replies, and it times each call (Caller). It knows nothing of limiters,
+// failover or observers: the package pace decides what to call, and when.
+package store
+
+import (
+	"slices"
+	"strings"
+	"sync/atomic"
+)
+
+// Store runs pace's scripts on Redis for one quota: it names the keys,
+// passes the arguments and reads the replies. It has no breaker and no
+// observer. Every error it returns is either a *KeyError, about one key's
+// data, or a failure of Redis, which the limiter's failover handles.
+type Store struct {
+	calls      *Caller
+	prefix     string
+	limits     []Limit
+	suffixes   []string // each limit's key is prefix{key} and its suffix
+	gapped     []string // each limit's suffix, then its gaps key's
+	booked     []string // the suffixes of the keys a booking reads: its limits', its hold's, its rate's
+	limitArgs  []any    // each limit's kind, span and count, boxed once
+	oneBucket  bool     // the quota is one bucket: reserve.lua, not quota.lua
+	sliding    bool     // some limit is a sliding window, whose grants need ids
+	member     string   // names this limiter's grants in sliding windows
+	requestIDs atomic.Uint64
+}
+
+// Kind is a limit's kind, as the scripts number it.
+type Kind int64
+
+// The kinds of limit.
+const (
+	Bucket        Kind = 1 // a token bucket
+	SlidingWindow Kind = 2 // count per period, in every period wherever it starts
+	FixedWindow   Kind = 3 // count per period, in periods aligned to the clock
+)
+
+// A Limit is one limit of a quota, as the scripts take it.
+type Limit struct {
+	Kind   Kind
+	Span   int64  // a bucket's interval (the time one token takes to refill), or a window's period, in microseconds
+	Count  int    // a bucket's burst, or a window's count
+	Suffix string // what its Redis key adds to prefix{key}: "" for a quota of one unnamed bucket
+}
+
+// New returns the store of a quota of limits, whose calls go through calls,
+// whose keys start with prefix, and whose grants in sliding windows member
+// names.
+func New(calls *Caller, prefix, member string, limits []Limit) *Store {
+	s := &Store{calls: calls, prefix: prefix, limits: limits, member: member}
+	for _, l := range limits {
+		s.limitArgs = append(s.limitArgs, int64(l.Kind), l.Span, int64(l.Count))
+		s.sliding = s.sliding || l.Kind == SlidingWindow
+		s.suffixes = append(s.suffixes, l.Suffix)
+		s.gapped = append(s.gapped, l.Suffix, l.Suffix+gapsSuffix)
+	}
+	s.booked = append(slices.Clone(s.suffixes), holdSuffix, rateSuffix)
+	s.oneBucket = len(limits) == 1 && limits[0].Kind == Bucket
+	return s
+}
+
+// Keys a user can name never contain ReservedInNames after the hash tag;
+// the keys pace keeps for itself (gaps, holds, heartbeats) always do. So no
+// key or limit name can reach them.
+const (
+	ReservedInNames = "{}#"
+	gapsSuffix      = "#gaps"
+	holdSuffix      = "#hold"
+	settledSuffix   = "#settled:"
+	rateSuffix      = "#rate"     // the key's rate after refusals
+	SlotsSuffix     = "#slots:"   // the holders of a cap's slots
+	LineSuffix      = "#line:"    // its line of waiters
+	WaitersSuffix   = "#waiters:" // their leases
+	deferredSuffix  = "#deferred" // the line of requests their class deferred
+)
+
+// Keys are the Redis keys of key's limits, each followed by its gaps key when
+// withGaps.
+func (s *Store) Keys(key string, withGaps bool) []string {
+	if withGaps {
+		return s.tagged(key, s.gapped)
+	}
+	return s.tagged(key, s.suffixes)
+}
+
+// bookingKeys are the Redis keys a booking of key reads: its limits', then
+// its hold's and its rate's.
+func (s *Store) bookingKeys(key string) []string { return s.tagged(key, s.booked) }
+
+// tagged returns key's Redis key with each of suffixes, all under one hash
+// tag (one Redis Cluster slot), with room for one key more (a hold's or a
+// settlement's). Their text is one allocation: a booking's keys are made
+// on every call.
+func (s *Store) tagged(key string, suffixes []string) []string {
+	base := len(s.prefix) + len(key) + len("{}")
+	var text strings.Builder
+	text.Grow(len(suffixes)*base + lenSum(suffixes))
+	for _, suffix := range suffixes {
+		text.WriteString(s.prefix)
+		text.WriteByte('{')
+		text.WriteString(key)
+		text.WriteByte('}')
+		text.WriteString(suffix)
+	}
+	all, at := text.String(), 0
+	keys := make([]string, len(suffixes), len(suffixes)+1)
+	for i, suffix := range suffixes {
+		keys[i], at = all[at:at+base+len(suffix)], at+base+len(suffix)
+	}
+	return keys
+}
+
+// lenSum is the sum of the lengths of texts.
+func lenSum(texts []string) (n int) {
+	for _, t := range texts {
+		n += len(t)
+	}
+	return n
+}
+
+// rateKey is the Redis key of key's rate after refusals.
+func (s *Store) rateKey(key string) string { return s.prefix + "{" + key + "}" + rateSuffix }
+
+// HoldKey is the Redis key that says when key's latest hold ends.
+func (s *Store) HoldKey(key string) string { return s.prefix + "{" + key + "}" + holdSuffix }
+
+// BucketKey is the Redis key of key's first limit.
+func (s *Store) BucketKey(key string) string { return s.Keys(key, false)[0] }
+
+// MaxLimits is the most limits one Quota may hold.
+const MaxLimits = 8
+
+// LimitCosts are a request's costs under each limit of its quota, by the
+// limit's position.
+type LimitCosts [MaxLimits]int
+
+// LimitSet is a set of a quota's limits, by position: bit i for limit i.
+type LimitSet uint8
