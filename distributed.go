@@ -312,15 +312,9 @@ func (r *Redis) decide(ctx context.Context, q request, now time.Time) (ticket, e
 func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budget time.Duration, route route, first ticket) (ticket, error) {
 	q.Probe = route == viaProbe
 	b, err := r.store.Reserve(ctx, q.Request, budget, first.delay)
-	if store.IsOutage(err) {
-		down, local := r.failed(ctx, q.Key, q.Costs[0], failedCall{began: now, probe: q.Probe, failures: q.failures + 1, err: err})
-		if !down {
-			return ticket{}, errUnconfirmed
-		}
+	away, local, err := r.outcome(ctx, redisCall{key: q.Key, cost: q.Costs[0], route: route, began: now, failures: q.failures}, err)
+	if away {
 		return r.decideWithout(ctx, q, local, err, budget)
-	}
-	if route == viaProbe {
-		r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: q.Key, Cost: q.Costs[0], Delay: r.failover.recover(r.now(), r.callTimeout())})
 	}
 	if err != nil {
 		return ticket{}, err

@@ -349,7 +349,7 @@ func TestFailover(t *testing.T) {
 			began := f.clock.Now()
 			f.clock.Advance(DefaultCallTimeout * 2) // the pause
 			for range 16 {
-				if down, _ := f.r.failed(context.Background(), "k", 1, failedCall{began: began, failures: 1, err: context.DeadlineExceeded}); down {
+				if away, _, _ := f.r.outcome(context.Background(), redisCall{key: "k", cost: 1, began: began}, context.DeadlineExceeded); away {
 					f.t.Fatal("calls that began before the row's first failure, timing out together, confirmed an outage")
 				}
 			}
@@ -436,7 +436,7 @@ func TestFailover(t *testing.T) {
 		}},
 		{"an answer that arrives after the outage began is counted locally too", tenPerSecond, 1, func(f *failoverTest) {
 			f.store.during = func() {
-				f.r.failed(context.Background(), "other", 0, failedCall{began: f.clock.Now(), failures: confirmRow, err: errConnRefused})
+				f.r.outcome(context.Background(), redisCall{key: "other", began: f.clock.Now(), failures: confirmRow - 1}, errConnRefused)
 			}
 			tk := f.grant("k", 0)
 			if tk.limiter != "redis" || tk.local == nil {

@@ -72,19 +72,42 @@ func (r *Redis) decideLocally(ctx context.Context, q request, local *Local, now 
 	return t, nil
 }
 
-// failed records call, a failed Redis call for cost units of key, tells
-// the observer, and returns whether the process is in an outage (a failure
-// its breaker does not confirm leaves it on Redis), and the outage's local
-// limiter (nil unless the policy is FallbackLocal).
-func (r *Redis) failed(ctx context.Context, key string, cost int, call failedCall) (down bool, local *Local) {
-	began, down, local := r.failover.fail(r.now(), call, r.callTimeout())
+// A redisCall is one Redis call of a request for cost units of key, begun
+// at began on route, after failures failed calls of the request.
+type redisCall struct {
+	key      string
+	cost     int
+	route    route
+	began    time.Time
+	failures int
+}
+
+// outcome records what became of call, which ended with err, and emits the
+// failover's events, each from here alone: a probe that Redis answered ends
+// the outage (EventRecover); a failure goes to the breaker (EventFallback
+// when it confirms an outage, EventProbe for a failed probe). It returns
+// whether Redis is away, with the outage's local limiter (nil unless the
+// policy is FallbackLocal), and err: wrapped in errUnconfirmed for a
+// failure the breaker did not confirm.
+func (r *Redis) outcome(ctx context.Context, call redisCall, err error) (away bool, local *Local, _ error) {
+	if !store.IsOutage(err) {
+		if call.route == viaProbe {
+			r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: call.key, Cost: call.cost, Delay: r.failover.recover(r.now(), r.callTimeout())})
+		}
+		return false, nil, err
+	}
+	probe := call.route == viaProbe
+	began, down, local := r.failover.fail(r.now(), failedCall{began: call.began, probe: probe, failures: call.failures + 1, err: err}, r.callTimeout())
 	switch {
 	case began:
-		r.config.observer.emit(ctx, Event{Kind: EventFallback, Limiter: "redis", Key: key, Cost: cost, Err: call.err})
-	case call.probe:
-		r.config.observer.emit(ctx, Event{Kind: EventProbe, Limiter: "redis", Key: key, Cost: cost, Err: call.err})
+		r.config.observer.emit(ctx, Event{Kind: EventFallback, Limiter: "redis", Key: call.key, Cost: call.cost, Err: err})
+	case probe:
+		r.config.observer.emit(ctx, Event{Kind: EventProbe, Limiter: "redis", Key: call.key, Cost: call.cost, Err: err})
 	}
-	return down, local
+	if !down {
+		return false, nil, fmt.Errorf("%w: %w", errUnconfirmed, err)
+	}
+	return true, local, err
 }
 
 // callTimeout returns the timeout of a Redis call that begins now.
@@ -106,16 +129,14 @@ func (r *Redis) shared(ctx context.Context, key string, retry bool, call func() 
 	if down, local := r.failover.down(); down {
 		return local, errAway
 	}
-	for failures := 1; ; failures++ {
+	for failures := 0; ; failures++ {
 		began := r.now()
 		err := call()
-		if !store.IsOutage(err) {
-			return nil, err
-		}
-		if down, local := r.failed(ctx, key, 0, failedCall{began: began, failures: failures, err: err}); down {
+		away, local, recorded := r.outcome(ctx, redisCall{key: key, route: viaRedis, began: began, failures: failures}, err)
+		switch {
+		case away:
 			return local, fmt.Errorf("%w: %w", errAway, err)
-		}
-		if !retry {
+		case !errors.Is(recorded, errUnconfirmed) || !retry:
 			return nil, err
 		}
 	}

@@ -102,19 +102,15 @@ func (r *Redis) trySlot(ctx context.Context, key string, failures int) (*Slot, e
 	id, told := r.slotWaiters.join(r.id)
 	defer r.slotWaiters.leave(id)
 	reply, err := r.slotCall(ctx, key, store.SlotAcquire, id)
-	probe := route == viaProbe
-	if probe && !store.IsOutage(err) {
-		probe = false
-		r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: key, Cost: 1, Delay: r.failover.recover(r.now(), r.callTimeout())})
-	}
+	away, _, err := r.outcome(ctx, redisCall{key: key, cost: 1, route: route, began: start, failures: failures}, err)
 	if err == nil {
 		r.beat(ctx, reply.Now, start) // the fleet's size sets the share of the cap should Redis fail
 		err = r.waitInLine(ctx, key, id, reply, told)
-	}
-	if store.IsOutage(err) && ctx.Err() == nil { // a caller that left the line is no outage
-		if down, _ := r.failed(ctx, key, 1, failedCall{began: start, probe: probe, failures: failures + 1, err: err}); !down {
-			return nil, errUnconfirmed
+		if ctx.Err() == nil { // a caller that left the line is no outage
+			away, _, err = r.outcome(ctx, redisCall{key: key, cost: 1, route: viaRedis, began: start, failures: failures}, err)
 		}
+	}
+	if away {
 		return r.takeSlotWithout(ctx, key, err)
 	}
 	if err != nil {
