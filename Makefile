@@ -15,8 +15,10 @@ test: redis-server limiters
 	# wall-clock spans; two such packages at once on 2 cores measure each
 	# other's load instead. Within a package, the fleets that sleep most of
 	# their time run 4 at a time (-parallel 4), and those that use half a
-	# core run in pairs (internal/pairs); the rest run alone.
-	set -e; for m in $(MODULES); do echo "== $$m"; (cd $$m && go vet ./... && go test -race -count=1 -p 1 -parallel 4 ./...); done
+	# core run in pairs (internal/pairs); the rest run alone. go vet builds
+	# with -race too, so that the tests reuse its builds instead of
+	# compiling every package a second time.
+	set -e; for m in $(MODULES); do echo "== $$m"; (cd $$m && go vet -race ./... && go test -race -count=1 -p 1 -parallel 4 ./...); done
 
 # make bench: the benchmarks, each beside its baseline from the same run. The
 # core's run on CPU 0 and pin their redis-server to the last CPU, so that
