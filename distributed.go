@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fleetpace/pace/internal/outage"
 	"github.com/fleetpace/pace/internal/store"
 	"github.com/redis/go-redis/v9"
 )
@@ -42,7 +43,7 @@ type Redis struct {
 	now      func() time.Time // time.Now, or a test's clock
 	calls    *store.Caller
 	store    sharedStore
-	failover *failover
+	failover *outage.Failover[*Local]
 	fleet    *fleet
 
 	cap           slotCap      // the quota's cap in flight, if any
@@ -94,7 +95,7 @@ func NewRedis(client redis.Scripter, q Quota, opts ...RedisOption) (*Redis, erro
 	}
 	r.client = client
 	r.calls = store.NewCaller(client, r.config.callTimeout)
-	r.failover.breaker.answers = &r.calls.Answers
+	r.failover.CountAnswers(&r.calls.Answers)
 	r.store = store.New(r.calls, r.config.prefix, r.id, storeLimits(r.limits))
 	return r, nil
 }
@@ -117,12 +118,12 @@ func newRedis(q Quota, now func() time.Time, opts ...RedisOption) (*Redis, error
 	r.fleet = newFleet(r.config.prefix, r.config.fleetName, r.config.fleetSize)
 	r.id = newLimiterID()
 	r.fallbackSlots = newSemaphore(r.lease(), now, r.config.observer, "local")
-	r.failover = &failover{
-		policy:      r.config.policy,
-		minCooldown: r.config.minCooldown,
-		maxCooldown: r.config.maxCooldown,
-		newLocal:    r.outageLimiter,
-	}
+	r.failover = outage.New(outage.Config[*Local]{
+		PacesLocally: r.config.policy == FallbackLocal,
+		MinCooldown:  r.config.minCooldown,
+		MaxCooldown:  r.config.maxCooldown,
+		NewLocal:     r.outageLimiter,
+	})
 	return r, nil
 }
 
@@ -237,7 +238,7 @@ func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 		}
 		if !r.replacedByHold(ctx, q.Key, t) {
 			if t.limiter == "local" {
-				r.failover.debts.owe(q.Key, q.Costs, store.LimitCosts{})
+				r.failover.Owe(q.Key, q.Costs, store.LimitCosts{})
 			}
 			return t, nil
 		}
@@ -283,11 +284,11 @@ type ticket struct {
 func (r *Redis) decide(ctx context.Context, q request, now time.Time) (ticket, error) {
 	q.own = waitBudget(ctx, r.config.maxWait, now)
 	budget := classBudget(q.own, q.horizon)
-	route, local, cause := r.failover.route(now)
-	if owed := r.failover.takeOwed(); owed != nil {
+	route, local, cause := r.failover.Route(now)
+	if owed := r.failover.TakeOwed(); owed != nil {
 		go r.repay(context.WithoutCancel(ctx), owed)
 	}
-	if route == withoutRedis {
+	if route == outage.WithoutRedis {
 		return r.decideWithout(ctx, q, local, cause, budget)
 	}
 	// While returning, the outage's share decides first, and Redis books the
@@ -309,8 +310,8 @@ func (r *Redis) decide(ctx context.Context, q request, now time.Time) (ticket, e
 
 // decideShared books the request in Redis, not before the local slot of
 // first (the outage's share, while returning; else none).
-func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budget time.Duration, route route, first ticket) (ticket, error) {
-	q.Probe = route == viaProbe
+func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budget time.Duration, route outage.Route, first ticket) (ticket, error) {
+	q.Probe = route == outage.ViaProbe
 	b, err := r.store.Reserve(ctx, q.Request, budget, first.delay)
 	away, local, err := r.outcome(ctx, redisCall{key: q.Key, cost: q.Costs[0], route: route, began: now, failures: q.failures}, err)
 	if away {
@@ -340,7 +341,7 @@ func (r *Redis) pass(ctx context.Context, q request, start time.Time, b store.Bo
 	// The reply came after the decision, so its arrival plus the delay is no
 	// earlier than the slot itself.
 	slot := now.Add(b.Delay)
-	gate := r.failover.granted(q.Key, slot, now, first.local != nil)
+	gate := r.failover.Granted(q.Key, slot, now, first.local != nil)
 	if first.local != nil {
 		first.limiter, first.delay, first.booking, first.listening = "redis", b.Delay, b, b.Listening
 		return first, nil
@@ -449,7 +450,7 @@ func (r *Redis) Settle(ctx context.Context, res *Reservation, actual Costs) erro
 		t.local.settle(res.key, res.estimate, costs, r.now())
 	}
 	if t.limiter == "local" {
-		r.failover.debts.owe(res.key, costs, res.estimate)
+		r.failover.Owe(res.key, costs, res.estimate)
 	}
 	return err
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetpace/pace/internal/outage"
 	"github.com/fleetpace/pace/internal/store"
 )
 
@@ -237,7 +238,7 @@ func newFailoverTestOn(t *testing.T, l Limit, fleetSize int, clock *fakeClock, n
 	}
 	store := newFakeStore(clock, l)
 	r.store = store
-	r.failover.breaker.answers = &store.answers
+	r.failover.CountAnswers(&store.answers)
 	return &failoverTest{t: t, clock: clock, store: store, r: r, log: log}
 }
 
@@ -312,8 +313,8 @@ func TestFailover(t *testing.T) {
 	}{
 		{"one failed call is asked again, and the process stays on Redis", tenPerSecond, 1, func(f *failoverTest) {
 			f.store.failNext = 1
-			if tk := f.grant("k", 0); tk.limiter != "redis" || f.store.reserves != 2 || f.r.failover.mode() != shared {
-				f.t.Errorf("after one failed call: decided by %q in %d calls, mode %v; want redis in 2, shared", tk.limiter, f.store.reserves, f.r.failover.mode())
+			if tk := f.grant("k", 0); tk.limiter != "redis" || f.store.reserves != 2 || f.r.failover.Mode() != outage.Shared {
+				f.t.Errorf("after one failed call: decided by %q in %d calls, mode %v; want redis in 2, shared", tk.limiter, f.store.reserves, f.r.failover.Mode())
 			}
 			if e, ok := f.log.last(EventFallback); ok {
 				f.t.Errorf("one failed call fell back: %v", e)
@@ -321,8 +322,8 @@ func TestFailover(t *testing.T) {
 		}},
 		{"failures in a row confirm an outage: one request makes three calls", tenPerSecond, 1, func(f *failoverTest) {
 			f.store.down = errConnRefused
-			if tk := f.grant("k", 0); tk.limiter != "local" || f.store.reserves != confirmRow {
-				f.t.Errorf("Redis down: decided by %q after %d calls; want local after %d", tk.limiter, f.store.reserves, confirmRow)
+			if tk := f.grant("k", 0); tk.limiter != "local" || f.store.reserves != outage.ConfirmRow {
+				f.t.Errorf("Redis down: decided by %q after %d calls; want local after %d", tk.limiter, f.store.reserves, outage.ConfirmRow)
 			}
 			if _, ok := f.log.last(EventFallback); !ok {
 				f.t.Error("no EventFallback")
@@ -330,12 +331,12 @@ func TestFailover(t *testing.T) {
 		}},
 		{"an answer between failures breaks their row", tenPerSecond, 1, func(f *failoverTest) {
 			for i := range 4 { // two failures and an answer, four times over
-				f.store.failNext = confirmRow - 1
+				f.store.failNext = outage.ConfirmRow - 1
 				if tk := f.grant("k", 0); tk.limiter != "redis" {
-					f.t.Fatalf("request %d, after %d failed calls and an answer: decided by %q, want redis", i, confirmRow-1, tk.limiter)
+					f.t.Fatalf("request %d, after %d failed calls and an answer: decided by %q, want redis", i, outage.ConfirmRow-1, tk.limiter)
 				}
 			}
-			if mode := f.r.failover.mode(); mode != shared {
+			if mode := f.r.failover.Mode(); mode != outage.Shared {
 				f.t.Errorf("mode %v after rows broken by answers, want shared", mode)
 			}
 		}},
@@ -353,8 +354,8 @@ func TestFailover(t *testing.T) {
 					f.t.Fatal("calls that began before the row's first failure, timing out together, confirmed an outage")
 				}
 			}
-			if tk := f.grant("k", 0); tk.limiter != "redis" || f.r.failover.mode() != shared {
-				f.t.Errorf("the next request: decided by %q, mode %v; want redis, shared", tk.limiter, f.r.failover.mode())
+			if tk := f.grant("k", 0); tk.limiter != "redis" || f.r.failover.Mode() != outage.Shared {
+				f.t.Errorf("the next request: decided by %q, mode %v; want redis, shared", tk.limiter, f.r.failover.Mode())
 			}
 		}},
 		{"slots booked ahead when an outage begins delay their key alone", tenPerSecond, 1, func(f *failoverTest) {
@@ -405,10 +406,10 @@ func TestFailover(t *testing.T) {
 				last = tk.delay
 			}
 			f.checkDelay("the 15th grant while returning (share 50/s, its bucket full)", last, 200*time.Millisecond, 200*time.Millisecond)
-			f.clock.Advance(returnWindow(f.r.config.maxCooldown, f.r.config.callTimeout))
+			f.clock.Advance(outage.ReturnWindow(f.r.config.maxCooldown, f.r.config.callTimeout))
 			tk := f.grant("k2", 0)
-			if tk.local != nil || f.r.failover.mode() != shared {
-				f.t.Errorf("after the settle time: gate %v, mode %v; want none, shared", tk.local != nil, f.r.failover.mode())
+			if tk.local != nil || f.r.failover.Mode() != outage.Shared {
+				f.t.Errorf("after the settle time: gate %v, mode %v; want none, shared", tk.local != nil, f.r.failover.Mode())
 			}
 		}},
 		{"while returning a cold key passes at once, and a key the share refuses is charged nothing", hundredPerSecond, 2, func(f *failoverTest) {
@@ -436,7 +437,7 @@ func TestFailover(t *testing.T) {
 		}},
 		{"an answer that arrives after the outage began is counted locally too", tenPerSecond, 1, func(f *failoverTest) {
 			f.store.during = func() {
-				f.r.outcome(context.Background(), redisCall{key: "other", began: f.clock.Now(), failures: confirmRow - 1}, errConnRefused)
+				f.r.outcome(context.Background(), redisCall{key: "other", began: f.clock.Now(), failures: outage.ConfirmRow - 1}, errConnRefused)
 			}
 			tk := f.grant("k", 0)
 			if tk.limiter != "redis" || tk.local == nil {
@@ -504,44 +505,3 @@ func TestFailover(t *testing.T) {
 	}
 }
 
-// TestFailoverCooldowns: the cool-down doubles with each failed probe, with
-// jitter of ±20%, up to the cap; one probe goes at a time; a successful
-// probe brings Redis back.
-func TestFailoverCooldowns(t *testing.T) {
-	f := failover{minCooldown: 100 * time.Millisecond, maxCooldown: time.Second, policy: FailClosed}
-	now := time.Unix(1_700_000_000, 0)
-	if r, _, _ := f.route(now); r != viaRedis {
-		t.Fatalf("a new failover routes %v, want viaRedis", r)
-	}
-	if began, _, _ := f.fail(now, failedCall{began: now, failures: confirmRow, err: errConnRefused}, time.Second); !began {
-		t.Fatal("the first failure did not begin an outage")
-	}
-	for i, want := range []time.Duration{100, 200, 400, 800, 1000, 1000} {
-		want *= time.Millisecond
-		cooldown := f.retryAt.Sub(now)
-		if cooldown < want*8/10 || cooldown > min(want*12/10, time.Second) {
-			t.Fatalf("cool-down %d = %v, want %v ± 20%%, at most 1s", i, cooldown, want)
-		}
-		if r, _, cause := f.route(now.Add(cooldown - time.Millisecond)); r != withoutRedis || cause != errConnRefused {
-			t.Fatalf("during cool-down %d: route %v (cause %v), want withoutRedis for %v", i, r, cause, errConnRefused)
-		}
-		now = now.Add(cooldown)
-		if r, _, _ := f.route(now); r != viaProbe {
-			t.Fatalf("after cool-down %d: route %v, want viaProbe", i, r)
-		}
-		if r, _, _ := f.route(now); r != withoutRedis {
-			t.Fatalf("during the probe: route %v, want withoutRedis (one probe at a time)", r)
-		}
-		if began, _, _ := f.fail(now, failedCall{began: now, probe: true, failures: 1, err: errConnRefused}, time.Second); began {
-			t.Fatal("a failed probe began a new outage")
-		}
-	}
-	now = f.retryAt
-	f.route(now) // the probe
-	if outage := f.recover(now, time.Second); outage <= 0 {
-		t.Errorf("recover reported an outage of %v", outage)
-	}
-	if r, _, _ := f.route(now); r != viaRedis || f.mode() != shared {
-		t.Errorf("after recovery under FailClosed: route %v, mode %v; want viaRedis, shared (nothing to gate)", r, f.mode())
-	}
-}

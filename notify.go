@@ -274,7 +274,7 @@ func (r *Redis) missedHolds(start time.Time) bool {
 func (r *Redis) heard(key string, end int64, d time.Duration) {
 	now := r.now()
 	r.held.add(key, end, d, now)
-	r.failover.held(key, now.Add(d), now)
+	r.failover.Held(key, now.Add(d), now)
 }
 
 // holdChannel is the Pub/Sub channel of the limiter's holds.

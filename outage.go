@@ -6,18 +6,13 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/fleetpace/pace/internal/outage"
 	"github.com/fleetpace/pace/internal/store"
 )
 
-// What a Redis limiter does when Redis fails: its breaker (breaker.go) and
-// failover (failover.go) say when; here, how a request is decided meanwhile,
-// and how a failed call is recorded.
-
-// returnWindow is how long a process that is back on Redis keeps its outage's
-// share: until every other busy process of the fleet, whose cool-down is at
-// most maxCooldown, can have probed too, its probe a call of timeout (at
-// most 1.25 times it) long, with as much again to spare.
-func returnWindow(maxCooldown, timeout time.Duration) time.Duration { return maxCooldown + 2*timeout }
+// What a Redis limiter does when Redis fails: its failover (internal/outage,
+// with its breaker) says when; here, how a request is decided meanwhile,
+// and how each call's outcome is recorded.
 
 // decideAsking decides q as decide does, from now on, and asks Redis again
 // after a failure the breaker did not confirm.
@@ -77,7 +72,7 @@ func (r *Redis) decideLocally(ctx context.Context, q request, local *Local, now 
 type redisCall struct {
 	key      string
 	cost     int
-	route    route
+	route    outage.Route
 	began    time.Time
 	failures int
 }
@@ -91,13 +86,13 @@ type redisCall struct {
 // failure the breaker did not confirm.
 func (r *Redis) outcome(ctx context.Context, call redisCall, err error) (away bool, local *Local, _ error) {
 	if !store.IsOutage(err) {
-		if call.route == viaProbe {
-			r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: call.key, Cost: call.cost, Delay: r.failover.recover(r.now(), r.callTimeout())})
+		if call.route == outage.ViaProbe {
+			r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: call.key, Cost: call.cost, Delay: r.failover.Recover(r.now(), r.callTimeout())})
 		}
 		return false, nil, err
 	}
-	probe := call.route == viaProbe
-	began, down, local := r.failover.fail(r.now(), failedCall{began: call.began, probe: probe, failures: call.failures + 1, err: err}, r.callTimeout())
+	probe := call.route == outage.ViaProbe
+	began, down, local := r.failover.Fail(r.now(), outage.Failure{Began: call.began, Probe: probe, Failures: call.failures + 1, Err: err}, r.callTimeout())
 	switch {
 	case began:
 		r.config.observer.emit(ctx, Event{Kind: EventFallback, Limiter: "redis", Key: call.key, Cost: call.cost, Err: err})
@@ -124,15 +119,15 @@ func (r *Redis) callTimeout() time.Duration {
 // limiter, without calling. A failure is recorded; one the breaker
 // confirms returns errAway, wrapping it, and the outage's local limiter.
 // With retry, a failure the breaker does not confirm calls again (its
-// confirmRow-th confirms), else it is returned as it is.
+// outage.ConfirmRow-th confirms), else it is returned as it is.
 func (r *Redis) shared(ctx context.Context, key string, retry bool, call func() error) (*Local, error) {
-	if down, local := r.failover.down(); down {
+	if down, local := r.failover.Down(); down {
 		return local, errAway
 	}
 	for failures := 0; ; failures++ {
 		began := r.now()
 		err := call()
-		away, local, recorded := r.outcome(ctx, redisCall{key: key, route: viaRedis, began: began, failures: failures}, err)
+		away, local, recorded := r.outcome(ctx, redisCall{key: key, route: outage.ViaRedis, began: began, failures: failures}, err)
 		switch {
 		case away:
 			return local, fmt.Errorf("%w: %w", errAway, err)

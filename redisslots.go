@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fleetpace/pace/internal/outage"
 	"github.com/fleetpace/pace/internal/store"
 )
 
@@ -95,8 +96,8 @@ func (r *Redis) TakeSlot(ctx context.Context, key string) (*Slot, error) {
 // an outage; failures are its failed calls so far.
 func (r *Redis) trySlot(ctx context.Context, key string, failures int) (*Slot, error) {
 	start := r.now()
-	route, _, cause := r.failover.route(start)
-	if route == withoutRedis {
+	route, _, cause := r.failover.Route(start)
+	if route == outage.WithoutRedis {
 		return r.takeSlotWithout(ctx, key, cause)
 	}
 	id, told := r.slotWaiters.join(r.id)
@@ -107,7 +108,7 @@ func (r *Redis) trySlot(ctx context.Context, key string, failures int) (*Slot, e
 		r.beat(ctx, reply.Now, start) // the fleet's size sets the share of the cap should Redis fail
 		err = r.waitInLine(ctx, key, id, reply, told)
 		if ctx.Err() == nil { // a caller that left the line is no outage
-			away, _, err = r.outcome(ctx, redisCall{key: key, cost: 1, route: viaRedis, began: start, failures: failures}, err)
+			away, _, err = r.outcome(ctx, redisCall{key: key, cost: 1, route: outage.ViaRedis, began: start, failures: failures}, err)
 		}
 	}
 	if away {

@@ -28,10 +28,8 @@ func slotters(t *testing.T, q Quota, opts ...Option) map[string]Slotter {
 	}
 	r := mustRedis(t, newTestRedis(t), q, redisOpts...)
 	t.Cleanup(func() {
-		r.failover.mu.Lock()
-		defer r.failover.mu.Unlock()
-		if !r.failover.since.IsZero() {
-			t.Errorf("the Redis limiter fell back at %v: %v", r.failover.since, r.failover.cause)
+		if since, cause := r.failover.Last(); !since.IsZero() {
+			t.Errorf("the Redis limiter fell back at %v: %v", since, cause)
 		}
 	})
 	return map[string]Slotter{"local": loc, "redis": r}

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/fleetpace/pace/internal/outage"
 )
 
 // The wait loop's table tests: Redis.Wait itself, sleeps and all, over the
@@ -104,8 +106,8 @@ func TestWaitLoop(t *testing.T) {
 		{"a call that timed out after Redis booked it: asked again, its tokens spent, never granted twice", tenPerSecond, 1, func(t *testing.T, f *failoverTest) {
 			f.store.bookThenFail, f.store.failTakes = 1, DefaultCallTimeout
 			err, took := f.start(ctx, "k").end()
-			if err != nil || took != 100*time.Millisecond || f.store.reserves != 2 || f.r.failover.mode() != shared {
-				t.Fatalf("%v after %v, %d reserves, mode %v; want the second booking's slot, 100 ms in, on Redis", err, took, f.store.reserves, f.r.failover.mode())
+			if err != nil || took != 100*time.Millisecond || f.store.reserves != 2 || f.r.failover.Mode() != outage.Shared {
+				t.Fatalf("%v after %v, %d reserves, mode %v; want the second booking's slot, 100 ms in, on Redis", err, took, f.store.reserves, f.r.failover.Mode())
 			}
 			if err, took := f.start(ctx, "k").end(); err != nil || took != 100*time.Millisecond {
 				t.Errorf("the next caller: %v after %v; want the slot after both bookings, 100 ms in", err, took)
@@ -124,16 +126,16 @@ func TestWaitLoop(t *testing.T) {
 			}
 			// The share, 50/s burst 5: 5 at once, then one each 20 ms. Redis
 			// alone would have granted all 10 at once.
-			if took := time.Since(start); took != 100*time.Millisecond || f.r.failover.mode() != returning {
-				t.Errorf("10 requests while returning took %v, mode %v; want 100 ms, returning", took, f.r.failover.mode())
+			if took := time.Since(start); took != 100*time.Millisecond || f.r.failover.Mode() != outage.Returning {
+				t.Errorf("10 requests while returning took %v, mode %v; want 100 ms, returning", took, f.r.failover.Mode())
 			}
-			time.Sleep(returnWindow(f.r.config.maxCooldown, f.r.config.callTimeout))
+			time.Sleep(outage.ReturnWindow(f.r.config.maxCooldown, f.r.config.callTimeout))
 			start = time.Now()
 			for range 10 {
 				f.start(ctx, "k2").end()
 			}
-			if took := time.Since(start); took != 0 || f.r.failover.mode() != shared {
-				t.Errorf("after the settle time, 10 requests took %v, mode %v; want Redis's burst at once, shared", took, f.r.failover.mode())
+			if took := time.Since(start); took != 0 || f.r.failover.Mode() != outage.Shared {
+				t.Errorf("after the settle time, 10 requests took %v, mode %v; want Redis's burst at once, shared", took, f.r.failover.Mode())
 			}
 		}},
 	} {

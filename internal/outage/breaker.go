@@ -1,4 +1,4 @@
-package pace
+package outage
 
 import (
 	"sync/atomic"
@@ -15,7 +15,7 @@ import (
 // fails too: once it took half a call timeout or more (Redis silent for
 // that long again), or at the second such call (an error that comes at
 // once, such as OOM). Until then, the request that met the failure asks Redis again,
-// within its deadline; its own confirmRow-th failure in a row confirms the
+// within its deadline; its own ConfirmRow-th failure in a row confirms the
 // outage, so that it never asks without end (a cluster whose other nodes
 // answer breaks every row). Its fields but answers are the failover's,
 // under its lock.
@@ -29,9 +29,9 @@ type breaker struct {
 	retried    int       // failures of calls begun since rowSince
 }
 
-// confirmRow is how many failures in a row of one request confirm an
+// ConfirmRow is how many failures in a row of one request confirm an
 // outage.
-const confirmRow = 3
+const ConfirmRow = 3
 
 // confirms records the failure at now of a call that began at began, its
 // caller's failures-th in a row, and reports whether it confirms an
@@ -46,7 +46,7 @@ func (b *breaker) confirms(now, began time.Time, timeout time.Duration, failures
 	} else if !began.Before(b.rowSince) {
 		b.retried++
 	}
-	if failures < confirmRow && b.retried < 2 && (b.retried == 0 || now.Sub(b.rowSince) < timeout/2) {
+	if failures < ConfirmRow && b.retried < 2 && (b.retried == 0 || now.Sub(b.rowSince) < timeout/2) {
 		return false
 	}
 	b.rowSince = time.Time{}

@@ -1,4 +1,4 @@
-package pace
+package outage
 
 import (
 	"hash/maphash"
@@ -81,4 +81,12 @@ func (t *scheduleTable) floors(since time.Time) map[string]time.Time {
 		s.mu.Unlock()
 	}
 	return floors
+}
+
+// latest returns the later of a and b.
+func latest(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
