@@ -504,4 +504,3 @@ func TestFailover(t *testing.T) {
 		t.Run(row.name, func(t *testing.T) { row.run(newFailoverTest(t, row.limit, row.fleet)) })
 	}
 }
-
