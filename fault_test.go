@@ -372,26 +372,30 @@ func TestFaultKill(t *testing.T) {
 	}
 }
 
-// TestFaultFreeze: Redis frozen with SIGSTOP (alive, silent) for 2 s, then
-// thawed, with clients on go-redis's default options, which ignore context
-// deadlines.
-func TestFaultFreeze(t *testing.T) {
-	srv := redistest.Start(t)
-	warmScript(t, srv)
-	runFault(t, srv.Addr, 4, 2*time.Second, true, srv.Freeze, srv.Thaw).check(t)
-}
-
-// TestFaultSlowNetwork: 200 ms of latency each way between the fleet and
-// Redis, from a proxy, for 2 s, then none again. A process's probe may hear
-// the slow Redis and bring it back before the latency ends.
-func TestFaultSlowNetwork(t *testing.T) {
-	srv := redistest.Start(t)
-	warmScript(t, srv)
-	proxy := redistest.StartProxy(t, srv.Addr)
-	f := runFault(t, proxy.Addr, 4, 2*time.Second, false,
-		func() { proxy.SetLatency(200 * time.Millisecond) }, func() { proxy.SetLatency(0) })
-	f.answers = true
-	f.check(t)
+// TestFaultSilences: Redis alive but silent or slow, under a fleet of 4
+// processes, in a pair, as TestFaultKill's cases run.
+//   - frozen: SIGSTOP for 2 s, then thawed, with clients on go-redis's
+//     default options, which ignore context deadlines.
+//   - slow network: 200 ms of latency each way between the fleet and
+//     Redis, from a proxy, for 2 s, then none again. A process's probe may
+//     hear the slow Redis and bring it back before the latency ends.
+func TestFaultSilences(t *testing.T) {
+	t.Run("frozen", func(t *testing.T) {
+		pairs.Run(t)
+		srv := redistest.Start(t)
+		warmScript(t, srv)
+		runFault(t, srv.Addr, 4, 2*time.Second, true, srv.Freeze, srv.Thaw).check(t)
+	})
+	t.Run("slow network", func(t *testing.T) {
+		pairs.Run(t)
+		srv := redistest.Start(t)
+		warmScript(t, srv)
+		proxy := redistest.StartProxy(t, srv.Addr)
+		f := runFault(t, proxy.Addr, 4, 2*time.Second, false,
+			func() { proxy.SetLatency(200 * time.Millisecond) }, func() { proxy.SetLatency(0) })
+		f.answers = true
+		f.check(t)
+	})
 }
 
 // warmScript loads the scripts into srv, as a running fleet would have, so
