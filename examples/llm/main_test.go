@@ -2,6 +2,7 @@ package main
 
 import (
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/fleetpace/pace/internal/exampletest"
@@ -23,25 +24,48 @@ func llm(t *testing.T, args ...string) summary {
 // fifth less, unless the API's headers, which count what the answers used,
 // steer it: then 93% or more again (each process syncs at most every 50 ms,
 // and books at max_tokens in between: measured 94.4% to 98.9%).
+//
+// The four runs go at once: each sleeps most of its 6 s (0.5 s of CPU).
 func TestLLM(t *testing.T) {
-	settled := llm(t)
+	t.Parallel()
+	runs := map[string][]string{
+		"settled":                  nil,
+		"settled, no counters":     {"-counters=false"},
+		"not settled, no counters": {"-settle=false", "-counters=false"},
+		"not settled, steered":     {"-settle=false"},
+	}
+	var mu sync.Mutex
+	got := make(map[string]summary)
+	t.Run("runs", func(t *testing.T) {
+		for name, args := range runs {
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				s := llm(t, args...)
+				mu.Lock()
+				defer mu.Unlock()
+				got[name] = s
+			})
+		}
+	})
+	settled := got["settled"]
 	if settled.Binding != "tokens" || settled.Utilisation < 0.95 || settled.TooMany > 1 || settled.Answered < settled.Accepted*9/10 {
 		t.Errorf("settled: %s bind at %.3f, %d 429s, %d answered of %d accepted; want tokens at 0.95 or more, at most one 429, answers to all but those cut at the end",
 			settled.Binding, settled.Utilisation, settled.TooMany, settled.Answered, settled.Accepted)
 	}
-	if blind := llm(t, "-counters=false"); blind.Utilisation < 0.95 || blind.TooMany > 1 {
+	if blind := got["settled, no counters"]; blind.Utilisation < 0.95 || blind.TooMany > 1 {
 		t.Errorf("settled, no counters: %.3f of the tokens and %d 429s; want 0.95 or more, at most one", blind.Utilisation, blind.TooMany)
 	}
-	if unsettled := llm(t, "-settle=false", "-counters=false"); unsettled.TooMany > 1 || unsettled.Utilisation > 0.8*settled.Utilisation {
+	if unsettled := got["not settled, no counters"]; unsettled.TooMany > 1 || unsettled.Utilisation > 0.8*settled.Utilisation {
 		t.Errorf("not settled, no counters: %.3f of the tokens and %d 429s; want at most 0.8 of the settled run's %.3f", unsettled.Utilisation, unsettled.TooMany, settled.Utilisation)
 	}
-	if steered := llm(t, "-settle=false"); steered.TooMany > 1 || steered.Utilisation < 0.93 {
+	if steered := got["not settled, steered"]; steered.TooMany > 1 || steered.Utilisation < 0.93 {
 		t.Errorf("not settled, steered by the counters: %.3f of the tokens and %d 429s; want 0.93 or more, at most one", steered.Utilisation, steered.TooMany)
 	}
 }
 
 // TestLLMOnRedis: the same against a real redis-server, by URL.
 func TestLLMOnRedis(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	if s := llm(t, "-redis", "redis://"+srv.Addr+"/0"); s.Utilisation < 0.95 || s.TooMany > 1 {
 		t.Errorf("-redis: %s bind at %.3f, %d 429s", s.Binding, s.Utilisation, s.TooMany)
