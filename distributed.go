@@ -272,7 +272,7 @@ type ticket struct {
 	delay     time.Duration
 	start     time.Time     // when the decision began, by the limiter's clock
 	cause     error         // why Redis did not decide, if it did not
-	booking   store.Booking // Redis's booking, when booking.granted
+	booking   store.Booking // Redis's booking, when its Granted
 	local     *Local        // the local limiter that booked the wait too, or nil
 	res       localBooking
 	listening bool // the key's rate listens for a success (see refusals.go)
