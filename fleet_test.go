@@ -107,8 +107,12 @@ func (tr tokenRun) wait(ctx context.Context, r *Redis, key string) error {
 }
 
 // grantedAtHeader carries, in a fleet's requests to an upstream, the
-// UnixNano time the limiter granted them.
-const grantedAtHeader = "X-Granted-At"
+// UnixNano time the limiter granted them; heardHoldHeader, whether their
+// process had heard of a hold by then.
+const (
+	grantedAtHeader = "X-Granted-At"
+	heardHoldHeader = "X-Heard-Hold"
+)
 
 // upstream is an API on loopback for the fleets. It notes every arrival.
 // With a bucket, it enforces a limit strictly and answers 429 beyond it. At
@@ -127,6 +131,7 @@ type upstream struct {
 
 type arrival struct {
 	at, granted time.Time
+	heardHold   bool // its process had heard of a hold when it was granted
 	status      int
 }
 
@@ -142,13 +147,17 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else if u.bucket != nil && !u.bucket.AllowN(now, 1) {
 		status = http.StatusTooManyRequests
 	}
-	u.arrivals = append(u.arrivals, arrival{now, time.Unix(0, granted), status})
+	u.arrivals = append(u.arrivals, arrival{now, time.Unix(0, granted), r.Header.Get(heardHoldHeader) != "", status})
 	w.WriteHeader(status)
 }
 
 // stampGrant is the Base of a fleet worker's Transport: it sends a copy of
-// the request that says when it was granted.
-type stampGrant struct{ base http.RoundTripper }
+// the request that says when it was granted, and whether its limiter had
+// heard of a hold by then.
+type stampGrant struct {
+	base    http.RoundTripper
+	limiter *Redis
+}
 
 func (s stampGrant) RoundTrip(req *http.Request) (*http.Response, error) {
 	now := time.Now()
@@ -157,6 +166,9 @@ func (s stampGrant) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	req = req.Clone(req.Context())
 	req.Header.Set(grantedAtHeader, strconv.FormatInt(now.UnixNano(), 10))
+	if s.limiter.held.n.Load() > 0 {
+		req.Header.Set(heardHoldHeader, "1")
+	}
 	return s.base.RoundTrip(req)
 }
 
@@ -314,7 +326,7 @@ func (w fleetWorker) run() (fleetReport, error) {
 	if w.URL != "" {
 		base := &http.Transport{MaxIdleConnsPerHost: w.Goroutines}
 		defer base.CloseIdleConnections()
-		client := &http.Client{Transport: &Transport{Base: stampGrant{base}, Limiter: r}}
+		client := &http.Client{Transport: &Transport{Base: stampGrant{base, r}, Limiter: r}}
 		wait = func(ctx context.Context) error {
 			req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.URL, nil)
 			if err != nil {
