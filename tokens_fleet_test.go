@@ -30,6 +30,7 @@ func TestTokenFleet(t *testing.T) {
 	besideOthers(t)
 	for _, settle := range []bool{true, false} {
 		t.Run(map[bool]string{true: "settled", false: "not settled"}[settle], func(t *testing.T) {
+			t.Parallel() // 4 processes of 8 goroutines at 10 calls/s: each sleeps most of its time
 			c := newTestRedis(t)
 			from := time.Now()
 			start := from.Add(time.Second) // time for the processes to start
