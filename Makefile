@@ -20,15 +20,16 @@ test: redis-server limiters
 	# too): go vet builds with -race, so that the tests reuse its builds,
 	# and -exec true builds every test binary without running it. The
 	# core's are built before its tests; the other modules', and the
-	# examples as their tests run them (without -race), at nice 19 beside
-	# the core's tests, whose fleets leave a core idle most of the time (the
-	# tests hold their bounds beside a CPU hog at nice 0).
+	# examples as their tests run them (without -race), beside the core's
+	# tests, as SCHED_IDLE (chrt -i 0): they take a core only while the
+	# tests leave it idle, which their fleets do most of the time, and
+	# yield it at once when a test wakes. A run that fails ends once they
+	# have.
 	set -e; \
 	prebuild() { (cd $$1 && $$2 go vet -race ./... && $$2 go test -race -exec true ./... >/dev/null); }; \
 	prebuild . ""; \
-	set -m; \
-	{ for m in $(MODULES); do (cd $$m && nice -n 19 go build ./...); [ $$m = . ] || prebuild $$m "nice -n 19"; done; } >/dev/null 2>&1 & \
-	later=$$!; set +m; trap "kill -- -$$later 2>/dev/null || true" EXIT; \
+	{ for m in $(MODULES); do (cd $$m && chrt -i 0 go build ./...); [ $$m = . ] || prebuild $$m "chrt -i 0"; done; } >/dev/null 2>&1 & \
+	later=$$!; trap "wait $$later 2>/dev/null" EXIT; \
 	for m in $(MODULES); do \
 		echo "== $$m"; [ $$m = . ] || wait $$later 2>/dev/null || true; \
 		(cd $$m && go vet -race ./... && go test -race -count=1 -p 1 -parallel 4 ./...); \
