@@ -71,7 +71,7 @@ type Failover[L comparable] struct {
 	local      L         // the outage's local limiter, from the outage to the end of returning
 	schedules  scheduleTable
 	// debts are what the outage's local limiter granted alone, owed (see
-	// repay.go) once returning ends.
+	// pace.Redis.repay) once returning ends.
 	debts debts
 	owed  atomic.Pointer[map[string]store.LimitCosts]
 }
