@@ -94,7 +94,6 @@ func TestDemoForeign(t *testing.T) {
 // a request, never sees more than 4 in flight, answers no 429, and the fleet
 // uses most of what the cap allows (4 per 50 ms).
 func TestDemoConcurrency(t *testing.T) {
-	pairs.Run(t)
 	s := demo(t, "-concurrency", "4")
 	t.Logf("at most %d in flight, cap %d", s.MaxInFlight, s.InFlightCap)
 	if s.MaxInFlight > 4 || s.InFlightCap != 4 || s.TooMany > 0 || s.Utilisation < 0.75 {
@@ -106,7 +105,6 @@ func TestDemoConcurrency(t *testing.T) {
 // workers that keep the schedule about 40 ms ahead, wait a token interval
 // or two (5 ms each at 200/s), and the fleet still uses the quota.
 func TestDemoPriority(t *testing.T) {
-	pairs.Run(t)
 	s := demo(t, "-priority")
 	t.Logf("%d critical requests, waits p50 %.1fms, at most %.1fms; batch waits p50 %.1fms", s.Critical, s.CriticalWaitP50, s.CriticalWaitMax, s.PerProcess[0].WaitP50)
 	if s.Critical < 15 || s.CriticalWaitP50 > 15 || s.PerProcess[0].WaitP50 < 2*s.CriticalWaitP50 || s.Utilisation < 0.95 || s.TooMany > 1 {
@@ -121,7 +119,6 @@ func TestDemoPriority(t *testing.T) {
 // it would end after the run, or granted and then cancelled at the end, two
 // decisions).
 func TestDemoMetrics(t *testing.T) {
-	pairs.Run(t)
 	s := demo(t, "-metrics", "127.0.0.1:0")
 	t.Logf("%d requests; pace_decisions_total %.0f from %v", s.Requests, s.MetricsDecisions, s.MetricsURLs)
 	if len(s.MetricsURLs) != 4 || s.MetricsDecisions < float64(s.Requests) || s.MetricsDecisions > float64(s.Requests+4+2*8) {
@@ -131,7 +128,6 @@ func TestDemoMetrics(t *testing.T) {
 
 // TestDemoOnRedis: the same against a real redis-server, by URL.
 func TestDemoOnRedis(t *testing.T) {
-	pairs.Run(t)
 	srv := redistest.Start(t)
 	if s := demo(t, "-redis", "redis://"+srv.Addr+"/0"); s.Utilisation < 0.95 || s.TooMany > 1 {
 		t.Errorf("-redis: utilisation %.3f, %d 429s", s.Utilisation, s.TooMany)
