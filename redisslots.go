@@ -102,7 +102,7 @@ func (r *Redis) trySlot(ctx context.Context, key string, failures int) (*Slot, e
 	}
 	id, told := r.slotWaiters.join(r.id)
 	defer r.slotWaiters.leave(id)
-	reply, err := r.slotCall(ctx, key, store.SlotAcquire, id)
+	reply, err := r.slotCall(ctx, key, store.SlotCall{Op: store.SlotAcquire, ID: id, Probe: route == outage.ViaProbe})
 	away, _, err := r.outcome(ctx, redisCall{key: key, cost: 1, route: route, began: start, failures: failures}, err)
 	if err == nil {
 		r.beat(ctx, reply.Now, start) // the fleet's size sets the share of the cap should Redis fail
@@ -134,7 +134,7 @@ func (r *Redis) waitInLine(ctx context.Context, key, id string, reply store.Slot
 			return nil
 		case <-ctx.Done():
 			timer.Stop()
-			_, err := r.slotCall(context.WithoutCancel(ctx), key, store.SlotRelease, id)
+			_, err := r.slotCall(context.WithoutCancel(ctx), key, store.SlotCall{Op: store.SlotRelease, ID: id})
 			return errors.Join(fmt.Errorf("pace: key %s: while in line for one of %d slots: %w", store.QuoteKey(key), r.cap.limit.burst, context.Cause(ctx)), err)
 		case <-timer.C:
 		}
@@ -143,7 +143,7 @@ func (r *Redis) waitInLine(ctx context.Context, key, id string, reply store.Slot
 			op = store.SlotAcquire
 		}
 		var err error
-		if reply, err = r.slotCall(ctx, key, op, id); err != nil {
+		if reply, err = r.slotCall(ctx, key, store.SlotCall{Op: op, ID: id}); err != nil {
 			return err
 		}
 	}
@@ -163,10 +163,12 @@ func (r *Redis) takeSlotWithout(ctx context.Context, key string, cause error) (*
 	return r.fallbackSlots.acquire(ctx, key, max(r.cap.limit.burst/max(r.fleet.Size(), 1), 1))
 }
 
-// slotCall calls the slots script to do op for key's request id.
-// Slots of others that lapsed are reported to the observer.
-func (r *Redis) slotCall(ctx context.Context, key, op, id string) (store.SlotsReply, error) {
-	reply, err := r.store.Slots(ctx, key, store.SlotCall{Op: op, ID: id, Name: limitName(r.cap.limit), Limit: r.cap.limit.burst, Lease: r.lease(), Channel: r.holdChannel()})
+// slotCall calls the slots script to do c's op for key's request c.ID,
+// under the quota's cap. Slots of others that lapsed are reported to the
+// observer.
+func (r *Redis) slotCall(ctx context.Context, key string, c store.SlotCall) (store.SlotsReply, error) {
+	c.Name, c.Limit, c.Lease, c.Channel = limitName(r.cap.limit), r.cap.limit.burst, r.lease(), r.holdChannel()
+	reply, err := r.store.Slots(ctx, key, c)
 	if reply.Expired > 0 {
 		r.config.observer.emit(ctx, Event{Kind: EventSlotExpire, Limiter: "redis", Key: key, Cost: int(reply.Expired)})
 	}
@@ -180,11 +182,11 @@ func (r *Redis) lease() time.Duration { return r.config.leaseOrDefault() }
 type redisSlots struct{ r *Redis }
 
 func (o redisSlots) renew(ctx context.Context, key, id string) error {
-	_, err := o.r.slotCall(ctx, key, store.SlotRenew, id)
+	_, err := o.r.slotCall(ctx, key, store.SlotCall{Op: store.SlotRenew, ID: id})
 	return err
 }
 
 func (o redisSlots) release(ctx context.Context, key, id string) error {
-	_, err := o.r.slotCall(ctx, key, store.SlotRelease, id)
+	_, err := o.r.slotCall(ctx, key, store.SlotCall{Op: store.SlotRelease, ID: id})
 	return err
 }

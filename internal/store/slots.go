@@ -17,13 +17,18 @@ type SlotCall struct {
 	Limit   int
 	Lease   time.Duration
 	Channel string
+	Probe   bool // the failover's probe: the call goes on after its timeout (see Caller.RunLong)
 }
 
 // Slots runs the slots script for key.
 func (s *Store) Slots(ctx context.Context, key string, c SlotCall) (SlotsReply, error) {
 	base := s.prefix + "{" + key + "}"
 	keys := []string{base + SlotsSuffix + c.Name, base + LineSuffix + c.Name, base + WaitersSuffix + c.Name}
-	val, err := s.calls.Run(ctx, slotsScript, keys, c.Op, c.ID, c.Limit, c.Lease.Microseconds(), c.Channel, key).Result()
+	run := s.calls.Run
+	if c.Probe {
+		run = s.calls.RunLong
+	}
+	val, err := run(ctx, slotsScript, keys, c.Op, c.ID, c.Limit, c.Lease.Microseconds(), c.Channel, key).Result()
 	if err != nil {
 		return SlotsReply{}, s.fail(key, "slots", keys, err)
 	}
