@@ -159,91 +159,67 @@ func TestLoadedMachineStaysOnRedis(t *testing.T) {
 // out, and the process falls back). Its probe's late answer is a round
 // trip too, so within a few cool-downs the limiter is back on a Redis that
 // slow, and stays there (before, no call answered within the timeout, none
-// gave a sample, and the outage lasted as long as the slowness).
+// gave a sample, and the outage lasted as long as the slowness). So for a
+// rate, whose requests reach Redis through the booking, and for a cap in
+// flight alone, whose requests reach it through the slots script.
 func TestSlowerRedisAfterAnOutage(t *testing.T) {
-	besideOthers(t)
 	ctx := context.Background()
-	srv := redistest.Start(t)
-	proxy := redistest.StartProxy(t, srv.Addr)
-	var mu sync.Mutex
-	var kinds []EventKind
-	observe := WithObserver(func(_ context.Context, e Event) {
-		if e.Kind == EventFallback || e.Kind == EventRecover {
+	for _, tc := range []struct {
+		name  string
+		quota Quota
+		take  func(*Redis) (limiter string, err error)
+	}{
+		{"rate", PerSecond(100), func(r *Redis) (string, error) {
+			g, err := r.WaitGrant(ctx, "k", 1)
+			return g.t.limiter, err
+		}},
+		{"cap in flight", Concurrent(4), func(r *Redis) (string, error) {
+			s, err := r.TakeSlot(ctx, "k")
+			if err != nil {
+				return "", err
+			}
+			if err := s.Release(); err != nil && !errors.Is(err, ErrUnavailable) {
+				return "", err
+			}
+			return s.limiter, nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			besideOthers(t)
+			srv := redistest.Start(t)
+			proxy := redistest.StartProxy(t, srv.Addr)
+			var mu sync.Mutex
+			var kinds []EventKind
+			observe := WithObserver(func(_ context.Context, e Event) {
+				if e.Kind == EventFallback || e.Kind == EventRecover {
+					mu.Lock()
+					kinds = append(kinds, e.Kind)
+					mu.Unlock()
+				}
+			})
+			r := mustRedis(t, redistest.ClientOf(t, proxy.Addr), tc.quota, observe, WithCooldown(100*time.Millisecond, 200*time.Millisecond))
+			for range 20 {
+				if _, err := tc.take(r); err != nil {
+					t.Fatal(err)
+				}
+			}
+			proxy.SetLatency(150 * time.Millisecond)
+			byRedis := 0
+			for end := time.Now().Add(4 * time.Second); time.Now().Before(end); {
+				by, err := tc.take(r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if time.Until(end) < time.Second && by == "redis" {
+					byRedis++
+				}
+			}
 			mu.Lock()
-			kinds = append(kinds, e.Kind)
-			mu.Unlock()
-		}
-	})
-	r := mustRedis(t, redistest.ClientOf(t, proxy.Addr), PerSecond(100), observe, WithCooldown(100*time.Millisecond, 200*time.Millisecond))
-	for range 20 {
-		if err := r.Wait(ctx, "k", 1); err != nil {
-			t.Fatal(err)
-		}
-	}
-	proxy.SetLatency(150 * time.Millisecond)
-	byRedis := 0
-	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); {
-		g, err := r.WaitGrant(ctx, "k", 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if time.Until(end) < time.Second && g.t.limiter == "redis" {
-			byRedis++
-		}
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	t.Logf("events %v; %d grants by Redis in the last second; call timeout %v", kinds, byRedis, r.callTimeout())
-	if len(kinds) == 0 || kinds[len(kinds)-1] != EventRecover || byRedis == 0 {
-		t.Errorf("events %v, %d grants by Redis in the last second: want an outage, then back on Redis", kinds, byRedis)
-	}
-}
-
-// TestSlowerRedisAfterAnOutageOfSlots: as TestSlowerRedisAfterAnOutage,
-// for a quota that is a cap in flight alone, whose requests reach Redis
-// only through the slots script: its probe's late answer is a round trip
-// too, and the limiter is back on the slow Redis within a few cool-downs
-// (before, the slot probe was an ordinary call, and the outage lasted as
-// long as the slowness).
-func TestSlowerRedisAfterAnOutageOfSlots(t *testing.T) {
-	besideOthers(t)
-	ctx := context.Background()
-	srv := redistest.Start(t)
-	proxy := redistest.StartProxy(t, srv.Addr)
-	var mu sync.Mutex
-	var kinds []EventKind
-	observe := WithObserver(func(_ context.Context, e Event) {
-		if e.Kind == EventFallback || e.Kind == EventRecover {
-			mu.Lock()
-			kinds = append(kinds, e.Kind)
-			mu.Unlock()
-		}
-	})
-	r := mustRedis(t, redistest.ClientOf(t, proxy.Addr), Concurrent(4), observe, WithCooldown(100*time.Millisecond, 200*time.Millisecond))
-	take := func() string {
-		s, err := r.TakeSlot(ctx, "k")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Release(); err != nil && !errors.Is(err, ErrUnavailable) {
-			t.Fatal(err)
-		}
-		return s.limiter
-	}
-	for range 20 {
-		take()
-	}
-	proxy.SetLatency(150 * time.Millisecond)
-	byRedis := 0
-	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); {
-		if by := take(); time.Until(end) < time.Second && by == "redis" {
-			byRedis++
-		}
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	t.Logf("events %v; %d slots from Redis in the last second; call timeout %v", kinds, byRedis, r.callTimeout())
-	if len(kinds) == 0 || kinds[len(kinds)-1] != EventRecover || byRedis == 0 {
-		t.Errorf("events %v, %d slots from Redis in the last second: want an outage, then back on Redis", kinds, byRedis)
+			defer mu.Unlock()
+			t.Logf("events %v; %d grants by Redis in the last second; call timeout %v", kinds, byRedis, r.callTimeout())
+			if len(kinds) == 0 || kinds[len(kinds)-1] != EventRecover || byRedis == 0 {
+				t.Errorf("events %v, %d grants by Redis in the last second: want an outage, then back on Redis", kinds, byRedis)
+			}
+		})
 	}
 }
