@@ -15,8 +15,9 @@ import (
 // status and header, which ask for hold. From the moment that response is
 // read, no request reaches the upstream for hold but those granted before
 // their process heard of the hold (its Pub/Sub message, which a loaded
-// machine can leave unread for a while after the hold is set); afterwards the fleet resumes at the limit, with the burst the
-// bucket refilled during the hold, which paused it and spent nothing.
+// machine can leave unread for a while after the hold is set), at most one
+// a goroutine; afterwards the fleet resumes at the limit, with the burst
+// the bucket refilled during the hold, which paused it and spent nothing.
 func runFleetHold(t *testing.T, status int, header, value string, hold time.Duration) {
 	srv := redistest.Start(t)
 	warmScript(t, srv)

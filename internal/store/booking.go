@@ -67,7 +67,7 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 		args = append(args, int64(q.Estimated))
 	}
 	if q.Probe {
-		cmd = s.calls.RunLong(ctx, script, keys, args...)
+		cmd = s.calls.RunLong(ctx, nil, script, keys, args...) // a late booking stays: one request's cost
 	} else {
 		cmd = s.calls.Run(ctx, script, keys, args...)
 	}

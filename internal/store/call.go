@@ -130,18 +130,25 @@ func (c *Caller) Run(ctx context.Context, script *redis.Script, keys []string, a
 // background after its timeout, up to maxCallTimeout: a late answer is a
 // round trip of its own (no retransmission), so a Redis that has become
 // slower than the timeout is measured, and the next call waits for it. A
-// late answer is not the caller's: what the script booked stays booked.
-// The failover's probe runs so, once a cool-down.
-func (c *Caller) RunLong(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+// late answer is not the caller's: late, unless nil, is called with it, to
+// undo what the script did. The failover's probe runs so, once a
+// cool-down.
+func (c *Caller) RunLong(ctx context.Context, late func(*redis.Cmd), script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	start := time.Now()
 	timeout := c.trips.timeout()
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(maxCallTimeout, timeout+timeout/4))
-	done := make(chan *redis.Cmd, 1)
+	done, abandoned := make(chan *redis.Cmd), make(chan struct{})
 	go func() {
 		defer cancel()
 		cmd := script.Run(lctx, c.client, keys, args...)
 		c.done(start, cmd.Err())
-		done <- cmd
+		select {
+		case done <- cmd:
+		case <-abandoned:
+			if late != nil && cmd.Err() == nil {
+				late(cmd)
+			}
+		}
 	}()
 	wait := time.NewTimer(timeout + timeout/4)
 	defer wait.Stop()
@@ -149,6 +156,7 @@ func (c *Caller) RunLong(ctx context.Context, script *redis.Script, keys []strin
 	case cmd := <-done:
 		return cmd
 	case <-wait.C:
+		close(abandoned)
 		cmd := redis.NewCmd(ctx)
 		cmd.SetErr(timedOut(timeout))
 		return cmd

@@ -3,8 +3,11 @@ package store
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // SlotCall is one call of the slots script (lua/slots.lua): what to do
@@ -17,18 +20,21 @@ type SlotCall struct {
 	Limit   int
 	Lease   time.Duration
 	Channel string
-	Probe   bool // the failover's probe: the call goes on after its timeout (see Caller.RunLong)
+	Probe   bool // the failover's probe: the call goes on after its timeout (see Caller.RunLong), and a late answer's slot is released
 }
 
 // Slots runs the slots script for key.
 func (s *Store) Slots(ctx context.Context, key string, c SlotCall) (SlotsReply, error) {
 	base := s.prefix + "{" + key + "}"
 	keys := []string{base + SlotsSuffix + c.Name, base + LineSuffix + c.Name, base + WaitersSuffix + c.Name}
-	run := s.calls.Run
+	args := []any{c.Op, c.ID, c.Limit, c.Lease.Microseconds(), c.Channel, key}
+	var cmd *redis.Cmd
 	if c.Probe {
-		run = s.calls.RunLong
+		cmd = s.calls.RunLong(ctx, func(*redis.Cmd) { s.leave(ctx, keys, args) }, slotsScript, keys, args...)
+	} else {
+		cmd = s.calls.Run(ctx, slotsScript, keys, args...)
 	}
-	val, err := run(ctx, slotsScript, keys, c.Op, c.ID, c.Limit, c.Lease.Microseconds(), c.Channel, key).Result()
+	val, err := cmd.Result()
 	if err != nil {
 		return SlotsReply{}, s.fail(key, "slots", keys, err)
 	}
@@ -46,6 +52,15 @@ func (s *Store) Slots(ctx context.Context, key string, c SlotCall) (SlotsReply, 
 		return SlotsReply{}, fmt.Errorf("pace: key %s: the slots script replied %v, want a time, a state, a time and a count", QuoteKey(key), val)
 	}
 	return reply, nil
+}
+
+// leave releases the slot, or the place in line, that a call of args,
+// answered after its caller had gone, took for the caller's id: a slot
+// nobody holds would be lost to the fleet until its lease lapsed.
+func (s *Store) leave(ctx context.Context, keys []string, args []any) {
+	release := slices.Clone(args)
+	release[0] = SlotRelease
+	s.calls.Run(context.WithoutCancel(ctx), slotsScript, keys, release...)
 }
 
 // What the slots script does with an id (see lua/slots.lua), and what it
