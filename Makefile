@@ -16,24 +16,12 @@ test: redis-server limiters
 	# other's load instead. Within a package, the fleets that sleep most of
 	# their time run 4 at a time (-parallel 4), and those that use half a
 	# core run in pairs (internal/pairs); the rest run alone.
-	# The builds go first, both cores at once (-p 1 builds one at a time
-	# too): go vet builds with -race, so that the tests reuse its builds,
-	# and -exec true builds every test binary without running it. The
-	# core's are built before its tests; the other modules', and the
-	# examples as their tests run them (without -race), beside the core's
-	# tests, as SCHED_IDLE (chrt -i 0): they take a core only while the
-	# tests leave it idle, which their fleets do most of the time, and
-	# yield it at once when a test wakes. A run that fails ends once they
-	# have.
-	set -e; \
-	prebuild() { (cd $$1 && $$2 go vet -race ./... && $$2 go test -race -exec true ./... >/dev/null); }; \
-	prebuild . ""; \
-	{ for m in $(MODULES); do (cd $$m && chrt -i 0 go build ./...); [ $$m = . ] || prebuild $$m "chrt -i 0"; done; } >/dev/null 2>&1 & \
-	later=$$!; trap "wait $$later 2>/dev/null" EXIT; \
-	for m in $(MODULES); do \
-		echo "== $$m"; [ $$m = . ] || wait $$later 2>/dev/null || true; \
-		(cd $$m && go vet -race ./... && go test -race -count=1 -p 1 -parallel 4 ./...); \
-	done
+	# go vet builds with -race, so that the tests reuse its builds, and
+	# -exec true then builds every test binary without running it, both
+	# cores at once, since -p 1 builds one at a time too. Nothing builds
+	# beside the tests: even at idle priority, builds on the other core
+	# slowed the core's model tests twofold.
+	set -e; for m in $(MODULES); do echo "== $$m"; (cd $$m && go vet -race ./... && go test -race -exec true ./... >/dev/null && go test -race -count=1 -p 1 -parallel 4 ./...); done
 
 # make bench: the benchmarks, each beside its baseline from the same run. The
 # core's run on CPU 0 and pin their redis-server to the last CPU, so that
