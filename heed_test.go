@@ -54,7 +54,7 @@ func sendFor(t *testing.T, lim Limiter, url string, goroutines int, d time.Durat
 // rate: within the first half second it converges (at most 12 refused),
 // and after it at most 8% of the requests are refused (a probe above a
 // limit with a burst of only 100 ms costs one: 4 to 7 in these 2.5 s, 8 in
-// a make test beside the other modules' builds) and
+// a make test while builds ran beside it) and
 // the upstream serves at least 90% of its 50/s; the observer hears the
 // cuts. With IgnoreRefusals
 // nothing steers it, and about half the requests are refused to the end.
