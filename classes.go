@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fleetpace/pace/internal/expiring"
 	"github.com/fleetpace/pace/internal/store"
 )
 
@@ -145,7 +146,7 @@ func asDeferral(err error) (*deferral, bool) {
 // last one's turn ends (as internal/store/lua/line.lua keeps them in Redis).
 type deferLines struct {
 	mu   sync.Mutex
-	last expiringMap[time.Time]
+	last expiring.Map[time.Time]
 }
 
 // lineUp returns when a request deferred at now, whose wait comes within
@@ -154,10 +155,10 @@ type deferLines struct {
 func (l *deferLines) lineUp(key string, now time.Time, earliest, turn time.Duration) time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	last, _ := l.last.get(key)
+	last, _ := l.last.Get(key)
 	retry := max(earliest, last.Sub(now))
 	end := now.Add(retry + turn)
-	l.last.put(key, end, end, now)
+	l.last.Put(key, end, end, now)
 	return retry
 }
 

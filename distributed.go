@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetpace/pace/internal/outage"
+	"github.com/fleetpace/pace/internal/steer"
 	"github.com/fleetpace/pace/internal/store"
 	"github.com/redis/go-redis/v9"
 )
@@ -46,13 +47,13 @@ type Redis struct {
 	failover *outage.Failover[*Local]
 	fleet    *fleet
 
-	cap           slotCap      // the quota's cap in flight, if any
-	slotWaiters   slotWaiters  // this process's requests in line for a slot
-	fallbackSlots *semaphore   // slots of this process's share of the cap while Redis is away
-	held          heldKeys     // the fleet's holds this process heard of
-	retimes       retimes      // the fleet's retimes this process heard of
-	syncs         throttle     // when each key may be steered next
-	resubscribed  atomic.Int64 // UnixNano of the hold channel's last subscription after a break; MaxInt64 while broken; 0 before any break
+	cap           slotCap        // the quota's cap in flight, if any
+	slotWaiters   slotWaiters    // this process's requests in line for a slot
+	fallbackSlots *semaphore     // slots of this process's share of the cap while Redis is away
+	held          heldKeys       // the fleet's holds this process heard of
+	retimes       steer.Retimes  // the fleet's retimes this process heard of
+	syncs         steer.Throttle // when each key may be steered next
+	resubscribed  atomic.Int64   // UnixNano of the hold channel's last subscription after a break; MaxInt64 while broken; 0 before any break
 	listenOnce    sync.Once
 	stopListening func()
 	listening     sync.WaitGroup
@@ -225,11 +226,11 @@ func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 		}
 		r.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: t.limiter, Key: q.Key, Cost: q.Costs[0], Delay: t.delay, Err: t.cause})
 		switch err := r.sleep(ctx, q.Key, t); {
-		case errors.Is(err, errRetimed):
+		case errors.Is(err, steer.ErrRetimed):
 			if t.local != nil {
 				t.local.cancel(q.Key, t.res, r.now())
 			}
-			if errors.Is(err, errRecut) {
+			if errors.Is(err, steer.ErrRecut) {
 				r.refund(ctx, q.Key, t.booking) // a failure reaches the observer
 			}
 			continue // the key's pace changed while this caller slept
@@ -247,22 +248,13 @@ func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 	}
 }
 
-// errRetimed ends the sleep of a caller whose booking a retime voided:
-// the key learned another limit (and Redis took the booking out of the
-// schedule), or, errRecut, its rate was cut (and the caller gives the
-// booking back).
-var (
-	errRetimed = errors.New("pace: the key's pace changed")
-	errRecut   = fmt.Errorf("%w: its rate was cut", errRetimed)
-)
-
 // sleep sleeps for t's delay, unless ctx ends first, or, for a booking in
-// Redis, the key is retimed meanwhile (errRetimed, or errRecut).
+// Redis, the key is retimed meanwhile (steer.ErrRetimed, or steer.ErrRecut).
 func (r *Redis) sleep(ctx context.Context, key string, t ticket) error {
 	if !t.booking.Granted {
 		return sleep(ctx, key, t.delay)
 	}
-	return r.retimes.sleep(ctx, key, t.delay, t.booking.Now)
+	return sleepUnlessRetimed(ctx, &r.retimes, key, t.delay, t.booking.Now)
 }
 
 // A ticket is a wait that a limiter granted: how long it is, who decided
@@ -275,7 +267,7 @@ type ticket struct {
 	booking   store.Booking // Redis's booking, when its Granted
 	local     *Local        // the local limiter that booked the wait too, or nil
 	res       localBooking
-	listening bool // the key's rate listens for a success (see refusals.go)
+	listening bool // the key's rate listens for a success (see internal/steer)
 }
 
 // decide books the wait of a request that begins at now, by Redis or,
@@ -322,7 +314,7 @@ func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budg
 	}
 	r.beat(ctx, b.Now, now)
 	if b.Recovered {
-		reportRate(ctx, r.config.observer, "redis", q.Key, rateFull, 0)
+		reportRate(ctx, r.config.observer, "redis", q.Key, steer.Full, 0)
 	}
 	if !b.Granted {
 		return ticket{}, r.refuse(ctx, q, "redis", b.Delay, budget)
@@ -471,31 +463,6 @@ func (r *Redis) settleShared(ctx context.Context, res *Reservation, actual store
 	return fmt.Errorf("pace: key %s: the settlement is kept by this process alone: %w", store.QuoteKey(res.key), ErrUnavailable)
 }
 
-// replacedByHold reports whether a hold replaced the slot of ticket t while
-// its caller slept. A caller booked before the hold channel's subscription
-// last stood may have missed the hold's message, and reads the key's hold
-// from Redis.
-func (r *Redis) replacedByHold(ctx context.Context, key string, t ticket) bool {
-	if t.delay <= 0 {
-		return false // it did not sleep
-	}
-	if t.local != nil && t.local.heldPast(key, t.start.Add(t.delay)) {
-		return true
-	}
-	if !t.booking.Granted {
-		return false
-	}
-	slot := t.booking.Slot()
-	if r.held.before(key, slot) {
-		return true
-	}
-	if !r.missedHolds(t.start) {
-		return false
-	}
-	end, err := r.store.HeldUntil(ctx, key)
-	return err == nil && slot < end
-}
-
 // pipeliner is a client that can send several commands in one round trip.
 type pipeliner interface{ Pipeline() redis.Pipeliner }
 
@@ -507,40 +474,4 @@ func (r *Redis) beat(ctx context.Context, redisNow int64, now time.Time) {
 	if p, ok := r.client.(pipeliner); ok && r.fleet.pinned == 0 && r.fleet.beatDue(now) {
 		go r.fleet.beat(ctx, r.calls, p.Pipeline(), redisNow)
 	}
-}
-
-// Hold implements Holder: in Redis, for every process of the fleet, no
-// wait for key ends sooner than h.For from now (by Redis's clock), capped
-// at the limiter's MaxHold (see WithMaxHold); a hold of a quota that none
-// of the limits is (see Hold.Quota) holds nothing. While Redis is away, the
-// hold goes to this process's outage limiter alone.
-func (r *Redis) Hold(ctx context.Context, key string, h Hold) error {
-	h, holds, err := r.config.hold(r.namedLimits, key, h)
-	if err != nil || !holds {
-		return err
-	}
-	r.listen()
-	var changed bool
-	var end int64
-	local, err := r.shared(ctx, key, true, func() (err error) {
-		changed, end, err = r.store.Hold(ctx, key, h.For, r.holdChannel())
-		return err
-	})
-	if errors.Is(err, errAway) {
-		return holdLocally(ctx, local, key, h)
-	}
-	if err != nil {
-		return err
-	}
-	r.heard(key, end, h.For)
-	reportHold(ctx, r.config.observer, "redis", key, h, changed)
-	return nil
-}
-
-// holdLocally holds key on an outage's local limiter, if there is one.
-func holdLocally(ctx context.Context, local *Local, key string, h Hold) error {
-	if local == nil {
-		return nil
-	}
-	return local.Hold(ctx, key, h)
 }

@@ -103,6 +103,47 @@ func FuzzParseHold(f *testing.F) {
 	})
 }
 
+// TestParseHoldMessage: what the hold script publishes (hold.lua), and
+// what else may reach the channel, which is no hold; a hold of no length
+// holds nothing.
+func TestParseHoldMessage(t *testing.T) {
+	for _, tc := range []struct {
+		payload string
+		key     string
+		end     int64
+		d       time.Duration
+		ok      bool
+	}{
+		{"RULE|api.github.com:443|9f2c\n1700000060000000 60000000", "RULE|api.github.com:443|9f2c", 1700000060000000, time.Minute, true},
+		{"k\n5 1", "k", 5, time.Microsecond, true},
+		{"k\n5 0", "", 0, 0, false},
+		{"k\n5 -1", "", 0, 0, false},
+		{"k\n5 9223372036854776", "", 0, 0, false}, // beyond a Duration
+		{"k\nretime 5", "", 0, 0, false},
+		{"k\n5", "", 0, 0, false},
+		{"k 5 1", "", 0, 0, false},
+		{"k\n99999999999999999999 1", "", 0, 0, false},
+		{"", "", 0, 0, false},
+	} {
+		key, end, d, ok := parseHoldMessage(tc.payload)
+		if key != tc.key || end != tc.end || d != tc.d || ok != tc.ok {
+			t.Errorf("parseHoldMessage(%q) = %q, %d, %v, %v; want %q, %d, %v, %v", tc.payload, key, end, d, ok, tc.key, tc.end, tc.d, tc.ok)
+		}
+	}
+}
+
+// FuzzParseHoldMessage: any payload parses or not, without a panic, and a
+// hold parsed lasts a while.
+func FuzzParseHoldMessage(f *testing.F) {
+	f.Add("k\n5 1")
+	f.Add("k\nrate 5")
+	f.Fuzz(func(t *testing.T, payload string) {
+		if _, _, d, ok := parseHoldMessage(payload); ok && d <= 0 {
+			t.Errorf("%q: a hold of %v", payload, d)
+		}
+	})
+}
+
 // TestHoldStopsSleepers: callers already booked and asleep when a hold
 // comes do not go during the hold, on Local as on Redis.
 func TestHoldStopsSleepers(t *testing.T) {

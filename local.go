@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fleetpace/pace/internal/steer"
 	"github.com/fleetpace/pace/internal/store"
 	"golang.org/x/time/rate"
 )
@@ -25,9 +26,9 @@ type Local struct {
 	namedLimits     // token buckets
 	costCap     int // the smallest burst: the most a request may cost under every limit
 	cap         slotCap
-	slots       *semaphore // the slots of cap, when the quota has one
-	lines       deferLines // of the requests their class deferred
-	retimes     retimes    // the cuts of keys' rates (see refusals.go), in microseconds of now
+	slots       *semaphore    // the slots of cap, when the quota has one
+	lines       deferLines    // of the requests their class deferred
+	retimes     steer.Retimes // the cuts of keys' rates (see internal/steer), in microseconds of now
 	config      commonConfig
 	now         func() time.Time // time.Now, or a test's clock
 	// emptyAt, if set, is when the buckets of keys met later were empty, or,
@@ -61,7 +62,7 @@ type localShard struct {
 type localKey struct {
 	lims []*rate.Limiter
 	last time.Time
-	rate keyRate // after refusals the upstream gave without saying why
+	rate steer.Rate // after refusals the upstream gave without saying why
 }
 
 // rateNote is what a booking found of its key's rate after refusals: it
@@ -212,7 +213,7 @@ func (loc *Local) wait(ctx context.Context, key string, costs *store.LimitCosts,
 		var note rateNote
 		delay, ok := loc.reserve(key, costs, now, now, classBudget(own, horizon), &t.res, &note)
 		if note.recovered {
-			reportRate(ctx, loc.config.observer, "local", key, rateFull, 0)
+			reportRate(ctx, loc.config.observer, "local", key, steer.Full, 0)
 		}
 		if !ok && defers(delay, own, horizon) {
 			if err := loc.deferred(ctx, key, costs, delay-horizon, own, horizon); err != nil {
@@ -226,8 +227,8 @@ func (loc *Local) wait(ctx context.Context, key string, costs *store.LimitCosts,
 		}
 		t.delay, t.listening = delay, note.listening
 		loc.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: "local", Key: key, Cost: costs[0], Delay: delay})
-		switch err := loc.retimes.sleep(ctx, key, delay, now.UnixMicro()); {
-		case errors.Is(err, errRetimed):
+		switch err := sleepUnlessRetimed(ctx, &loc.retimes, key, delay, now.UnixMicro()); {
+		case errors.Is(err, steer.ErrRetimed):
 			loc.cancel(key, t.res, loc.now())
 			continue // the key's rate was cut while this caller slept
 		case err != nil:
@@ -275,7 +276,7 @@ func (loc *Local) reserve(key string, costs *store.LimitCosts, now, notBefore ti
 		at = latest(at, shard.holds[key])
 	}
 	var unit int64 // what the key's rate after refusals measures costs by
-	if k.rate.on {
+	if k.rate.On() {
 		at, unit = loc.underRate(k, costs, now, at, note)
 	}
 	if !at.After(now) {
@@ -288,7 +289,7 @@ func (loc *Local) reserve(key string, costs *store.LimitCosts, now, notBefore ti
 		delay, ok = k.book(costs, now, at, budget, b)
 	}
 	if ok && unit > 0 {
-		k.rate.book(now.UnixMicro(), now.Add(delay).UnixMicro(), unit)
+		k.rate.Book(now.UnixMicro(), now.Add(delay).UnixMicro(), unit)
 	}
 	return delay, ok
 }
@@ -299,10 +300,10 @@ func (loc *Local) reserve(key string, costs *store.LimitCosts, now, notBefore ti
 func (loc *Local) underRate(k *localKey, costs *store.LimitCosts, now, at time.Time, note *rateNote) (time.Time, int64) {
 	us := now.UnixMicro()
 	if note != nil {
-		note.recovered, note.listening = k.rate.recovered(us), k.rate.listening()
+		note.recovered, note.listening = k.rate.Recovered(us), k.rate.Listening()
 	}
 	unit, burst := rateUnits(loc.limits, costs, func(i int) int64 { return loc.intervals[i] })
-	return latest(at, time.UnixMicro(k.rate.allow(us, at.UnixMicro(), unit, burst))), unit
+	return latest(at, time.UnixMicro(k.rate.Allow(us, at.UnixMicro(), unit, burst))), unit
 }
 
 // book books costs under every limit of k at once, at the first time from
@@ -394,27 +395,6 @@ func latest(a, b time.Time) time.Time {
 	return a
 }
 
-// Hold implements Holder: no wait for key ends sooner than h.For from now,
-// capped at the limiter's MaxHold (see WithMaxHold); a hold of a quota that
-// none of the limits is (see Hold.Quota) holds nothing.
-func (loc *Local) Hold(ctx context.Context, key string, h Hold) error {
-	h, holds, err := loc.config.hold(loc.namedLimits, key, h)
-	if err != nil || !holds {
-		return err
-	}
-	now := loc.now()
-	until := now.Add(h.For)
-	shard := loc.shard(key)
-	shard.mu.Lock()
-	changed := !shard.holds[key].After(until)
-	if changed {
-		shard.holds[key] = until
-	}
-	shard.mu.Unlock()
-	reportHold(ctx, loc.config.observer, "local", key, h, changed)
-	return nil
-}
-
 func (loc *Local) shard(key string) *localShard {
 	return &loc.shards[maphash.String(loc.seed, key)%localShards]
 }
@@ -447,7 +427,7 @@ func (loc *Local) heldPast(key string, slot time.Time) bool {
 func (s *localShard) limiter(loc *Local, key string, now time.Time) *localKey {
 	if !now.Before(s.nextSweep) {
 		for name, k := range s.limiters {
-			if !k.last.After(now) && k.full(now) && !k.rate.on {
+			if !k.last.After(now) && k.full(now) && !k.rate.On() {
 				delete(s.limiters, name)
 			}
 		}

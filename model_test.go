@@ -8,6 +8,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/fleetpace/pace/internal/steer"
 	"github.com/fleetpace/pace/internal/store"
 )
 
@@ -20,12 +21,12 @@ type bucketModel struct {
 	gaps   map[string]map[int64]int64 // key → finish → size
 	steers map[string]*steerModel     // key → its steering, once steered
 	holds  map[string]int64           // key → when its latest hold ends
-	rates  map[string]*keyRate        // key → its rate after refusals (refusals.go is the model of rate.lua)
+	rates  map[string]*steer.Rate     // key → its rate after refusals (steer.Rate is the model of rate.lua)
 }
 
 func newBucketModel() *bucketModel {
 	return &bucketModel{tat: make(map[string]int64), gaps: make(map[string]map[int64]int64), steers: make(map[string]*steerModel),
-		holds: make(map[string]int64), rates: make(map[string]*keyRate)}
+		holds: make(map[string]int64), rates: make(map[string]*steer.Rate)}
 }
 
 // reserve is reserve.lua: the caller cannot go before now + notBefore, nor
@@ -38,14 +39,14 @@ func (m *bucketModel) reserve(key string, interval, burst, cost, budget, notBefo
 	s, arrival := m.steers[key], max(now+notBefore, m.holds[key])
 	var b store.Booking
 	rate, unit := m.keyRate(key, now, &b), cost*s.interval(interval)
-	arrival = rate.allow(now, arrival, unit, burst*s.interval(interval))
+	arrival = rate.Allow(now, arrival, unit, burst*s.interval(interval))
 	slot := max(arrival, s.allow(m.tat[key], interval, burst, cost, arrival, now))
 	b.Delay, b.Now = store.Microseconds(slot-now), now
 	b.Finishes[0] = s.finish(m.tat[key], interval, burst, cost, slot, now)
 	if slot-now > budget {
 		return b
 	}
-	rate.book(now, slot, unit)
+	rate.Book(now, slot, unit)
 	b.Granted, b.Booked[0] = true, m.book(key, interval, b.Finishes[0], cost, known(estimated, cost), slot, now)
 	return b
 }
@@ -65,17 +66,17 @@ func known(estimated bool, cost int64) int64 {
 // keyRate returns key's rate after refusals, as a booking at now finds it,
 // and notes in b whether it listens for a success, or was dropped, back at
 // the configured rate.
-func (m *bucketModel) keyRate(key string, now int64, b *store.Booking) *keyRate {
+func (m *bucketModel) keyRate(key string, now int64, b *store.Booking) *steer.Rate {
 	k := m.rateOf(key)
-	b.Recovered, b.Listening = k.recovered(now), k.listening()
+	b.Recovered, b.Listening = k.Recovered(now), k.Listening()
 	return k
 }
 
 // rateOf returns key's rate after refusals, as refused.lua finds it.
-func (m *bucketModel) rateOf(key string) *keyRate {
+func (m *bucketModel) rateOf(key string) *steer.Rate {
 	k := m.rates[key]
 	if k == nil {
-		k = &keyRate{}
+		k = &steer.Rate{}
 		m.rates[key] = k
 	}
 	return k
@@ -87,9 +88,9 @@ func (m *bucketModel) refused(key string, b store.Booking, served bool, now int6
 	k := m.rateOf(key)
 	switch {
 	case served:
-		k.served(b.Now)
-	case k.refused(now, b.Now):
-		return k.bottom
+		k.Served(b.Now)
+	case k.Refused(now, b.Now):
+		return k.Bottom()
 	}
 	return 0
 }
@@ -297,7 +298,7 @@ func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs
 			}
 		}
 	}
-	slot = rate.allow(now, slot, unit, burst)
+	slot = rate.Allow(now, slot, unit, burst)
 	windows := make([]int64, len(limits))
 	for moved := true; moved; {
 		moved = false
@@ -325,7 +326,7 @@ func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs
 	if slot-now > budget {
 		return reply
 	}
-	rate.book(now, slot, unit)
+	rate.Book(now, slot, unit)
 	for i, l := range limits {
 		switch l[0] {
 		case 1:

@@ -3,9 +3,12 @@ package pace
 import (
 	"cmp"
 	"context"
-	"sync"
+	"math"
+	"net/http"
+	"strconv"
 	"time"
 
+	"github.com/fleetpace/pace/internal/steer"
 	"github.com/fleetpace/pace/internal/store"
 )
 
@@ -27,12 +30,6 @@ type steering struct {
 	header  string // the header or field the reading came from
 	bounded bool   // the limit's bounds changed the interval advertised
 }
-
-// syncEvery is how often, at most, a process steers one key, unless a
-// limit advertised changed or the upstream refused a request: each sync is
-// a script call of its own, beside the requests'. A process does not sync
-// a reading it can tell is stale.
-const syncEvery = 50 * time.Millisecond
 
 // Sync implements Syncer; refused says the upstream refused the request (a
 // 429), so that its units, which it did not spend, count as such. Each reading steers the bucket of the quota named
@@ -64,7 +61,7 @@ const syncEvery = 50 * time.Millisecond
 // never loosens the state, and readings from many processes at once
 // converge. Sliding and fixed windows (Window, FixedWindow) are not
 // steered; a reading whose name matches no token bucket is ignored. A
-// process syncs one key at most every 50 ms; readings in between are
+// process syncs one key at most every 50 ms (steer.SyncEvery); readings in between are
 // dropped. The observer hears each reading applied (EventReading), ignored
 // as stale (EventStaleReading), and each limit learned (EventLearned), with
 // the header that said so.
@@ -89,14 +86,16 @@ func (r *Redis) sync(ctx context.Context, key string, b store.Booking, readings 
 	}
 	now := r.now()
 	var steers []steering
+	var plain []store.Steer
 	var reply store.SyncReply
 	_, err := r.shared(ctx, key, false, func() (err error) {
 		steers = r.steerings(ctx, key, readings, now.Sub(arrival))
-		if len(steers) == 0 || !r.syncs.due(key, b, steers, refused, now) {
+		plain = plainSteers(steers)
+		if len(steers) == 0 || !r.syncs.Due(key, b, plain, refused, now) {
 			steers = nil
 			return nil
 		}
-		reply, err = r.store.Sync(ctx, key, b, plainSteers(steers), refused, r.holdChannel())
+		reply, err = r.store.Sync(ctx, key, b, plain, refused, r.holdChannel())
 		return err
 	})
 	if steers == nil {
@@ -105,7 +104,7 @@ func (r *Redis) sync(ctx context.Context, key string, b store.Booking, readings 
 	if err != nil {
 		return err
 	}
-	r.syncs.note(key, steers, reply, now)
+	r.syncs.Note(key, plain, reply, now)
 	for i, st := range steers {
 		kinds := [...][]EventKind{{EventStaleReading}, {EventReading}, {EventReading, EventLearned}}[min(reply.Results[i], 2)]
 		for _, kind := range kinds {
@@ -146,77 +145,6 @@ func (r *Redis) steerings(ctx context.Context, key string, readings []Reading, e
 	return steers
 }
 
-// throttle says, per key, whether a sync is due: one that may apply (of a
-// request booked after the last reading applied, as far as this process
-// knows), at most one every syncEvery, or one that must be heard (a
-// refusal, or a limit advertised anew). It forgets keys not synced for a
-// minute, once a second.
-type throttle struct {
-	mu        sync.Mutex
-	keys      map[string]*throttled
-	nextSweep time.Time
-}
-
-// throttled is what a process knows of a key's steering: when its next
-// sync is due, when it last synced, the intervals it last heard advertised
-// and each bucket's SYNCED after its last sync, by limit.
-type throttled struct {
-	next, last      time.Time
-	learned, synced [store.MaxLimits]int64
-	known           bool // synced is known
-}
-
-// due reports whether to sync steers at now, of the request booked as b
-// (refused, if the upstream refused it), and if so notes it.
-func (t *throttle) due(key string, b store.Booking, steers []steering, refused bool, now time.Time) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	k := t.entry(key, now)
-	heard, fresh := refused, !k.known
-	for _, st := range steers {
-		heard = heard || (st.Learned > 0 && st.Learned != k.learned[st.Limit])
-		k.learned[st.Limit] = st.Learned
-		fresh = fresh || b.Booked[st.Limit] > k.synced[st.Limit]
-	}
-	if !heard && (!fresh || now.Before(k.next)) {
-		return false
-	}
-	k.next, k.last = now.Add(syncEvery), now
-	return true
-}
-
-// note notes what a sync of key for steers replied.
-func (t *throttle) note(key string, steers []steering, reply store.SyncReply, now time.Time) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	k := t.entry(key, now)
-	for i, st := range steers {
-		k.synced[st.Limit] = reply.Synced[i]
-	}
-	k.known = true
-}
-
-// entry returns key's entry, and forgets the keys not synced for a minute.
-func (t *throttle) entry(key string, now time.Time) *throttled {
-	if !now.Before(t.nextSweep) {
-		for k, e := range t.keys {
-			if now.Sub(e.last) > time.Minute {
-				delete(t.keys, k)
-			}
-		}
-		t.nextSweep = now.Add(time.Second)
-	}
-	if t.keys == nil {
-		t.keys = make(map[string]*throttled)
-	}
-	k, ok := t.keys[key]
-	if !ok {
-		k = &throttled{last: now}
-		t.keys[key] = k
-	}
-	return k
-}
-
 // plainSteers are what steers tell the store.
 func plainSteers(steers []steering) []store.Steer {
 	plain := make([]store.Steer, len(steers))
@@ -224,4 +152,242 @@ func plainSteers(steers []steering) []store.Steer {
 		plain[i] = st.Steer
 	}
 	return plain
+}
+
+// A Heeder is a Limiter that takes the upstream's word for its keys, one
+// response at a time: Local and Redis are. A Transport waits on it with
+// WaitGrant and hands it each response with Heed; a decorator that forwards
+// both (and Reserve, Settle, Hold and TakeSlot, as its limiter has them)
+// is heeded as the limiter it wraps.
+type Heeder interface {
+	Limiter
+	// WaitGrant waits as Wait does, and returns what it granted.
+	WaitGrant(ctx context.Context, key string, cost int) (Grant, error)
+	// Heed applies what resp, the response to the request granted as g,
+	// which arrived at arrival, says of key, as far as h allows: its holds
+	// (ParseHold), its counters (ParseReadings), a refusal without a word.
+	// It runs past ctx's end; failures reach the limiter's observer.
+	Heed(ctx context.Context, key string, g Grant, resp *http.Response, arrival time.Time, h Heeding)
+}
+
+// A Grant is what a Heeder granted one wait (WaitGrant), or one
+// reservation (Reservation.Grant): the booking that a response to its
+// request steers. The zero Grant is a wait no limiter booked.
+type Grant struct{ t ticket }
+
+// Heeding says what a response may steer besides its holds.
+type Heeding struct {
+	// Counters: the upstream's counters steer the key on a Redis (see
+	// Transport.IgnoreCounters).
+	Counters bool
+	// Refusals: a refusal that neither a Retry-After nor the counters
+	// explain cuts the key's rate (see Transport.IgnoreRefusals).
+	Refusals bool
+}
+
+var (
+	_ Heeder = (*Redis)(nil)
+	_ Heeder = (*Local)(nil)
+)
+
+// Heed implements Heeder.
+func (r *Redis) Heed(ctx context.Context, key string, g Grant, resp *http.Response, arrival time.Time, h Heeding) {
+	r.heed(context.WithoutCancel(ctx), key, g.t, hear(resp, arrival, r.config.holdBound()), h)
+}
+
+// Heed implements Heeder.
+func (loc *Local) Heed(ctx context.Context, key string, g Grant, resp *http.Response, arrival time.Time, h Heeding) {
+	loc.heed(context.WithoutCancel(ctx), key, g.t, hear(resp, arrival, loc.config.holdBound()), h)
+}
+
+// heed applies w: the holds first, since a hold takes the key's
+// next reading afresh, then the counters (see Sync), then, for a request
+// Redis booked, a refusal that neither explains to the key's rate, or a
+// success it listens for (see internal/steer).
+func (r *Redis) heed(ctx context.Context, key string, t ticket, w word, o Heeding) {
+	for _, h := range w.holds {
+		r.Hold(ctx, key, h)
+	}
+	if o.Counters && len(w.readings) > 0 {
+		r.sync(ctx, key, t.booking, w.readings, w.refused, w.at)
+	}
+	served := !w.refused && t.listening
+	if !o.Refusals || !t.booking.Granted || (!served && (!w.refused || w.explained(r.namedLimits))) {
+		return
+	}
+	var share int64
+	r.shared(ctx, key, false, func() (err error) { // away, the outage's pacing has no rate of the key's
+		if served && !r.retimes.News(key, t.booking.Now, r.now()) {
+			return nil
+		}
+		share, _, err = r.store.Refused(ctx, key, t.booking, served, r.holdChannel())
+		return err
+	})
+	if share > 0 {
+		reportRate(ctx, r.config.observer, "redis", key, share, w.status)
+	}
+}
+
+// heed applies w: the holds, then a refusal that neither explains
+// to the key's rate, or a success it listens for (see internal/steer). Local
+// is not steered by counters.
+func (loc *Local) heed(ctx context.Context, key string, t ticket, w word, o Heeding) {
+	for _, h := range w.holds {
+		loc.Hold(ctx, key, h)
+	}
+	served := !w.refused && t.listening
+	if !o.Refusals || t.local != loc || (!served && (!w.refused || w.explained(loc.namedLimits))) {
+		return
+	}
+	now := loc.now()
+	shard := loc.shard(key)
+	shard.mu.Lock()
+	k := shard.limiter(loc, key, now)
+	if served {
+		k.rate.Served(t.start.UnixMicro())
+		shard.mu.Unlock()
+		return
+	}
+	cut, share := k.rate.Refused(now.UnixMicro(), t.start.UnixMicro()), k.rate.Bottom()
+	shard.mu.Unlock()
+	if cut {
+		loc.retimes.Add(key, now.UnixMicro(), true, now) // its sleepers book anew
+		reportRate(ctx, loc.config.observer, "local", key, share, w.status)
+	}
+}
+
+// A word is what one response said of its key's quota, read once: the
+// readings of its counters (ParseReadings), the holds they and its
+// Retry-After ask for (ParseHold), all on one clock, and whether the
+// upstream refused the request.
+type word struct {
+	readings []Reading
+	holds    []Hold
+	status   int
+	refused  bool      // a 429 or a 503
+	at       time.Time // when the response arrived
+}
+
+// hear reads what resp, which arrived at now, says: its readings, and the
+// holds they and its Retry-After ask for, each capped at max.
+func hear(resp *http.Response, now time.Time, max time.Duration) word {
+	clock := readingClock{header: resp.Header, now: now}
+	w := word{readings: readAll(resp.Header, &clock), at: now, status: resp.StatusCode,
+		refused: resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable}
+	status := strconv.Itoa(resp.StatusCode) + " "
+	if h, ok := retryAfter(resp, &clock, max, status); ok {
+		w.holds = append(w.holds, h)
+	}
+	for _, r := range w.readings {
+		if r.Remaining == 0 && !r.Refills {
+			h := Hold{Reason: status + r.Header, Quota: r.Name, only: len(w.readings) == 1, own: r.own}
+			w.holds = append(w.holds, capHold(r.Reset.Seconds(), max, h))
+		}
+	}
+	return w
+}
+
+// explained reports whether w explains its refusal for limits: a hold of
+// the key, or a reading of one of the limits with no unit left. A refusal
+// nothing explains steers the key's rate (see internal/steer).
+func (w word) explained(limits namedLimits) bool {
+	for _, h := range w.holds {
+		if limits.holds(h) {
+			return true
+		}
+	}
+	for _, r := range w.readings {
+		if r.Remaining == 0 && limits.limitOf(r.Name, r.own, len(w.readings) == 1) >= 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// limitOf returns the index of the limit that a reading of the upstream's
+// quota name is about, or -1: the limit named like it; or, for a response's
+// only reading (only), the quota's only limit, unless the reading names a
+// quota of its own (own: a GitHub resource other than core).
+func (n namedLimits) limitOf(name string, own, only bool) int {
+	for i, known := range n.names {
+		if known == name {
+			return i
+		}
+	}
+	if only && !own && len(n.limits) == 1 {
+		return 0
+	}
+	return -1
+}
+
+// holds reports whether h holds a key of these limits: a hold of the whole
+// key, or of a quota one of them is.
+func (n namedLimits) holds(h Hold) bool {
+	return h.Quota == "" || n.limitOf(h.Quota, h.own, h.only) >= 0
+}
+
+// reportRate tells o that limiter cut key's rate, after the refusal the
+// response's status says, to share, or that it is back at its configured
+// rate (share steer.Full).
+func reportRate(ctx context.Context, o Observer, limiter, key string, share int64, status int) {
+	reason := "recovered"
+	if share < steer.Full {
+		reason = strconv.Itoa(status) + " without Retry-After or counters"
+	}
+	e := Event{Kind: EventRate, Limiter: limiter, Key: key, Rate: float64(share) / steer.Full, Reason: reason}
+	if share < steer.Full {
+		e.Delay = steer.Period
+	}
+	o.emit(ctx, e)
+}
+
+// rateUnits returns, for a request of costs under limits, the time the
+// fastest limit it costs anything under takes to refill its cost (unit; 0
+// for a request that costs nothing), and the time the fastest limit takes
+// to refill its burst (burst), in µs: what a key's rate measures against.
+// per gives a limit's interval, by index: the one a bucket books at
+// (learned or steered), a window's length over its count.
+func rateUnits(limits []Limit, costs *store.LimitCosts, per func(i int) int64) (unit, burst int64) {
+	unit, burst = math.MaxInt64, math.MaxInt64
+	for i, l := range limits {
+		p := per(i)
+		if costs[i] > 0 {
+			unit = min(unit, int64(costs[i])*p)
+		}
+		burst = min(burst, int64(l.burst)*p)
+	}
+	if unit == math.MaxInt64 {
+		unit = 0
+	}
+	return unit, burst
+}
+
+// sleepUnlessRetimed sleeps for delay, unless ctx ends first, or key is
+// retimed meanwhile, after a booking decided at booked (on the clock of
+// the retimes, in microseconds): then it returns steer.ErrRetimed, or
+// steer.ErrRecut for a cut of the key's rate.
+func sleepUnlessRetimed(ctx context.Context, rt *steer.Retimes, key string, delay time.Duration, booked int64) error {
+	if delay <= 0 {
+		return nil // inlined: a grant at once costs no call
+	}
+	return sleepRetimed(ctx, rt, key, delay, booked)
+}
+
+// sleepRetimed is sleepUnlessRetimed's wait, for a delay above zero.
+func sleepRetimed(ctx context.Context, rt *steer.Retimes, key string, delay time.Duration, booked int64) error {
+	timer := time.NewTimer(delay)
+	defer timer.Stop()
+	for {
+		wake := rt.Wake()
+		if err := rt.After(key, booked); err != nil {
+			return err
+		}
+		select {
+		case <-timer.C:
+			return nil
+		case <-ctx.Done():
+			return waitEnded(ctx, key, delay)
+		case <-wake:
+		}
+	}
 }

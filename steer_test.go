@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetpace/pace/internal/steer"
 	"github.com/fleetpace/pace/internal/store"
 	"github.com/redis/go-redis/v9"
 )
@@ -101,7 +102,7 @@ func TestSyncTransitions(t *testing.T) {
 		t.Fatalf("a reading of a booking older than the last applied: %d syncs; want it dropped as stale, unasked", f.store.syncs)
 	}
 
-	f.clock.Advance(syncEvery)
+	f.clock.Advance(steer.SyncEvery)
 	third, fresh := f.grant("k", 0), f.grant("k", 0) // decided before the failure
 	f.store.down = errConnRefused
 	if err := f.r.sync(ctx, "k", fresh.booking, refillReading(5, time.Second), false, f.clock.Now()); !errors.Is(err, errConnRefused) {
@@ -116,14 +117,14 @@ func TestSyncTransitions(t *testing.T) {
 		t.Fatalf("after the failed sync, the next request: decided by %q after %d calls; want local, the outage confirmed by two calls begun after the sync's failure", local.limiter, f.store.reserves-reserves)
 	}
 	for _, b := range []store.Booking{third.booking, local.booking} {
-		f.clock.Advance(syncEvery)
+		f.clock.Advance(steer.SyncEvery)
 		if err := f.r.sync(ctx, "k", b, refillReading(5, time.Second), false, f.clock.Now()); err != nil || f.store.syncs != syncs {
 			t.Fatalf("sync during the outage: %v, %d store calls; want none", err, f.store.syncs-syncs)
 		}
 	}
 
 	f.recover()
-	f.clock.Advance(syncEvery)
+	f.clock.Advance(steer.SyncEvery)
 	if err := f.r.sync(ctx, "k", f.grant("k", 0).booking, refillReading(8, time.Second), false, f.clock.Now()); err != nil || f.log.count(EventReading) != 2 {
 		t.Fatalf("sync after the outage: %v, %d EventReadings; want a second one", err, f.log.count(EventReading))
 	}

@@ -28,7 +28,7 @@ type Booking struct {
 	Now       int64            // the Redis TIME of the decision, in microseconds
 	Finishes  [MaxLimits]int64 // each bucket's schedule time after the booking (0 for windows)
 	Booked    [MaxLimits]int64 // each steered bucket's count of units booked after the booking (else 0)
-	Listening bool             // the key's rate listens for a success (see refusals.go)
+	Listening bool             // the key's rate listens for a success (see internal/steer)
 	Recovered bool             // the key's rate was dropped, back at the configured one
 	ID        string           // the request's id: its grants in sliding windows, its settlement
 	Costs     LimitCosts

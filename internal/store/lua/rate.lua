@@ -1,6 +1,6 @@
 -- Follows common.lua in the scripts that book (reserve.lua, quota.lua) and
 -- in refused.lua: a key's rate after refusals the upstream gave without
--- saying why (see refusals.go, whose keyRate is the same in Go). It is kept
+-- saying why (see internal/steer, whose Rate is the same in Go). It is kept
 -- at the key's #rate as five whole numbers, "EDGE BOTTOM CUT HEARD TAT": the
 -- rate at which the upstream refused and the rate the last cut left, in
 -- parts per million of the configured rate; when the last cut was; 1 once a

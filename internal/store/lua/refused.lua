@@ -1,7 +1,7 @@
 -- Takes what became of a request whose response said nothing of why: the
 -- upstream refused it (a 429 or 503 without Retry-After or counters that
 -- explain it), or served it while the key's rate listens for a success
--- (see refusals.go for the controller, and rate.lua).
+-- (see internal/steer/rate.go for the controller, and rate.lua).
 --
 -- A refusal of a request booked before the last cut changes nothing: the
 -- cut reacted to it already. Any other cuts the key's rate, and the
