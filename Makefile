@@ -7,6 +7,13 @@
 
 MODULES := $(sort $(shell find . -name go.mod -not -path './.git/*' -exec dirname {} \;))
 
+# A program built with -race sleeps a second as it exits, so that its other
+# goroutines may finish a report (GORACE's atexit_sleep_ms, 1000 by
+# default): each test binary, and each process of the fleets the tests
+# start, which are copies of their test binary. A race is still reported
+# as it is found, and fails its test.
+export GORACE ?= atexit_sleep_ms=0
+
 test: redis-server limiters
 	test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt: the files above need formatting"; exit 1; }
 	# -p 1: one package at a time. The failover's logic is table-tested on a
