@@ -17,7 +17,7 @@ func TestParseMessage(t *testing.T) {
 	}{
 		{"RULE|api.example.com:443\nretime 1764690000123456", "RULE|api.example.com:443", 1764690000123456, false, true},
 		{"k\nrate 1764690000123456", "k", 1764690000123456, true, true},
-		{"a\nb\nretime 5", "a", 0, false, false}, // a key holds no newline: the rest is not a retime
+		{"a\nb\nretime 5", "a", 0, false, false},             // a key holds no newline: the rest is not a retime
 		{"k\n1764690000123456 1000000", "", 0, false, false}, // a hold
 		{"k\nretime ", "", 0, false, false},
 		{"k\nretime 99999999999999999999", "", 0, false, false},
