@@ -25,13 +25,10 @@ test: redis-server limiters
 	# core run in pairs (internal/pairs); the rest run alone.
 	# go vet builds with -race, so that the tests reuse its builds, and
 	# -exec true then builds every test binary without running it, both
-	# cores at once, since -p 1 builds one at a time too. Beside them, go
-	# build compiles without -race what the examples' tests build as their
-	# users do (internal/exampletest), so that the tests only link it:
-	# neither build keeps both cores busy alone. Nothing builds beside the
-	# tests: even at idle priority, builds on the other core slowed the
-	# core's model tests twofold.
-	set -e; for m in $(MODULES); do echo "== $$m"; (cd $$m && { go build ./... & plain=$$!; go vet -race ./... && go test -race -exec true ./... >/dev/null; raced=$$?; wait $$plain && [ $$raced = 0 ]; } && go test -race -count=1 -p 1 -parallel 4 ./...); done
+	# cores at once, since -p 1 builds one at a time too. Nothing builds
+	# beside the tests: even at idle priority, builds on the other core
+	# slowed the core's model tests twofold.
+	set -e; for m in $(MODULES); do echo "== $$m"; (cd $$m && go vet -race ./... && go test -race -exec true ./... >/dev/null && go test -race -count=1 -p 1 -parallel 4 ./...); done
 
 # make bench: the benchmarks, each beside its baseline from the same run. The
 # core's run on CPU 0 and pin their redis-server to the last CPU, so that
