@@ -1,8 +1,6 @@
 package pace
 
 import (
-	"bytes"
-	"encoding/json"
 	"maps"
 	"net/http"
 	"strings"
@@ -150,37 +148,6 @@ func FuzzSettlers(f *testing.F) {
 					t.Fatalf("settled %v (%v): %q at %d", costs, ok, name, n)
 				}
 			}
-		}
-	})
-}
-
-// FuzzJSONEnd: whatever the bytes, and however they are split into reads,
-// jsonEnd never panics; a valid object or array, split anywhere, is whole
-// once all of it has passed, and a prefix of one that stops before its last
-// byte is not.
-func FuzzJSONEnd(f *testing.F) {
-	f.Add([]byte(openAIChat), 10)
-	f.Add([]byte(`{"a":"}\"{","b":[1,{"c":"]"}]}`), 3)
-	f.Add([]byte(`data: {"x":1}`), 1)
-	f.Add([]byte(` [ ] `), 2)
-	f.Fuzz(func(t *testing.T, body []byte, split int) {
-		var j jsonEnd
-		for rest := body; len(rest) > 0; {
-			n := min(max(split, 1), len(rest))
-			j.scan(rest[:n])
-			rest = rest[n:]
-		}
-		trimmed := bytes.TrimSpace(body)
-		if len(trimmed) == 0 || (trimmed[0] != '{' && trimmed[0] != '[') || !json.Valid(trimmed) {
-			return
-		}
-		if !j.whole() {
-			t.Fatalf("%q: a valid value, not whole", body)
-		}
-		var prefix jsonEnd
-		prefix.scan(trimmed[:len(trimmed)-1])
-		if prefix.whole() {
-			t.Fatalf("%q: whole before its last byte", trimmed[:len(trimmed)-1])
 		}
 	})
 }
