@@ -199,51 +199,75 @@ func (r *Redis) Reserve(ctx context.Context, key string, estimate Costs) (*Reser
 	return &Reservation{limiter: r, key: key, estimate: costs, ticket: t}, nil
 }
 
-// wait books the wait of q and sleeps until it is due (see waitLoop).
+// request is one wait: what its booking needs, the horizon of its class (0
+// for none; see Class), and what became of it so far.
+type request struct {
+	store.Request
+	horizon  time.Duration
+	own      time.Duration // the caller's budget, before its class narrowed it
+	failures int           // its Redis calls that failed, unconfirmed, so far
+}
+
+// wait books the wait of q and sleeps until it is due, booking anew after a
+// hold that replaced its slot meanwhile, or a retime that voided its
+// booking, and returns what it booked.
 func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 	r.listen()
-	return waitLoop(ctx, r, q)
+	for turn := false; ; {
+		qt := atTurn(q, turn)
+		t, err := r.decideAsking(ctx, qt)
+		if d, ok := asDeferral(err); ok {
+			if err, turn = r.deferred(ctx, qt, d.delay-qt.horizon), true; err == nil {
+				continue // its turn has come
+			}
+		}
+		if err != nil {
+			return ticket{}, err
+		}
+		r.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: t.limiter, Key: q.Key, Cost: q.Costs[0], Delay: t.delay, Err: t.cause})
+		switch err := r.sleep(ctx, q.Key, t); {
+		case errors.Is(err, steer.ErrRetimed):
+			if t.local != nil {
+				t.local.cancel(q.Key, t.res, r.now())
+			}
+			if errors.Is(err, steer.ErrRecut) {
+				r.refund(ctx, q.Key, t.booking) // a failure reaches the observer
+			}
+			continue // the key's pace changed while this caller slept
+		case err != nil:
+			return ticket{}, r.giveBack(ctx, q, t, err)
+		}
+		if !r.replacedByHold(ctx, q.Key, t) {
+			if t.limiter == "local" {
+				r.failover.Owe(q.Key, q.Costs, store.LimitCosts{})
+			}
+			return t, nil
+		}
+		// The upstream asked the fleet to hold off while this caller
+		// slept: its slot belongs to a schedule the hold replaced.
+	}
 }
 
-var _ booker = (*Redis)(nil)
-
-// book implements booker: by Redis or, while the failover says so,
-// without it (decideAsking).
-func (r *Redis) book(ctx context.Context, q request) (ticket, error) { return r.decideAsking(ctx, q) }
-
-// rebook implements booker: the outage's share gives the wait back, and,
-// for a cut of the key's rate, Redis too.
-func (r *Redis) rebook(ctx context.Context, q request, t ticket, err error) {
-	if t.local != nil {
-		t.local.cancel(q.Key, t.res, r.now())
-	}
-	if errors.Is(err, steer.ErrRecut) {
-		r.refund(ctx, q.Key, t.booking) // a failure reaches the observer
-	}
-}
-
-// keep implements booker: a slot no hold replaced stands; one the
-// outage's share granted is owed to the shared key (see repay).
-func (r *Redis) keep(ctx context.Context, q request, t ticket) bool {
-	if r.replacedByHold(ctx, q.Key, t) {
-		return false
-	}
-	if t.limiter == "local" {
-		r.failover.Owe(q.Key, q.Costs, store.LimitCosts{})
-	}
-	return true
-}
-
-// observe implements booker.
-func (r *Redis) observe() Observer { return r.config.observer }
-
-// sleep implements booker: for a booking in Redis, a retime of the key
-// ends it (steer.ErrRetimed, or steer.ErrRecut).
-func (r *Redis) sleep(ctx context.Context, q request, t ticket) error {
+// sleep sleeps for t's delay, unless ctx ends first, or, for a booking in
+// Redis, the key is retimed meanwhile (steer.ErrRetimed, or steer.ErrRecut).
+func (r *Redis) sleep(ctx context.Context, key string, t ticket) error {
 	if !t.booking.Granted {
-		return sleep(ctx, q.Key, t.delay)
+		return sleep(ctx, key, t.delay)
 	}
-	return sleepUnlessRetimed(ctx, &r.retimes, q.Key, t.delay, t.booking.Now)
+	return sleepUnlessRetimed(ctx, &r.retimes, key, t.delay, t.booking.Now)
+}
+
+// A ticket is a wait that a limiter granted: how long it is, who decided
+// it, and what to give back should its caller stop waiting.
+type ticket struct {
+	limiter   string // "redis", "local" or "open"
+	delay     time.Duration
+	start     time.Time     // when the decision began, by the limiter's clock
+	cause     error         // why Redis did not decide, if it did not
+	booking   store.Booking // Redis's booking, when its Granted
+	local     *Local        // the local limiter that booked the wait too, or nil
+	res       localBooking
+	listening bool // the key's rate listens for a success (see internal/steer)
 }
 
 // decide books the wait of a request that begins at now, by Redis or,
@@ -293,7 +317,7 @@ func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budg
 		reportRate(ctx, r.config.observer, "redis", q.Key, steer.Full, 0)
 	}
 	if !b.Granted {
-		return ticket{}, refuseOrDefer(ctx, r.config.observer, "redis", q, b.Delay, budget)
+		return ticket{}, r.refuse(ctx, q, "redis", b.Delay, budget)
 	}
 	return r.pass(ctx, q, now, b, first)
 }
@@ -328,14 +352,32 @@ func (r *Redis) pass(ctx context.Context, q request, start time.Time, b store.Bo
 	return t, nil
 }
 
-// lineUp implements booker: it waits for the turn of a request q its
-// class kept out of the schedule, whose wait comes within its horizon after earliest: in the
+// refuse refuses q's wait of delay, beyond budget, as limiter decided: a
+// *deferral when it is beyond the horizon of q's class only.
+func (r *Redis) refuse(ctx context.Context, q request, limiter string, delay, budget time.Duration) error {
+	if defers(delay, q.own, q.horizon) {
+		return &deferral{delay: delay}
+	}
+	return refuse(ctx, r.config.observer, limiter, q.Key, q.Costs[0], delay, budget)
+}
+
+// atTurn is q, with twice the horizon of its class when its turn has come
+// (see Class).
+func atTurn(q request, turn bool) request {
+	if turn {
+		q.horizon *= 2
+	}
+	return q
+}
+
+// deferred waits for the turn of a request q its class kept out of the
+// schedule, whose wait comes within its horizon after earliest: in the
 // line of the key's deferred requests (see internal/store/lua/line.lua), or, while Redis
 // is away, at earliest. A request whose turn came, but found the schedule
 // beyond its horizon still, lines up again: every booking of the class is
 // a turn of the line, which so spaces them. A turn past the caller's budget
 // is refused at once.
-func (r *Redis) lineUp(ctx context.Context, q request, earliest time.Duration) error {
+func (r *Redis) deferred(ctx context.Context, q request, earliest time.Duration) error {
 	retry := earliest
 	refill := refillOf(r.limits, &q.Costs)
 	r.shared(ctx, q.Key, false, func() error { // a line that fails is a courtesy lost
@@ -351,7 +393,8 @@ func (r *Redis) lineUp(ctx context.Context, q request, earliest time.Duration) e
 	return deferred(ctx, r.config.observer, "redis", q.Key, q.Costs[0], retry)
 }
 
-// giveBack implements booker.
+// giveBack returns what ticket t booked, for a caller whose wait ended
+// early with err, and returns err with anything that went wrong.
 func (r *Redis) giveBack(ctx context.Context, q request, t ticket, err error) error {
 	if t.local != nil {
 		t.local.cancel(q.Key, t.res, r.now())

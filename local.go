@@ -2,6 +2,7 @@ package pace
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"math"
@@ -197,70 +198,63 @@ func (loc *Local) Settle(ctx context.Context, r *Reservation, actual Costs) erro
 	return nil
 }
 
-// wait books costs for key and sleeps until they are due (see waitLoop),
-// and puts what it booked in t.
+// wait books costs for key and sleeps until they are due, booking anew
+// after a hold that came meanwhile, or a cut of the key's rate, and puts
+// what it booked in t.
 func (loc *Local) wait(ctx context.Context, key string, costs *store.LimitCosts, t *ticket) error {
-	q := request{Request: store.Request{Key: key, Costs: *costs}, horizon: horizonOf(ctx, loc.config, loc.limits, costs)}
-	booked, err := waitLoop(ctx, loc, q)
-	*t = booked
-	return err
-}
-
-var _ booker = (*Local)(nil)
-
-// book implements booker: at once, under the shard's lock.
-func (loc *Local) book(ctx context.Context, q request) (ticket, error) {
-	now := loc.now()
-	q.own = waitBudget(ctx, loc.config.maxWait, now)
-	budget := classBudget(q.own, q.horizon)
-	t := ticket{limiter: "local", start: now, local: loc}
-	var note rateNote
-	delay, ok := loc.reserve(q.Key, &q.Costs, now, now, budget, &t.res, &note)
-	if note.recovered {
-		reportRate(ctx, loc.config.observer, "local", q.Key, steer.Full, 0)
+	for turn := false; ; {
+		horizon := horizonOf(ctx, loc.config, loc.limits, costs)
+		if turn {
+			horizon *= 2 // see Class
+		}
+		now := loc.now()
+		own := waitBudget(ctx, loc.config.maxWait, now)
+		t.limiter, t.start, t.local, t.res = "local", now, loc, localBooking{}
+		var note rateNote
+		delay, ok := loc.reserve(key, costs, now, now, classBudget(own, horizon), &t.res, &note)
+		if note.recovered {
+			reportRate(ctx, loc.config.observer, "local", key, steer.Full, 0)
+		}
+		if !ok && defers(delay, own, horizon) {
+			if err := loc.deferred(ctx, key, costs, delay-horizon, own, horizon); err != nil {
+				return err
+			}
+			turn = true
+			continue
+		}
+		if !ok {
+			return refuse(ctx, loc.config.observer, "local", key, costs[0], delay, classBudget(own, horizon))
+		}
+		t.delay, t.listening = delay, note.listening
+		loc.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: "local", Key: key, Cost: costs[0], Delay: delay})
+		switch err := sleepUnlessRetimed(ctx, &loc.retimes, key, delay, now.UnixMicro()); {
+		case errors.Is(err, steer.ErrRetimed):
+			loc.cancel(key, t.res, loc.now())
+			continue // the key's rate was cut while this caller slept
+		case err != nil:
+			loc.cancel(key, t.res, loc.now())
+			loc.config.observer.emit(ctx, Event{Kind: EventCancel, Limiter: "local", Key: key, Cost: costs[0], Delay: delay, Err: err})
+			return err
+		}
+		if delay == 0 || !loc.heldPast(key, now.Add(delay)) {
+			return nil
+		}
+		// A hold came while this caller slept, and its slot lies before
+		// the hold's end: it books anew, after the hold.
 	}
-	if !ok {
-		return ticket{}, refuseOrDefer(ctx, loc.config.observer, "local", q, delay, budget)
+}
+
+// deferred waits for the turn of a request its class kept out of key's
+// schedule, whose wait comes within its horizon after earliest, at the end
+// of key's line (see Redis.deferred). A turn past the caller's budget (own)
+// is refused at once.
+func (loc *Local) deferred(ctx context.Context, key string, costs *store.LimitCosts, earliest, own, horizon time.Duration) error {
+	retry := loc.lines.lineUp(key, loc.now(), earliest, refillOf(loc.limits, costs))
+	if retry+horizon > own {
+		return refuse(ctx, loc.config.observer, "local", key, costs[0], retry+horizon, own)
 	}
-	t.delay, t.listening = delay, note.listening
-	return t, nil
+	return deferred(ctx, loc.config.observer, "local", key, costs[0], retry)
 }
-
-// lineUp implements booker: at the end of the key's line (see
-// Redis.lineUp). A turn past the caller's budget is refused at once.
-func (loc *Local) lineUp(ctx context.Context, q request, earliest time.Duration) error {
-	retry := loc.lines.lineUp(q.Key, loc.now(), earliest, refillOf(loc.limits, &q.Costs))
-	if own := waitBudget(ctx, loc.config.maxWait, loc.now()); retry+q.horizon > own {
-		return refuse(ctx, loc.config.observer, "local", q.Key, q.Costs[0], retry+q.horizon, own)
-	}
-	return deferred(ctx, loc.config.observer, "local", q.Key, q.Costs[0], retry)
-}
-
-// sleep implements booker: a cut of the key's rate ends it.
-func (loc *Local) sleep(ctx context.Context, q request, t ticket) error {
-	return sleepUnlessRetimed(ctx, &loc.retimes, q.Key, t.delay, t.start.UnixMicro())
-}
-
-// rebook implements booker.
-func (loc *Local) rebook(_ context.Context, q request, t ticket, _ error) {
-	loc.cancel(q.Key, t.res, loc.now())
-}
-
-// giveBack implements booker.
-func (loc *Local) giveBack(ctx context.Context, q request, t ticket, err error) error {
-	loc.cancel(q.Key, t.res, loc.now())
-	loc.config.observer.emit(ctx, Event{Kind: EventCancel, Limiter: "local", Key: q.Key, Cost: q.Costs[0], Delay: t.delay, Err: err})
-	return err
-}
-
-// keep implements booker: a hold that came while the caller slept, and
-// whose end lies beyond its slot, replaces it.
-func (loc *Local) keep(_ context.Context, q request, t ticket) bool {
-	return t.delay == 0 || !loc.heldPast(q.Key, t.start.Add(t.delay))
-}
-
-// observe implements booker.
-func (loc *Local) observe() Observer { return loc.config.observer }
 
 // reserve books costs for key at notBefore or later (and after any hold,
 // as the key's rate after refusals allows), under every limit at once,

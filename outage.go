@@ -91,7 +91,7 @@ func (r *Redis) decideLocally(ctx context.Context, q request, local *Local, now 
 	t := ticket{limiter: "local", start: now, local: local}
 	delay, ok := local.reserve(q.Key, &q.Costs, now, now, budget, &t.res, nil)
 	if !ok {
-		return ticket{}, refuseOrDefer(ctx, r.config.observer, "local", q, delay, budget)
+		return ticket{}, r.refuse(ctx, q, "local", delay, budget)
 	}
 	t.delay = delay
 	return t, nil
