@@ -135,8 +135,12 @@ func defers(delay, own, horizon time.Duration) bool {
 	return horizon > 0 && horizon < own && delay <= own
 }
 
-// asDeferral returns err's deferral, if it is one.
+// asDeferral returns err's deferral, if it is one. A nil err costs no
+// allocation (errors.As would take d's address to the heap).
 func asDeferral(err error) (*deferral, bool) {
+	if err == nil {
+		return nil, false
+	}
 	var d *deferral
 	ok := errors.As(err, &d)
 	return d, ok
