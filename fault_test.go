@@ -378,10 +378,25 @@ func checkNoErrors(t *testing.T, reports []fleetReport) {
 	}
 }
 
-// TestFaultKill: Redis killed with SIGKILL for 0.5 s, 2 s and 5 s, then
+// TestFault: the fault fleets, each case in a pair (internal/pairs), all
+// three kinds in one pool, so that a long case of one kind runs beside a
+// short one of another.
+func TestFault(t *testing.T) {
+	for _, kind := range []struct {
+		name string
+		run  func(*testing.T)
+	}{{"kill", testFaultKill}, {"silences", testFaultSilences}, {"policies", testFaultPolicies}} {
+		t.Run(kind.name, func(t *testing.T) {
+			t.Parallel() // its cases begin once every kind has begun
+			kind.run(t)
+		})
+	}
+}
+
+// testFaultKill: Redis killed with SIGKILL for 0.5 s, 2 s and 5 s, then
 // started again, empty, under a fleet of 4 processes; and for 2 s under
 // fleets of 2 and 8.
-func TestFaultKill(t *testing.T) {
+func testFaultKill(t *testing.T) {
 	for _, c := range []struct {
 		procs  int
 		length time.Duration
@@ -395,14 +410,14 @@ func TestFaultKill(t *testing.T) {
 	}
 }
 
-// TestFaultSilences: Redis alive but silent or slow, under a fleet of 4
-// processes, in a pair, as TestFaultKill's cases run.
+// testFaultSilences: Redis alive but silent or slow, under a fleet of 4
+// processes.
 //   - frozen: SIGSTOP for 2 s, then thawed, with clients on go-redis's
 //     default options, which ignore context deadlines.
 //   - slow network: 200 ms of latency each way between the fleet and
 //     Redis, from a proxy, for 2 s, then none again. A process's probe may
 //     hear the slow Redis and bring it back before the latency ends.
-func TestFaultSilences(t *testing.T) {
+func testFaultSilences(t *testing.T) {
 	t.Run("frozen", func(t *testing.T) {
 		pairs.Run(t)
 		srv := redistest.Start(t)
@@ -430,10 +445,10 @@ func warmScript(t *testing.T, srv *redistest.Server) {
 	}
 }
 
-// TestFaultPolicies: under a kill of 1.5 s, a FailOpen fleet lets requests
+// testFaultPolicies: under a kill of 1.5 s, a FailOpen fleet lets requests
 // through unpaced and a FailClosed one fails them with ErrUnavailable; each
 // answers within the call timeout and comes back to Redis by itself.
-func TestFaultPolicies(t *testing.T) {
+func testFaultPolicies(t *testing.T) {
 	for _, policy := range []FailurePolicy{FailOpen, FailClosed} {
 		t.Run(policy.String(), func(t *testing.T) {
 			pairs.Run(t)
