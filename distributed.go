@@ -209,7 +209,7 @@ type request struct {
 }
 
 // wait books the wait of q and sleeps until it is due, booking anew after a
-// hold that replaced its slot meanwhile, or a retime that voided its
+// hold that replaced its time meanwhile, or a retime that voided its
 // booking, and returns what it booked.
 func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 	r.listen()
@@ -244,7 +244,7 @@ func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 			return t, nil
 		}
 		// The upstream asked the fleet to hold off while this caller
-		// slept: its slot belongs to a schedule the hold replaced.
+		// slept: its time belongs to a schedule the hold replaced.
 	}
 }
 
@@ -300,7 +300,7 @@ func (r *Redis) decide(ctx context.Context, q request, now time.Time) (ticket, e
 	return t, err
 }
 
-// decideShared books the request in Redis, not before the local slot of
+// decideShared books the request in Redis, not before the local time of
 // first (the outage's share, while returning; else none).
 func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budget time.Duration, route outage.Route, first ticket) (ticket, error) {
 	q.Probe = route == outage.ViaProbe
@@ -326,14 +326,14 @@ func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budg
 // start, which first, the outage's share, may have decided already. When
 // the failover gates a grant no share decided (an answer that arrived once
 // an outage had begun, or the probe), the outage's local limiter books the
-// wait too, at or after its slot; if that would pass the caller's budget,
+// wait too, at or after its time; if that would pass the caller's budget,
 // b is given back and the wait refused.
 func (r *Redis) pass(ctx context.Context, q request, start time.Time, b store.Booking, first ticket) (ticket, error) {
 	now := r.now()
 	// The reply came after the decision, so its arrival plus the delay is no
-	// earlier than the slot itself.
-	slot := now.Add(b.Delay)
-	gate := r.failover.Granted(q.Key, slot, now, first.local != nil)
+	// earlier than its time itself.
+	due := now.Add(b.Delay)
+	gate := r.failover.Granted(q.Key, due, now, first.local != nil)
 	if first.local != nil {
 		first.limiter, first.delay, first.booking, first.listening = "redis", b.Delay, b, b.Listening
 		return first, nil
@@ -343,7 +343,7 @@ func (r *Redis) pass(ctx context.Context, q request, start time.Time, b store.Bo
 		return t, nil
 	}
 	budget := waitBudget(ctx, r.config.maxWait, now)
-	delay, ok := t.local.reserve(q.Key, &q.Costs, now, slot, budget, &t.res, nil)
+	delay, ok := t.local.reserve(q.Key, &q.Costs, now, due, budget, &t.res, nil)
 	if !ok {
 		err := refuse(ctx, r.config.observer, "redis", q.Key, q.Costs[0], delay, budget)
 		return ticket{}, errors.Join(err, r.refund(ctx, q.Key, b))

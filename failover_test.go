@@ -432,7 +432,7 @@ func TestFailover(t *testing.T) {
 				f.t.Errorf("the refused wait left Redis's schedule at %d (was %d), after %d calls: it was charged", schedule(), before, f.store.reserves-calls)
 			}
 			if tk := f.grant("hot", 0); tk.limiter != "redis" || tk.booking.Delay != tk.delay || tk.delay < time.Second {
-				f.t.Errorf("the hot key without a deadline: %q, local delay %v, Redis's %v; want Redis to book it for its local slot, over a second ahead", tk.limiter, tk.delay, tk.booking.Delay)
+				f.t.Errorf("the hot key without a deadline: %q, local delay %v, Redis's %v; want Redis to book it for its local time, over a second ahead", tk.limiter, tk.delay, tk.booking.Delay)
 			}
 		}},
 		{"an answer that arrives after the outage began is counted locally too", tenPerSecond, 1, func(f *failoverTest) {

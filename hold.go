@@ -199,7 +199,7 @@ func holdLocally(ctx context.Context, local *Local, key string, h Hold) error {
 	return local.Hold(ctx, key, h)
 }
 
-// replacedByHold reports whether a hold replaced the slot of ticket t while
+// replacedByHold reports whether a hold replaced the time of ticket t while
 // its caller slept. A caller booked before the hold channel's subscription
 // last stood may have missed the hold's message, and reads the key's hold
 // from Redis.
@@ -213,15 +213,15 @@ func (r *Redis) replacedByHold(ctx context.Context, key string, t ticket) bool {
 	if !t.booking.Granted {
 		return false
 	}
-	slot := t.booking.Slot()
-	if r.held.before(key, slot) {
+	due := t.booking.Due()
+	if r.held.before(key, due) {
 		return true
 	}
 	if !r.missedHolds(t.start) {
 		return false
 	}
 	end, err := r.store.HeldUntil(ctx, key)
-	return err == nil && slot < end
+	return err == nil && due < end
 }
 
 // Hold implements Holder: no wait for key ends sooner than h.For from now,
@@ -247,7 +247,7 @@ func (loc *Local) Hold(ctx context.Context, key string, h Hold) error {
 
 // A hold must stop every request of the fleet, also those already booked
 // and asleep, in every process. So the hold script publishes each hold, and
-// every Redis limiter listens: a caller that wakes to find that its slot lies
+// every Redis limiter listens: a caller that wakes to find that its time lies
 // before the end of a hold (both by Redis's clock) books again, after the
 // hold, instead of going.
 
@@ -268,16 +268,16 @@ func (h *heldKeys) add(key string, end int64, d time.Duration, now time.Time) {
 	h.n.Store(int32(h.m.Len()))
 }
 
-// before reports whether a slot for key (Redis's clock, in microseconds)
+// before reports whether a time for key (Redis's clock, in microseconds)
 // falls before the end of a hold: the booking predates the hold.
-func (h *heldKeys) before(key string, slot int64) bool {
+func (h *heldKeys) before(key string, due int64) bool {
 	if h.n.Load() == 0 {
 		return false
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	end, ok := h.m.Get(key)
-	return ok && slot < end
+	return ok && due < end
 }
 
 // parseHoldMessage reads what the hold script publishes: the key, a

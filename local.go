@@ -58,7 +58,7 @@ type localShard struct {
 // reservation was made at. x/time/rate takes a time before its last one for
 // the last one and counts the time between twice, so no reservation or
 // cancellation is made before it: a booking at a time ahead (the end of a
-// hold, a slot Redis gave) makes the ones after it begin there too.
+// hold, a time Redis gave) makes the ones after it begin there too.
 type localKey struct {
 	lims []*rate.Limiter
 	last time.Time
@@ -239,7 +239,7 @@ func (loc *Local) wait(ctx context.Context, key string, costs *store.LimitCosts,
 		if delay == 0 || !loc.heldPast(key, now.Add(delay)) {
 			return nil
 		}
-		// A hold came while this caller slept, and its slot lies before
+		// A hold came while this caller slept, and its time lies before
 		// the hold's end: it books anew, after the hold.
 	}
 }
@@ -411,14 +411,14 @@ func (loc *Local) Len() int {
 	return n
 }
 
-// heldPast reports whether key is held beyond slot: a booking at slot was
+// heldPast reports whether key is held beyond due: a booking at due was
 // made before the hold.
-func (loc *Local) heldPast(key string, slot time.Time) bool {
+func (loc *Local) heldPast(key string, due time.Time) bool {
 	s := loc.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	until, held := s.holds[key]
-	return held && slot.Before(until)
+	return held && due.Before(until)
 }
 
 // limiter returns key's limiters, creating them if needed. Once per refill

@@ -200,7 +200,7 @@ func runWorkers(n int, end time.Time, wait func(context.Context) error) ([]time.
 // the span t from, an instant before any of them was decided (the bucket
 // full), to the last: at most burst + rate*t (+1 to spare), and at least 97%
 // of rate*t. The span starts at from, not at the first grant, because a
-// caller returns a little after its slot, and the first one's lateness
+// caller returns a little after its time, and the first one's lateness
 // would shorten the span and make the bound stricter than the bucket's.
 func checkGrants(t *testing.T, from time.Time, grants []time.Time, rate float64, burst int) {
 	t.Helper()

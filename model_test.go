@@ -40,14 +40,14 @@ func (m *bucketModel) reserve(key string, interval, burst, cost, budget, notBefo
 	var b store.Booking
 	rate, unit := m.keyRate(key, now, &b), cost*s.interval(interval)
 	arrival = rate.Allow(now, arrival, unit, burst*s.interval(interval))
-	slot := max(arrival, s.allow(m.tat[key], interval, burst, cost, arrival, now))
-	b.Delay, b.Now = store.Microseconds(slot-now), now
-	b.Finishes[0] = s.finish(m.tat[key], interval, burst, cost, slot, now)
-	if slot-now > budget {
+	due := max(arrival, s.allow(m.tat[key], interval, burst, cost, arrival, now))
+	b.Delay, b.Now = store.Microseconds(due-now), now
+	b.Finishes[0] = s.finish(m.tat[key], interval, burst, cost, due, now)
+	if due-now > budget {
 		return b
 	}
-	rate.Book(now, slot, unit)
-	b.Granted, b.Booked[0] = true, m.book(key, interval, b.Finishes[0], cost, known(estimated, cost), slot, now)
+	rate.Book(now, due, unit)
+	b.Granted, b.Booked[0] = true, m.book(key, interval, b.Finishes[0], cost, known(estimated, cost), due, now)
 	return b
 }
 
@@ -95,13 +95,13 @@ func (m *bucketModel) refused(key string, b store.Booking, served bool, now int6
 	return 0
 }
 
-// book notes cost units booked at slot in a bucket of interval a, leaving
+// book notes cost units booked at due in a bucket of interval a, leaving
 // the schedule at finish, of which the fleet is known to spend spent, and
 // returns the bucket's count of units booked (0 when not steered).
-func (m *bucketModel) book(key string, a, finish, cost, spent, slot, now int64) int64 {
+func (m *bucketModel) book(key string, a, finish, cost, spent, due, now int64) int64 {
 	s := m.steers[key]
 	m.tat[key] = finish
-	s.moveCeiling(a, spent, slot, now)
+	s.moveCeiling(a, spent, due, now)
 	s.written(now)
 	return s.countBooked(cost)
 }
@@ -144,7 +144,7 @@ func (m *bucketModel) settle(key string, a, b, units, spent, now int64) {
 // of a request of key booked as bk. bucket is the bucket's Redis key.
 func (m *bucketModel) sync(key, bucket string, a, b int64, bk store.Booking, i int, st store.Steer, refused bool, now int64) int64 {
 	s := m.steers[bucket]
-	tat, s, result := s.sync(m.tat[bucket], a, b, bk.Finishes[i], bk.Booked[i], bk.Slot(), bk.Delay == 0, int64(bk.Costs[i]), refused,
+	tat, s, result := s.sync(m.tat[bucket], a, b, bk.Finishes[i], bk.Booked[i], bk.Due(), bk.Delay == 0, int64(bk.Costs[i]), refused,
 		st.Remaining, st.Reset.Microseconds(), st.Refills, st.Learned, m.holds[key], now)
 	if result > 0 || (refused && s != nil) {
 		m.tat[bucket], m.steers[bucket] = tat, s
@@ -274,7 +274,7 @@ type quotaReply struct {
 // 0), and whether the key's rate listens for a success, or was dropped.
 // The costs under the limits in estimated are a reservation's estimates.
 func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs []int64, estimated store.LimitSet, budget, notBefore int64, id string, now int64) quotaReply {
-	slot := max(now+notBefore, m.buckets.holds[key])
+	due := max(now+notBefore, m.buckets.holds[key])
 	var b store.Booking
 	rate := m.buckets.keyRate(key, now, &b)
 	unit, burst := m.rateUnits(keys, limits, costs)
@@ -282,7 +282,7 @@ func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs
 		kind, a, b, cost := l[0], l[1], l[2], costs[i]
 		switch kind {
 		case 1:
-			slot = max(slot, m.buckets.steers[keys[i]].allow(m.buckets.tat[keys[i]], a, b, cost, now, now))
+			due = max(due, m.buckets.steers[keys[i]].allow(m.buckets.tat[keys[i]], a, b, cost, now, now))
 		case 2:
 			var times []int64
 			for _, at := range m.grants[keys[i]] {
@@ -291,14 +291,14 @@ func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs
 			slices.Sort(times)
 			slices.Reverse(times)
 			if len(times) > 0 {
-				slot = max(slot, times[0])
+				due = max(due, times[0])
 			}
 			if k := int(b - cost); k < len(times) {
-				slot = max(slot, times[k]+a+windowGuard(a))
+				due = max(due, times[k]+a+windowGuard(a))
 			}
 		}
 	}
-	slot = rate.Allow(now, slot, unit, burst)
+	due = rate.Allow(now, due, unit, burst)
 	windows := make([]int64, len(limits))
 	for moved := true; moved; {
 		moved = false
@@ -306,12 +306,12 @@ func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs
 			if l[0] != 3 {
 				continue
 			}
-			w := slot / l[1]
+			w := due / l[1]
 			for m.counts[keys[i]][w]+costs[i] > l[2] {
 				w++
 			}
-			if w*l[1] > slot {
-				slot, moved = w*l[1], true
+			if w*l[1] > due {
+				due, moved = w*l[1], true
 			}
 			windows[i] = w
 		}
@@ -319,24 +319,24 @@ func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs
 	finishes, booked := make([]int64, len(limits)), make([]int64, len(limits))
 	for i, l := range limits {
 		if l[0] == 1 {
-			finishes[i] = m.buckets.steers[keys[i]].finish(m.buckets.tat[keys[i]], l[1], l[2], costs[i], slot, now)
+			finishes[i] = m.buckets.steers[keys[i]].finish(m.buckets.tat[keys[i]], l[1], l[2], costs[i], due, now)
 		}
 	}
-	reply := quotaReply{delay: slot - now, finishes: finishes, booked: booked, listening: b.Listening, recovered: b.Recovered}
-	if slot-now > budget {
+	reply := quotaReply{delay: due - now, finishes: finishes, booked: booked, listening: b.Listening, recovered: b.Recovered}
+	if due-now > budget {
 		return reply
 	}
-	rate.Book(now, slot, unit)
+	rate.Book(now, due, unit)
 	for i, l := range limits {
 		switch l[0] {
 		case 1:
-			booked[i] = m.buckets.book(keys[i], l[1], finishes[i], costs[i], known(has(estimated, i), costs[i]), slot, now)
+			booked[i] = m.buckets.book(keys[i], l[1], finishes[i], costs[i], known(has(estimated, i), costs[i]), due, now)
 		case 2:
 			if m.grants[keys[i]] == nil {
 				m.grants[keys[i]] = map[string]int64{}
 			}
 			for j := int64(1); j <= costs[i]; j++ {
-				m.grants[keys[i]][fmt.Sprintf("%s:%d", id, j)] = slot
+				m.grants[keys[i]][fmt.Sprintf("%s:%d", id, j)] = due
 			}
 			m.trim(keys[i], l[2], now-l[1]-windowGuard(l[1]))
 		case 3:
@@ -389,7 +389,7 @@ func (m *quotaModel) trim(key string, count, old int64) {
 }
 
 // refund is refund.lua.
-func (m *quotaModel) refund(keys []string, limits [][3]int64, costs []int64, id string, slot int64, finishes []int64, now int64) []store.RefundResult {
+func (m *quotaModel) refund(keys []string, limits [][3]int64, costs []int64, id string, due int64, finishes []int64, now int64) []store.RefundResult {
 	results := make([]store.RefundResult, len(limits))
 	for i, l := range limits {
 		cost := costs[i]
@@ -405,8 +405,8 @@ func (m *quotaModel) refund(keys []string, limits [][3]int64, costs []int64, id 
 				}
 			}
 		case 3:
-			if used, ok := m.counts[keys[i]][slot/l[1]]; ok && slot > now {
-				m.counts[keys[i]][slot/l[1]] -= min(cost, used)
+			if used, ok := m.counts[keys[i]][due/l[1]]; ok && due > now {
+				m.counts[keys[i]][due/l[1]] -= min(cost, used)
 				results[i] = store.RefundTail
 			}
 		}
@@ -417,7 +417,7 @@ func (m *quotaModel) refund(keys []string, limits [][3]int64, costs []int64, id 
 // settle is settle.lua, for a booking not settled before: under each limit,
 // the difference between actual[i] and estimate[i] is charged or given back;
 // the costs under the limits in estimated were estimates.
-func (m *quotaModel) settle(keys []string, limits [][3]int64, estimate, actual []int64, estimated store.LimitSet, id string, slot, now int64) {
+func (m *quotaModel) settle(keys []string, limits [][3]int64, estimate, actual []int64, estimated store.LimitSet, id string, due, now int64) {
 	for i, l := range limits {
 		kind, a, b := l[0], l[1], l[2]
 		switch kind {
@@ -427,17 +427,17 @@ func (m *quotaModel) settle(keys []string, limits [][3]int64, estimate, actual [
 			for j := actual[i] + 1; j <= estimate[i]; j++ {
 				delete(m.grants[keys[i]], fmt.Sprintf("%s:%d", id, j))
 			}
-			if actual[i] > estimate[i] && (slot+a+windowGuard(a))/1000 >= now/1000+1 {
+			if actual[i] > estimate[i] && (due+a+windowGuard(a))/1000 >= now/1000+1 {
 				if m.grants[keys[i]] == nil {
 					m.grants[keys[i]] = map[string]int64{}
 				}
 				for j := estimate[i] + 1; j <= min(actual[i], estimate[i]+b); j++ {
-					m.grants[keys[i]][fmt.Sprintf("%s:%d", id, j)] = slot
+					m.grants[keys[i]][fmt.Sprintf("%s:%d", id, j)] = due
 				}
 			}
 		case 3:
-			if used, ok := m.counts[keys[i]][slot/a]; ok {
-				m.counts[keys[i]][slot/a] += max(actual[i]-estimate[i], -used)
+			if used, ok := m.counts[keys[i]][due/a]; ok {
+				m.counts[keys[i]][due/a] += max(actual[i]-estimate[i], -used)
 			}
 		}
 	}

@@ -103,7 +103,7 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 			j := len(bookings) - 1 - rng.IntN(min(len(bookings), 6))
 			bk := bookings[j]
 			bookings = slices.Delete(bookings, j, j+1)
-			if bk.b.Slot() < lastNow+2000 {
+			if bk.b.Due() < lastNow+2000 {
 				continue // only a caller still asleep gives back; this one has gone
 			}
 			r := limiters[bk.limiter]
@@ -112,7 +112,7 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 				t.Fatalf("step %d: %v", step, err)
 			}
 			n := len(r.limits)
-			want := model.refund(storeOf(r).Keys(bk.key, false), modelLimits(r), int64s(bk.b.Costs[:n]), bk.b.ID, bk.b.Slot(), bk.b.Finishes[:n], now)
+			want := model.refund(storeOf(r).Keys(bk.key, false), modelLimits(r), int64s(bk.b.Costs[:n]), bk.b.ID, bk.b.Due(), bk.b.Finishes[:n], now)
 			if !slices.Equal(results[:n], want) {
 				t.Fatalf("step %d: refund(%s) at %d: script %v, model %v", step, bk.key, now, results[:n], want)
 			}
@@ -137,7 +137,7 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 				}
 				now = cmp.Or(now, at)
 			}
-			model.settle(storeOf(r).Keys(bk.key, false), modelLimits(r), int64s(bk.b.Costs[:n]), int64s(actual[:n]), bk.b.Estimated, bk.b.ID, bk.b.Slot(), now)
+			model.settle(storeOf(r).Keys(bk.key, false), modelLimits(r), int64s(bk.b.Costs[:n]), int64s(actual[:n]), bk.b.Estimated, bk.b.ID, bk.b.Due(), now)
 			counts[map[bool]string{true: "settle-up", false: "settle-down"}[actual[0] > bk.b.Costs[0]]]++
 		case op < 21 && len(bookings) > 0:
 			// Steered buckets give nothing back: only q3's are steered,
@@ -391,8 +391,8 @@ func TestFixedWindowWaitsForTheNext(t *testing.T) {
 		}
 	}
 	hour := time.Hour.Microseconds()
-	if b.Slot()%hour != 0 || b.Delay <= 0 || b.Delay > time.Hour || b.Slot()/hour != b.Now/hour+1 {
-		t.Errorf("the 4th request goes at %d µs after waiting %v: want the start of the next hour", b.Slot(), b.Delay)
+	if b.Due()%hour != 0 || b.Delay <= 0 || b.Delay > time.Hour || b.Due()/hour != b.Now/hour+1 {
+		t.Errorf("the 4th request goes at %d µs after waiting %v: want the start of the next hour", b.Due(), b.Delay)
 	}
 }
 

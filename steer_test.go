@@ -229,7 +229,7 @@ func TestRetimeWakesSleepers(t *testing.T) {
 		t.Fatal(err)
 	}
 	if went := (<-done).Sub(synced); went > 500*time.Millisecond {
-		t.Errorf("the sleeper went %v after the key learned 100/s, want at once, not at its booked slot a second on", went)
+		t.Errorf("the sleeper went %v after the key learned 100/s, want at once, not at its booked time a second on", went)
 	}
 	if len(booked) != 1 {
 		t.Errorf("%d more bookings, want the sleeper's one anew", len(booked))

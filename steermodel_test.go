@@ -35,13 +35,13 @@ func (s *steerModel) interval(a int64) int64 {
 	return a
 }
 
-// step is bucket_step: the TAT a booking at slot books from, the
+// step is bucket_step: the TAT a booking at due books from, the
 // microseconds a unit takes, whether units are spread, and the time no
 // booking goes before (0: none).
-func (s *steerModel) step(tat, a, b, slot, now int64) (int64, int64, bool, int64) {
+func (s *steerModel) step(tat, a, b, due, now int64) (int64, int64, bool, int64) {
 	i := s.fleetInterval(a, b)
 	if s != nil && s.till > now {
-		if s.spread > 0 && max(tat, slot) < s.till {
+		if s.spread > 0 && max(tat, due) < s.till {
 			return tat, max(s.spread, i), true, 0
 		}
 		return tat, i, false, s.till
@@ -60,9 +60,9 @@ func (s *steerModel) allow(tat, a, b, cost, arrival, now int64) int64 {
 }
 
 // finish is bucket_finish.
-func (s *steerModel) finish(tat, a, b, cost, slot, now int64) int64 {
-	base, i, _, _ := s.step(tat, a, b, slot, now)
-	return max(base, slot) + cost*i
+func (s *steerModel) finish(tat, a, b, cost, due, now int64) int64 {
+	base, i, _, _ := s.step(tat, a, b, due, now)
+	return max(base, due) + cost*i
 }
 
 // movedBack is moved_back.
@@ -73,9 +73,9 @@ func (s *steerModel) movedBack(free int64) {
 }
 
 // moveCeiling is move_ceiling.
-func (s *steerModel) moveCeiling(a, units, slot, now int64) {
+func (s *steerModel) moveCeiling(a, units, due, now int64) {
 	if s != nil {
-		s.ceiling = min(max(max(s.ceiling, slot)+units*s.interval(a), now), now+store.Horizon.Microseconds())
+		s.ceiling = min(max(max(s.ceiling, due)+units*s.interval(a), now), now+store.Horizon.Microseconds())
 	}
 }
 
@@ -97,8 +97,8 @@ const (
 // sync is sync.lua for one bucket stored as tat and s (nil when not
 // steered): it returns the bucket's new TAT and steering, and 0 (stale), 1
 // (applied) or 2 (applied, and learned anew).
-func (s *steerModel) sync(tat, a, b, finish, booked, slot int64, burst bool, cost int64, refused bool, left, reset int64, refills bool, learned, held, now int64) (int64, *steerModel, int64) {
-	fresh := s == nil || (booked > s.synced && slot >= s.order)
+func (s *steerModel) sync(tat, a, b, finish, booked, due int64, burst bool, cost int64, refused bool, left, reset int64, refills bool, learned, held, now int64) (int64, *steerModel, int64) {
+	fresh := s == nil || (booked > s.synced && due >= s.order)
 	slower := learned > s.interval(a)
 	_, unit, spreading, _ := s.step(tat, a, b, now, now)
 	waiting := s.queued(tat, a, b, now)
@@ -111,7 +111,7 @@ func (s *steerModel) sync(tat, a, b, finish, booked, slot int64, burst bool, cos
 	}
 	old, result, ahead := tat, int64(1), int64(0)
 	if fresh {
-		s, left = s.takeIn(tat, a, finish, booked, slot, burst, cost, left, refills, held, now)
+		s, left = s.takeIn(tat, a, finish, booked, due, burst, cost, left, refills, held, now)
 	}
 	if learned > 0 && learned != s.learned {
 		before := s.interval(a)
@@ -140,7 +140,7 @@ func (s *steerModel) sync(tat, a, b, finish, booked, slot int64, burst bool, cos
 
 // takeIn is take_in: it returns the steering and the units left. held is
 // when the key's latest hold ends (0: none).
-func (s *steerModel) takeIn(tat, a, finish, booked, slot int64, burst bool, cost, left int64, refills bool, held, now int64) (*steerModel, int64) {
+func (s *steerModel) takeIn(tat, a, finish, booked, due int64, burst bool, cost, left int64, refills bool, held, now int64) (*steerModel, int64) {
 	switch {
 	case s != nil:
 		left -= max(s.booked-booked, 0)
@@ -148,15 +148,15 @@ func (s *steerModel) takeIn(tat, a, finish, booked, slot int64, burst bool, cost
 		left -= int64(math.Ceil(float64(tat-finish) / float64(a)))
 	}
 	if s == nil && burst {
-		left -= max(int64(math.Ceil(float64(finish-cost*a-slot)/float64(a))), 0)
+		left -= max(int64(math.Ceil(float64(finish-cost*a-due)/float64(a))), 0)
 	}
 	first := s == nil
 	if first {
 		s = &steerModel{ceiling: cmp.Or(tat, now)} // the bucket alone: its TAT, or now for an empty one
 	} else if !burst && held <= s.seen {
-		s.estimateForeign(a, left, slot, refills, now)
+		s.estimateForeign(a, left, due, refills, now)
 	}
-	s.seen, s.left, s.base, s.synced = slot, max(left, -1<<53), booked, s.booked
+	s.seen, s.left, s.base, s.synced = due, max(left, -1<<53), booked, s.booked
 	if first || burst {
 		s.seen = 0
 	}
@@ -217,8 +217,8 @@ func (s *steerModel) queued(tat, a, b, now int64) int64 {
 }
 
 // estimateForeign is estimate_foreign.
-func (s *steerModel) estimateForeign(a, left, slot int64, refills bool, now int64) {
-	dt := slot - s.seen
+func (s *steerModel) estimateForeign(a, left, due int64, refills bool, now int64) {
+	dt := due - s.seen
 	if s.seen == 0 || dt <= 0 || (refills && s.till > 0) || (!refills && s.till <= now) {
 		return
 	}

@@ -40,7 +40,7 @@ func TestFallbackAfterBookedSlots(t *testing.T) {
 	took := time.Since(start)
 	wg.Wait()
 	if took < 390*time.Millisecond {
-		t.Errorf("the first local grant came %v after the first booking, before the last booked slot (300 ms) and its interval", took)
+		t.Errorf("the first local grant came %v after the first booking, before the last booked time (300 ms) and its interval", took)
 	}
 }
 
@@ -78,7 +78,7 @@ func waitsOn(key string) (Observer, chan Event) {
 
 // TestOutageKeepsKeysApart: one key booked far ahead, or held, when Redis
 // dies does not delay any other key during the outage: each key's local
-// pacing begins after its own last slot (10/s, fleet of 1: 100 ms for a key
+// pacing begins after its own last time (10/s, fleet of 1: 100 ms for a key
 // never used), once two calls have timed out (the breaker's confirmation;
 // their timeout set by the round trips of the bookings: 300 at once take
 // longer than one).
@@ -121,7 +121,7 @@ func TestOutageKeepsKeysApart(t *testing.T) {
 // they read the hold from Redis when they wake. (They wake from 250 ms after
 // the restart on: go-redis redials a broken subscription inside Receive, up
 // to 5 times 100 ms apart by default, and only then says it broke; a caller
-// that wakes before that goes at its slot, see README, When Redis fails.)
+// that wakes before that goes at its time, see README, When Redis fails.)
 func TestHoldAfterRestartReachesSleepers(t *testing.T) {
 	besideOthers(t)
 	ctx := context.Background()

@@ -5,7 +5,7 @@
 // Limiter: Redis shares one token bucket per key across every process that
 // uses the same Redis, with one atomic script call per decision on Redis's own
 // clock; Local paces within one process with golang.org/x/time/rate. A wait is
-// a reservation, not polling: the limiter books the caller's slot and returns
+// a reservation, not polling: the limiter books the caller's time and returns
 // the exact delay, and the caller sleeps on one timer. A wait that would pass
 // the request's deadline fails at once and books nothing; a request cancelled
 // while it waits gives its tokens back.

@@ -77,7 +77,7 @@ func TestWaitLoop(t *testing.T) {
 			f.r.retimes.Add("k", time.Now().UnixMicro(), true, time.Now())
 			err, took := w.end()
 			if err != nil || took != 100*time.Millisecond || f.store.refunds != 1 || f.store.reserves != 3 {
-				t.Errorf("%v after %v, %d refunds, %d reserves; want the same slot, 100 ms in, booked again after one refund", err, took, f.store.refunds, f.store.reserves)
+				t.Errorf("%v after %v, %d refunds, %d reserves; want the same time, 100 ms in, booked again after one refund", err, took, f.store.refunds, f.store.reserves)
 			}
 		}},
 		{"a caller cancelled while asleep gives its tokens to the next", tenPerSecond, 1, func(t *testing.T, f *failoverTest) {
@@ -90,7 +90,7 @@ func TestWaitLoop(t *testing.T) {
 				t.Fatalf("cancelled: %v after %v, %d refunds; want context.Canceled at once, one refund", err, took, f.store.refunds)
 			}
 			if err, took := f.start(ctx, "k").end(); err != nil || took != 50*time.Millisecond {
-				t.Errorf("the next caller: %v after %v; want the slot given back, 50 ms in", err, took)
+				t.Errorf("the next caller: %v after %v; want the time given back, 50 ms in", err, took)
 			}
 		}},
 		{"an outage while a caller sleeps keeps its booking", tenPerSecond, 1, func(t *testing.T, f *failoverTest) {
@@ -100,17 +100,17 @@ func TestWaitLoop(t *testing.T) {
 			f.store.down = errConnRefused
 			f.store.mu.Unlock()
 			if err, took := w.end(); err != nil || took != 100*time.Millisecond {
-				t.Errorf("%v after %v; want its slot, 100 ms in", err, took)
+				t.Errorf("%v after %v; want its time, 100 ms in", err, took)
 			}
 		}},
 		{"a call that timed out after Redis booked it: asked again, its tokens spent, never granted twice", tenPerSecond, 1, func(t *testing.T, f *failoverTest) {
 			f.store.bookThenFail, f.store.failTakes = 1, DefaultCallTimeout
 			err, took := f.start(ctx, "k").end()
 			if err != nil || took != 100*time.Millisecond || f.store.reserves != 2 || f.r.failover.Mode() != outage.Shared {
-				t.Fatalf("%v after %v, %d reserves, mode %v; want the second booking's slot, 100 ms in, on Redis", err, took, f.store.reserves, f.r.failover.Mode())
+				t.Fatalf("%v after %v, %d reserves, mode %v; want the second booking's time, 100 ms in, on Redis", err, took, f.store.reserves, f.r.failover.Mode())
 			}
 			if err, took := f.start(ctx, "k").end(); err != nil || took != 100*time.Millisecond {
-				t.Errorf("the next caller: %v after %v; want the slot after both bookings, 100 ms in", err, took)
+				t.Errorf("the next caller: %v after %v; want the time after both bookings, 100 ms in", err, took)
 			}
 		}},
 		{"returning: the outage's share paces each request first, then Redis books it for then", PerSecond(100).WithBurst(10), 2, func(t *testing.T, f *failoverTest) {

@@ -52,7 +52,7 @@ func ReturnWindow(maxCooldown, timeout time.Duration) time.Duration { return max
 //     request first, and Redis books it for the time it will go: so the
 //     processes back on Redis and those still away do not both spend the
 //     whole limit. A Redis answer that arrives once an outage has begun is
-//     booked on the outage's local limiter too, at its slot.
+//     booked on the outage's local limiter too, at its time.
 //
 // The zero L is no local limiter. A Failover is safe for concurrent use.
 type Failover[L comparable] struct {
@@ -152,13 +152,13 @@ func (f *Failover[L]) Route(now time.Time) (Route, L, error) {
 	return ViaProbe, zero[L](), nil
 }
 
-// Granted notes that Redis gave key the slot (by this process's clock, at
+// Granted notes that Redis gave key the time (by this process's clock, at
 // or after now). Unless a local limiter decided the request first (decided),
 // it returns the local limiter that must book the grant too: none in shared
 // mode; else the outage's: for the probe, and for an answer that arrives once
 // an outage has begun.
-func (f *Failover[L]) Granted(key string, slot, now time.Time, decided bool) L {
-	f.schedules.note(key, slot, slot.Sub(now), now)
+func (f *Failover[L]) Granted(key string, due, now time.Time, decided bool) L {
+	f.schedules.note(key, due, due.Sub(now), now)
 	if decided || f.Mode() == Shared {
 		return zero[L]()
 	}

@@ -7,9 +7,9 @@ import (
 )
 
 // scheduleTable keeps, for each key, how far this process knows the shared
-// schedule of the key to reach (by this process's clock): the last slot
+// schedule of the key to reach (by this process's clock): the last time
 // Redis gave it, or the end of a hold; and how far ahead of the reply that
-// slot lay, the schedule's lead. An outage's local pacing of the key begins
+// time lay, the schedule's lead. An outage's local pacing of the key begins
 // after the schedule: after its known end, and, since the rest of the fleet
 // kept booking after this process last heard, no sooner than the lead after
 // the outage began. Entries whose end has passed are swept once a second,

@@ -124,10 +124,10 @@ func (k *Rate) Allow(now, at, unit, burst int64) int64 {
 	return max(at, tat+i-b)
 }
 
-// Book books a request that takes unit µs, booked at now, at slot.
-func (k *Rate) Book(now, slot, unit int64) {
+// Book books a request that takes unit µs, booked at now, at due.
+func (k *Rate) Book(now, due, unit int64) {
 	if s := k.Share(now); s < Full && unit > 0 {
-		k.tat = max(k.tat, slot) + interval(unit, s)
+		k.tat = max(k.tat, due) + interval(unit, s)
 	}
 }
 

@@ -99,11 +99,11 @@ func TestKeyRateBucket(t *testing.T) {
 				t.Fatalf("share %d, want 500000", got)
 			}
 			for i := range int64(40) {
-				slot := k.Allow(tc.now, tc.now, 1000, 1_000_000)
-				k.Book(tc.now, slot, 1000)
+				due := k.Allow(tc.now, tc.now, 1000, 1_000_000)
+				k.Book(tc.now, due, 1000)
 				want := tc.now + tc.first + max(i-tc.burst+1, 0)*2000
-				if d := slot - want; d < -2 || d > 2 { // the share's rounding
-					t.Fatalf("request %d went at +%d µs, want +%d", i, slot-tc.now, want-tc.now)
+				if d := due - want; d < -2 || d > 2 { // the share's rounding
+					t.Fatalf("request %d went at +%d µs, want +%d", i, due-tc.now, want-tc.now)
 				}
 			}
 			if got := k.Allow(tc.now, tc.now, 0, 1_000_000); got != tc.now {

@@ -35,8 +35,8 @@ type Booking struct {
 	Estimated LimitSet // the limits whose costs are a reservation's estimates
 }
 
-// Slot is when the request goes, by Redis's clock, in microseconds.
-func (b Booking) Slot() int64 { return b.Now + b.Delay.Microseconds() }
+// Due is when the request goes, by Redis's clock, in microseconds.
+func (b Booking) Due() int64 { return b.Now + b.Delay.Microseconds() }
 
 // Reserve runs the reserve script once: it books request q under every
 // limit, for a caller who cannot go sooner than notBefore from now, unless
@@ -102,7 +102,7 @@ const (
 func (s *Store) Refund(ctx context.Context, key string, b Booking) ([MaxLimits]RefundResult, int64, error) {
 	var results [MaxLimits]RefundResult
 	n := len(s.limits)
-	args := append(make([]any, 0, 2+4*n), b.ID, b.Slot())
+	args := append(make([]any, 0, 2+4*n), b.ID, b.Due())
 	for i := range n {
 		args = append(args, s.limitArgs[3*i], s.limitArgs[3*i+1], b.Costs[i], b.Finishes[i])
 	}
@@ -126,7 +126,7 @@ func (s *Store) Refund(ctx context.Context, key string, b Booking) ([MaxLimits]R
 // in microseconds.
 func (s *Store) Settle(ctx context.Context, key string, b Booking, actual LimitCosts) (bool, int64, error) {
 	n := len(s.limits)
-	args := append(make([]any, 0, 3+5*n), b.ID, b.Slot())
+	args := append(make([]any, 0, 3+5*n), b.ID, b.Due())
 	for i := range n {
 		args = append(args, s.limitArgs[3*i], s.limitArgs[3*i+1], s.limitArgs[3*i+2], b.Costs[i], actual[i])
 	}

@@ -53,7 +53,7 @@ func (s *Store) Sync(ctx context.Context, key string, b Booking, steers []Steer,
 	for _, st := range steers {
 		syncKeys = append(syncKeys, keys[st.Limit])
 		args = append(args, s.limitArgs[3*st.Limit+1], s.limitArgs[3*st.Limit+2], b.Finishes[st.Limit], b.Booked[st.Limit],
-			b.Slot(), flag(b.Delay == 0), b.Costs[st.Limit], st.Remaining, st.Reset.Microseconds(), flag(st.Refills), st.Learned)
+			b.Due(), flag(b.Delay == 0), b.Costs[st.Limit], st.Remaining, st.Reset.Microseconds(), flag(st.Refills), st.Learned)
 	}
 	syncKeys = append(syncKeys, s.HoldKey(key))
 	var reply [1 + 2*MaxLimits]int64

@@ -9,10 +9,10 @@ local function unit(steer, tat, a, b)
   return i
 end
 
--- read_booking reads, and checks, limit i's keys for a booking at slot: a
+-- read_booking reads, and checks, limit i's keys for a booking at due: a
 -- bucket's schedule (TAT) and steering; or, for a fixed window of length a
 -- when with_count, the field of the booking's window and its count.
-local function read_booking(i, kind, a, slot, with_count)
+local function read_booking(i, kind, a, due, with_count)
   if kind == 1 then
     local tat, steer = read_bucket(2 * i - 1)
     read(2 * i, 'ZCARD')
@@ -20,7 +20,7 @@ local function read_booking(i, kind, a, slot, with_count)
   elseif kind == 2 then
     read(2 * i - 1, 'ZCARD')
   elseif with_count then
-    local field = string.format('%d', (slot - slot % a) / a)
+    local field = string.format('%d', (due - due % a) / a)
     return nil, field, number(2 * i - 1, read(2 * i - 1, 'HGET', field), 2^53)
   end
 end

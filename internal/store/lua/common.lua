@@ -73,7 +73,7 @@ end
 -- A bucket's value is its schedule, the theoretical arrival time (TAT), or,
 -- once the upstream's counters have steered it, twelve whole numbers,
 -- "TAT SEEN TILL SPREAD LEARNED LEFT BASE SYNCED BOOKED FOREIGN ORDER CEILING":
---   SEEN     the slot of the request whose response steered it last (0
+--   SEEN     the due time of the request whose response steered it last (0
 --            after the first)
 --   TILL     until when the units a window has left are spread (0: none)
 --   SPREAD   how far apart they go, in microseconds (0: none are left)
@@ -88,8 +88,8 @@ end
 --   FOREIGN  an estimate of the rate at which others spend the quota, in
 --            units per 10^6 s (below 0 when the fleet's own bookings
 --            overstate what it spent)
---   ORDER    the next free slot before the schedule last moved back: a
---            request booked since but slotted before it went out of order
+--   ORDER    the next free time before the schedule last moved back: a
+--            request booked since but due before it went out of order
 --   CEILING  the schedule of the bucket alone, at the upstream's interval
 --            (the learned one, or the configured), which only the units
 --            the fleet is known to spend move: the costs it books, except
@@ -132,7 +132,7 @@ local function write_bucket(key, tat, steer)
   redis.call('SET', key, value, 'PXAT', math.max(full_expiry(tat), ms_expiry(steer.till), ms_expiry(now + 60000000)))
 end
 
--- moved_back notes that a steered bucket's next free slot moved back from
+-- moved_back notes that a steered bucket's next free time moved back from
 -- free: bookings to come may go before some made already (see ORDER).
 local function moved_back(steer, free)
   if steer then
@@ -172,11 +172,11 @@ local function known(mask, i, cost)
 end
 
 -- move_ceiling moves a steered bucket's CEILING as units (fewer, when
--- negative: a settlement's credit) booked at slot move the bucket alone:
--- from slot, or its CEILING if later, never before now.
-local function move_ceiling(steer, a, units, slot)
+-- negative: a settlement's credit) booked at due move the bucket alone:
+-- from due, or its CEILING if later, never before now.
+local function move_ceiling(steer, a, units, due)
   if steer then
-    steer.ceiling = math.min(math.max(math.max(steer.ceiling, slot) + units * interval(steer, a), now), now + horizon)
+    steer.ceiling = math.min(math.max(math.max(steer.ceiling, due) + units * interval(steer, a), now), now + horizon)
   end
 end
 
@@ -191,17 +191,17 @@ local function fleet_interval(steer, a, b)
   return math.min(i, math.max(interval(steer, a), math.floor(max_refill / b)))
 end
 
--- bucket_step returns, for a booking at slot, the TAT a bucket books from,
+-- bucket_step returns, for a booking at due, the TAT a bucket books from,
 -- the microseconds a unit takes, whether its units are spread, and the
 -- time no booking goes before (0: none): while a window's units are spread
 -- and some are left before its reset, one at a time, at the spread, from
 -- the TAT; once none are left, not before the reset, with the burst the
 -- bucket has then, as after a hold; else at the fleet's interval, as the
 -- burst allows.
-local function bucket_step(tat, steer, a, b, slot)
+local function bucket_step(tat, steer, a, b, due)
   local i = fleet_interval(steer, a, b)
   if steer and steer.till > now then
-    if steer.spread > 0 and math.max(tat or slot, slot) < steer.till then
+    if steer.spread > 0 and math.max(tat or due, due) < steer.till then
       return tat, math.max(steer.spread, i), true, 0
     end
     return tat, i, false, steer.till
@@ -219,9 +219,9 @@ local function bucket_allow(tat, steer, a, b, cost, arrival)
   return math.max(t + cost * i - b * i, after)
 end
 
--- bucket_finish is a bucket's TAT after cost units booked at slot.
-local function bucket_finish(tat, steer, a, b, cost, slot)
-  local base, i = bucket_step(tat, steer, a, b, slot)
-  if not base or base < slot then base = slot end
+-- bucket_finish is a bucket's TAT after cost units booked at due.
+local function bucket_finish(tat, steer, a, b, cost, due)
+  local base, i = bucket_step(tat, steer, a, b, due)
+  if not base or base < due then base = due end
   return base + cost * i
 end

@@ -33,9 +33,9 @@
 -- bucket.
 local n = #KEYS - 2
 local kinds, as, bs, costs, stored, steers = {}, {}, {}, {}, {}, {}
-local slot = now + tonumber(ARGV[2])
+local due = now + tonumber(ARGV[2])
 local held = time(n + 1, read(n + 1, 'GET'))
-if held and held > slot then slot = held end
+if held and held > due then due = held end
 local unit, burst = nil, nil -- see rate.lua
 
 -- Every bucket and sliding window allows any time from a threshold on.
@@ -45,12 +45,12 @@ for i = 1, n do
   if kind == 1 then
     stored[i], steers[i] = read_bucket(i)
     local allow = bucket_allow(stored[i], steers[i], a, b, cost, now)
-    if allow > slot then slot = allow end
+    if allow > due then due = allow end
   elseif kind == 2 then
     local latest = time(i, read(i, 'ZREVRANGE', 0, 0, 'WITHSCORES')[2])
-    if latest and latest > slot then slot = latest end
+    if latest and latest > due then due = latest end
     local nth = time(i, redis.call('ZREVRANGE', KEYS[i], b - cost, b - cost, 'WITHSCORES')[2])
-    if nth and nth + a + guard(a) > slot then slot = nth + a + guard(a) end
+    if nth and nth + a + guard(a) > due then due = nth + a + guard(a) end
   else
     read(i, 'HLEN')
   end
@@ -65,7 +65,7 @@ if rate and rate_share(rate, now) >= rate_full then
   rate, recovered = nil, 1 -- dropped below, once every key is read
 end
 if rate then
-  slot = rate_allow(rate, slot, unit or 0, burst)
+  due = rate_allow(rate, due, unit or 0, burst)
   if not rate.heard then listening = 1 end
 end
 
@@ -77,7 +77,7 @@ while moved do
   moved = false
   for i = 1, n do
     if kinds[i] == 3 then
-      local w = (slot - slot % as[i]) / as[i]
+      local w = (due - due % as[i]) / as[i]
       local room = false
       for _ = 1, 64 do
         local used = number(i, redis.call('HGET', KEYS[i], string.format('%d', w)), 2^53) or 0
@@ -90,8 +90,8 @@ while moved do
       if not room then
         foreign(i, 'is booked more than 64 windows ahead')
       end
-      if w * as[i] > slot then
-        slot = w * as[i]
+      if w * as[i] > due then
+        due = w * as[i]
         moved = true
       end
       windows[i] = w
@@ -103,22 +103,22 @@ if recovered == 1 then
   redis.call('DEL', KEYS[n + 2])
 end
 
--- Each bucket books as if the request arrived at the slot.
-local reply = {0, slot - now, now}
+-- Each bucket books as if the request arrived at its due time.
+local reply = {0, due - now, now}
 for i = 1, n do
   reply[3 + i], reply[3 + n + i] = 0, 0
   if kinds[i] == 1 then
-    reply[3 + i] = bucket_finish(stored[i], steers[i], as[i], bs[i], costs[i], slot)
+    reply[3 + i] = bucket_finish(stored[i], steers[i], as[i], bs[i], costs[i], due)
   end
 end
 reply[2 * n + 4], reply[2 * n + 5] = listening, recovered
-if slot - now > tonumber(ARGV[1]) then
+if due - now > tonumber(ARGV[1]) then
   return reply
 end
 
 reply[1] = 1
 if rate then
-  rate_book(rate, slot, unit or 0)
+  rate_book(rate, due, unit or 0)
   write_rate(KEYS[n + 2], rate)
 end
 for i = 1, n do
@@ -131,17 +131,17 @@ for i = 1, n do
       redis.call('SET', KEYS[i], string.format('%d', finish), 'KEEPTTL')
     else
       reply[3 + n + i] = count_booked(steers[i], costs[i])
-      move_ceiling(steers[i], a, known(tonumber(ARGV[4 * n + 4]), i, costs[i]), slot)
+      move_ceiling(steers[i], a, known(tonumber(ARGV[4 * n + 4]), i, costs[i]), due)
       write_bucket(KEYS[i], finish, steers[i])
     end
   elseif kinds[i] == 2 then
     for j = 1, costs[i] do
-      redis.call('ZADD', KEYS[i], slot, ARGV[3] .. ':' .. j)
+      redis.call('ZADD', KEYS[i], due, ARGV[3] .. ':' .. j)
     end
     -- Only the last count grants matter, and none older than a window.
     redis.call('ZREMRANGEBYRANK', KEYS[i], 0, -bs[i] - 1)
     redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - a - guard(a))
-    redis.call('PEXPIREAT', KEYS[i], ms_expiry(slot + a + guard(a)))
+    redis.call('PEXPIREAT', KEYS[i], ms_expiry(due + a + guard(a)))
   else
     local w = windows[i]
     redis.call('HINCRBY', KEYS[i], string.format('%d', w), costs[i])

@@ -70,10 +70,10 @@ local function rate_allow(r, at, unit, burst)
   return math.max(at, tat + i - b)
 end
 
--- rate_book books a request that takes unit µs at slot in r's bucket.
-local function rate_book(r, slot, unit)
+-- rate_book books a request that takes unit µs at due in r's bucket.
+local function rate_book(r, due, unit)
   local s = rate_share(r, now)
   if s < rate_full and unit > 0 then
-    r.tat = math.max(r.tat, slot) + rate_interval(unit, s)
+    r.tat = math.max(r.tat, due) + rate_interval(unit, s)
   end
 end

@@ -3,7 +3,7 @@
 --
 -- A bucket booking at the tail of the schedule (its finish is the TAT) is
 -- undone by moving the TAT back. One with others behind it cannot be undone
--- without handing its slot to two callers, so it is kept as a gap; when the
+-- without handing its time to two callers, so it is kept as a gap; when the
 -- bookings behind it are given back too, the gap joins the tail and is undone
 -- as well. Callers cancelled together get everything back, in any order. A
 -- window booking is simply taken out.
@@ -11,7 +11,7 @@
 -- KEYS[2i-1] limit i's key (see reserve.lua); KEYS[2i] its gaps: a sorted
 --           set of cancelled bucket bookings not yet at the tail, members
 --           "finish:size", scored by finish (unused for windows)
--- ARGV[1]   the request's id; ARGV[2] its slot
+-- ARGV[1]   the request's id; ARGV[2] its due time
 -- ARGV[4i-1], ARGV[4i], ARGV[4i+1], ARGV[4i+2]   limit i: its kind (1
 --           bucket, 2 sliding, 3 fixed), its interval or window length, the
 --           request's cost under it, and the bucket's finish (the TAT the
@@ -22,7 +22,7 @@
 -- to give back (its time has passed, the bucket is no longer the one it was
 -- booked in, or the upstream's counters steer it); for a window, 1 when the
 -- booking was taken out, else 0.
-local slot = tonumber(ARGV[2])
+local due = tonumber(ARGV[2])
 local n = #KEYS / 2
 
 local function refund_bucket(key, gaps, tat, steer, finish, size)
@@ -56,7 +56,7 @@ end
 local kinds, tats, fields, used, steers = {}, {}, {}, {}, {}
 for i = 1, n do
   kinds[i] = tonumber(ARGV[4 * i - 1])
-  tats[i], fields[i], used[i], steers[i] = read_booking(i, kinds[i], tonumber(ARGV[4 * i]), slot, slot > now)
+  tats[i], fields[i], used[i], steers[i] = read_booking(i, kinds[i], tonumber(ARGV[4 * i]), due, due > now)
 end
 
 local reply = {now}

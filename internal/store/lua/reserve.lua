@@ -41,25 +41,25 @@ if rate then
   if not rate.heard then listening = 1 end
 end
 
--- book notes the booking at slot in the key's rate, if any.
-local function book(slot)
+-- book notes the booking at due in the key's rate, if any.
+local function book(due)
   if rate then
-    rate_book(rate, slot, unit)
+    rate_book(rate, due, unit)
     write_rate(KEYS[3], rate)
   end
 end
 
 if steer then -- the upstream's counters steer it: the general way
-  local slot = math.max(arrival, bucket_allow(stored, steer, a, b, cost, arrival))
-  local finish = bucket_finish(stored, steer, a, b, cost, slot)
-  if slot - now > tonumber(ARGV[4]) then
-    return {0, slot - now, now, finish, 0, listening, recovered}
+  local due = math.max(arrival, bucket_allow(stored, steer, a, b, cost, arrival))
+  local finish = bucket_finish(stored, steer, a, b, cost, due)
+  if due - now > tonumber(ARGV[4]) then
+    return {0, due - now, now, finish, 0, listening, recovered}
   end
   local booked = count_booked(steer, cost)
-  move_ceiling(steer, a, known(tonumber(ARGV[6]), 1, cost), slot)
+  move_ceiling(steer, a, known(tonumber(ARGV[6]), 1, cost), due)
   write_bucket(KEYS[1], finish, steer)
-  book(slot)
-  return {1, slot - now, now, finish, booked, listening, recovered}
+  book(due)
+  return {1, due - now, now, finish, booked, listening, recovered}
 end
 
 local tat = arrival

@@ -7,8 +7,8 @@
 -- later callers wait for (a debt beyond the burst is paid off at the rate),
 -- back for a credit, never before now; a unit moves it as a booking would
 -- (see bucket_step in common.lua). A sliding window gains or loses the
--- units at the booking's slot (no more than a window's count are added, and
--- none once the slot has left the window). A fixed window's count of the
+-- units at the booking's due time (no more than a window's count are added, and
+-- none once that time has left the window). A fixed window's count of the
 -- booking's window changes by the difference, never below zero.
 --
 -- A settlement is idempotent: KEYS[#KEYS] marks the booking as settled for
@@ -16,7 +16,7 @@
 --
 -- KEYS[2i-1] limit i's key; KEYS[2i] its gaps (see refund.lua)
 -- KEYS[#KEYS] the booking's mark of settlement
--- ARGV[1]   the request's id; ARGV[2] its slot
+-- ARGV[1]   the request's id; ARGV[2] its due time
 -- ARGV[5i-2], ..., ARGV[5i+2]   limit i: its kind (1 bucket, 2 sliding,
 --           3 fixed), its interval or window length, its burst or count,
 --           and the request's estimated and actual costs under it
@@ -25,7 +25,7 @@
 --           spent under them, by the difference under the others
 --
 -- Returns {settled (1, or 0 when it had been), now}.
-local id, slot = ARGV[1], tonumber(ARGV[2])
+local id, due = ARGV[1], tonumber(ARGV[2])
 local mark = #KEYS
 local n = (mark - 1) / 2
 
@@ -59,12 +59,12 @@ local function settle_sliding(key, a, b, estimate, actual)
   for j = actual + 1, estimate do
     redis.call('ZREM', key, id .. ':' .. j)
   end
-  local expiry = ms_expiry(slot + a + guard(a))
+  local expiry = ms_expiry(due + a + guard(a))
   if actual <= estimate or expiry <= ms_expiry(now) then
     return
   end
   for j = estimate + 1, math.min(actual, estimate + b) do
-    redis.call('ZADD', key, slot, id .. ':' .. j)
+    redis.call('ZADD', key, due, id .. ':' .. j)
   end
   if redis.call('PEXPIRETIME', key) < expiry then
     redis.call('PEXPIREAT', key, expiry)
@@ -76,7 +76,7 @@ end
 local kinds, tats, fields, used, steers = {}, {}, {}, {}, {}
 for i = 1, n do
   kinds[i] = tonumber(ARGV[5 * i - 2])
-  tats[i], fields[i], used[i], steers[i] = read_booking(i, kinds[i], tonumber(ARGV[5 * i - 1]), slot, true)
+  tats[i], fields[i], used[i], steers[i] = read_booking(i, kinds[i], tonumber(ARGV[5 * i - 1]), due, true)
 end
 if not redis.call('SET', KEYS[mark], '1', 'NX', 'PX', 60000) then
   return {0, now}

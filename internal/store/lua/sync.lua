@@ -33,7 +33,7 @@
 --           the request (a 429), else 0
 -- ARGV[11i-7], ..., ARGV[11i+3]   for bucket i: its configured interval
 --           and burst; the bucket's TAT and count of units booked after the
---           request's booking (see reserve.lua), the request's slot,
+--           request's booking (see reserve.lua), the request's due time,
 --           whether it went without waiting (1) or not (0), and its cost
 --           under the bucket; the units left,
 --           the microseconds until the reset or refill, whether the quota
@@ -50,23 +50,23 @@ local held = time(#KEYS, read(#KEYS, 'GET')) or 0
 
 -- since is how many units the upstream had not counted of a bucket stored
 -- as tat and steer when it counted a request of cost units, booked with
--- booked units counted (0: not steered then), at slot, leaving the bucket
+-- booked units counted (0: not steered then), at due, leaving the bucket
 -- at finish: those booked after it. Before the bucket was steered, a
 -- request that went without waiting (burst) may have gone with others of
--- its burst, booked before it (after slot, on the schedule), that arrived
+-- its burst, booked before it (after due, on the schedule), that arrived
 -- after it: they count too.
-local function since(tat, steer, a, finish, booked, slot, burst, cost)
+local function since(tat, steer, a, finish, booked, due, burst, cost)
   if steer then
     return math.max(steer.booked - booked, 0)
   end
   local n = 0
   if tat and tat > finish then n = math.ceil((tat - finish) / a) end
-  if burst then n = n + math.max(math.ceil((finish - cost * a - slot) / a), 0) end
+  if burst then n = n + math.max(math.ceil((finish - cost * a - due) / a), 0) end
   return n
 end
 
 -- estimate_foreign updates the estimate of others' rate by what they spent
--- from the last reading's request to this one's at slot: what the last
+-- from the last reading's request to this one's at due: what the last
 -- reading left, refilled meanwhile, less the fleet's bookings since, less
 -- what is left now. It tells only while the fleet waits for its turns, as
 -- both requests did: the quota, in use all along, never filled up (and
@@ -74,8 +74,8 @@ end
 -- since tells nothing either, nor does a reading with no baseline (SEEN 0:
 -- the first reading, or one of a request that did not wait, whose burst
 -- may have arrived in any order).
-local function estimate_foreign(steer, a, left, slot, refills)
-  local dt = slot - steer.seen
+local function estimate_foreign(steer, a, left, due, refills)
+  local dt = due - steer.seen
   if steer.seen == 0 or dt <= 0 or (refills and steer.till > 0) or (not refills and steer.till <= now) then
     return
   end
@@ -110,8 +110,8 @@ end
 -- never before its CEILING (see common.lua), the bucket alone: no reading
 -- refills it beyond what the limit itself allows;
 -- a window's units, less what others spend until its reset, are spread
--- from free, the next slot free after those booked already, or, when the
--- bucket was spreading, from last, the slot of the last unit booked, at
+-- from free, the next time free after those booked already, or, when the
+-- bucket was spreading, from last, the due time of the last unit booked, at
 -- the new spread (none left before the reset: the schedule stands, held
 -- until it). When others seem to spend all the window has left, the fleet
 -- still books a unit every probe (or spreads what is left, if slower; the
@@ -173,7 +173,7 @@ end
 local function reading(i)
   local o = 11 * i - 7
   return {a = tonumber(ARGV[o]), b = tonumber(ARGV[o + 1]), finish = tonumber(ARGV[o + 2]),
-    booked = tonumber(ARGV[o + 3]), slot = tonumber(ARGV[o + 4]), burst = ARGV[o + 5] == '1',
+    booked = tonumber(ARGV[o + 3]), due = tonumber(ARGV[o + 4]), burst = ARGV[o + 5] == '1',
     cost = tonumber(ARGV[o + 6]), left = tonumber(ARGV[o + 7]), reset = tonumber(ARGV[o + 8]),
     refills = ARGV[o + 9] == '1', learned = tonumber(ARGV[o + 10])}
 end
@@ -183,12 +183,12 @@ end
 -- across a hold), and the reading as the baseline of the next. It returns the steering and the
 -- units left, less those booked after the request.
 local function take_in(tat, steer, r)
-  local left = r.left - since(tat, steer, r.a, r.finish, r.booked, r.slot, r.burst, r.cost)
+  local left = r.left - since(tat, steer, r.a, r.finish, r.booked, r.due, r.burst, r.cost)
   local first = not steer
   steer = steer or {seen = 0, till = 0, spread = 0, learned = 0, left = 0, base = 0, synced = 0, booked = 0, foreign = 0, order = 0,
     ceiling = tat or now}
-  if not first and not r.burst and held <= steer.seen then estimate_foreign(steer, r.a, left, r.slot, r.refills) end
-  steer.seen, steer.left, steer.base, steer.synced = r.slot, math.max(left, -2^53), r.booked, steer.booked
+  if not first and not r.burst and held <= steer.seen then estimate_foreign(steer, r.a, left, r.due, r.refills) end
+  steer.seen, steer.left, steer.base, steer.synced = r.due, math.max(left, -2^53), r.booked, steer.booked
   if first or r.burst then steer.seen = 0 end
   return steer, left
 end
@@ -199,7 +199,7 @@ end
 local function steer_bucket(i, r, refused)
   local a, b = r.a, r.b
   local tat, steer = read_bucket(i)
-  local fresh = not steer or (r.booked > steer.synced and r.slot >= steer.order)
+  local fresh = not steer or (r.booked > steer.synced and r.due >= steer.order)
   local slower = r.learned > interval(steer, a)
   local _, unit, spreading = bucket_step(tat, steer, a, b, now)
   local waiting = queued(tat, steer, a, b)
