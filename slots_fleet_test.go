@@ -191,7 +191,7 @@ func TestFleetCapInFlight(t *testing.T) {
 	reports, done := runFleet(t, 4, fleetWorker{
 		Addr: c.Options().Addr, Limit: name, Goroutines: 16, URL: srv.URL, Lease: lease, CallTimeout: 250 * time.Millisecond,
 		Start: start, End: start.Add(length),
-	}, fault{at: killAt, kill: 1, ready: func(p int) bool {
+	}, fault{at: killAt, kill: true, ready: func(p int) bool {
 		pid, held = p, idsOf(holdersOf(t, c, key, name), p)
 		return len(held) > 0
 	}, act: measure})
