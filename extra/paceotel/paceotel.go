@@ -165,7 +165,8 @@ func (o *observer) observe(ctx context.Context, e pace.Event) {
 		o.decisions.Add(ctx, 1, o.attributes(e, result))
 		o.waits.Record(ctx, e.Delay.Seconds(), o.attributes(e, ""))
 		if e.Delay > 0 {
-			o.asleep.add(time.Now().Add(e.Delay))
+			now := time.Now()
+			o.asleep.add(now, now.Add(e.Delay))
 		}
 		spanEvent(ctx, "pace.wait", e)
 	case pace.EventRefuse:
@@ -173,7 +174,7 @@ func (o *observer) observe(ctx context.Context, e pace.Event) {
 		spanEvent(ctx, "pace.refuse", e)
 	case pace.EventCancel:
 		o.decisions.Add(ctx, 1, o.attributes(e, Cancelled))
-		o.asleep.cancel()
+		o.asleep.cancel(time.Now())
 	case pace.EventFail:
 		o.decisions.Add(ctx, 1, o.attributes(e, Failed))
 	case pace.EventHold:
@@ -188,7 +189,8 @@ func (o *observer) observe(ctx context.Context, e pace.Event) {
 		if o.key {
 			key = e.Key
 		}
-		o.rates.set(key, e.Rate, time.Now().Add(e.Delay))
+		now := time.Now()
+		o.rates.set(now, key, e.Rate, now.Add(e.Delay))
 	case pace.EventFallback:
 		o.unavailable.set(true)
 	case pace.EventRecover:
