@@ -168,7 +168,8 @@ func (l *deferLines) lineUp(key string, now time.Time, earliest, turn time.Durat
 
 // deferred tells o that a request of ctx's class, for cost units of key,
 // was kept out of the schedule, and waits retry before it books.
-func deferred(ctx context.Context, o Observer, limiter, key string, cost int, retry time.Duration) error {
-	o.emit(ctx, Event{Kind: EventClass, Limiter: limiter, Key: key, Cost: cost, Delay: retry, Reason: classOf(ctx).String()})
-	return sleep(ctx, key, retry)
+func deferred(ctx context.Context, o Observer, e Event, retry time.Duration) error {
+	e.Kind, e.Delay, e.Reason = EventClass, retry, classOf(ctx).String()
+	o.emit(ctx, e)
+	return sleep(ctx, e.Key, retry)
 }

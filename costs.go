@@ -84,6 +84,55 @@ func (n namedLimits) estimated(estimate Costs) (set store.LimitSet) {
 	return set
 }
 
+// asked is the event of a wait for costs of key, which limiter decides,
+// before its Kind is set: its Cost is the cost under the first limit and,
+// for a reservation (reserved) that o hears of, its Costs are the costs
+// under each limit by name.
+func (n namedLimits) asked(o Observer, limiter, key string, costs *store.LimitCosts, reserved bool) Event {
+	e := Event{Limiter: limiter, Key: key, Cost: costs[0]}
+	if o != nil && reserved {
+		e.Costs = n.byName(costs)
+	}
+	return e
+}
+
+// byName returns costs as Costs: each limit's cost by its name.
+func (n namedLimits) byName(costs *store.LimitCosts) Costs {
+	c := make(Costs, len(n.names))
+	for i, name := range n.names {
+		c[name] = costs[i]
+	}
+	return c
+}
+
+// settled tells o of the settlement by limiter of a reservation of key
+// (estimate, nil for one another limiter made) at actual (as capped, nil
+// when it never began), or that it failed with err, and returns err.
+func (n namedLimits) settled(ctx context.Context, o Observer, limiter, key string, estimate, actual *store.LimitCosts, err error) error {
+	if o == nil {
+		return err
+	}
+	e := Event{Kind: EventSettle, Limiter: limiter, Key: key, Err: err}
+	if estimate != nil {
+		e.Estimate = n.byName(estimate)
+	}
+	if actual != nil {
+		e.Cost, e.Costs = actual[0], n.byName(actual)
+	}
+	o.emit(ctx, e)
+	return err
+}
+
+// settleFailed tells o that limiter's settlement of r failed before it
+// began (err), and returns err. The estimate is named only for a
+// reservation that limiter made.
+func (n namedLimits) settleFailed(ctx context.Context, o Observer, name string, limiter Reserver, r *Reservation, err error) error {
+	if r == nil || r.limiter != limiter {
+		return n.settled(ctx, o, name, "", nil, nil, err)
+	}
+	return n.settled(ctx, o, name, r.key, &r.estimate, nil, err)
+}
+
 // limitName is the name a limit goes by in Costs and in its Redis key.
 func limitName(l Limit) string { return cmp.Or(l.name, l.String()) }
 

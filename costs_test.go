@@ -3,6 +3,9 @@ package pace
 import (
 	"context"
 	"errors"
+	"io"
+	"maps"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -221,4 +224,65 @@ func TestSettlementBounded(t *testing.T) {
 			t.Errorf("a settlement was taken for an outage: %+v", e)
 		}
 	})
+}
+
+// TestSettlementEvents: on Redis and on Local, a reservation's wait event
+// carries its costs under each limit (Cost alone is the first limit's, 1
+// request for 900 tokens), its settlement is an event with the estimate
+// and the actual costs, and a Settler's cost under a limit the quota
+// lacks (OpenAIUsage("token") on a limit named tokens) fails its
+// settlement with an event that names the limit, while the reservation
+// keeps its estimate.
+func TestSettlementEvents(t *testing.T) {
+	ctx := context.Background()
+	srv := streamServer(t, closedChan())
+	for name, newLim := range map[string]func(Observer) Reserver{
+		"redis": func(o Observer) Reserver {
+			return mustRedis(t, newTestRedis(t), llmQuota, WithFleetSize(1), WithObserver(o))
+		},
+		"local": func(o Observer) Reserver { return mustLocal(t, llmQuota, WithObserver(o)) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			log := &eventLog{}
+			lim := newLim(log.observe)
+			res, err := lim.Reserve(ctx, "k", Costs{"tokens": 900})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := Costs{"requests": 1, "tokens": 900}
+			if e, _ := log.last(EventWait); e.Cost != 1 || !maps.Equal(e.Costs, want) {
+				t.Errorf("the reservation's wait event: Cost %d, Costs %v; want Costs %v", e.Cost, e.Costs, want)
+			}
+			if err := lim.Settle(ctx, res, Costs{"tokens": 500}); err != nil {
+				t.Fatal(err)
+			}
+			e, _ := log.last(EventSettle)
+			if e.Key != "k" || e.Err != nil || !maps.Equal(e.Estimate, want) || !maps.Equal(e.Costs, Costs{"requests": 1, "tokens": 500}) {
+				t.Errorf("the settlement event: %+v, want the estimate %v and 500 tokens", e, want)
+			}
+
+			client := &http.Client{Transport: &Transport{Limiter: lim, Key: func(*http.Request) string { return "llm" },
+				Estimate: func(*http.Request) Costs { return Costs{"tokens": 400} }, Settle: OpenAIUsage("token")}}
+			resp, err := client.Get(srv.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			e, _ = log.last(EventSettle)
+			if e.Key != "llm" || e.Err == nil || !strings.Contains(e.Err.Error(), `Costs name "token", which is not a limit of the quota (requests, tokens)`) || e.Costs != nil {
+				t.Errorf("a Settler's cost under no limit of the quota: %+v, want a failed settlement that names the limit", e)
+			}
+			if got := tokensDue(t, lim, "llm", 1000); got < 350*time.Millisecond {
+				t.Errorf("a wait for 1000 tokens lasts %v after the failed settlement, want about 400ms: the estimate kept", got)
+			}
+		})
+	}
+}
+
+// closedChan returns a closed channel: a streamServer that sends all at once.
+func closedChan() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
 }

@@ -34,6 +34,9 @@ import (
 // made before a switch are kept: their callers go at the time they were
 // given.
 //
+// Check, at start, says whether Redis answers and counts the fleet
+// before the first request.
+//
 // A Redis is safe for concurrent use. Create it with NewRedis.
 type Redis struct {
 	namedLimits
@@ -79,6 +82,7 @@ type sharedStore interface {
 	HeldUntil(ctx context.Context, key string) (int64, error)
 	Refused(ctx context.Context, key string, b store.Booking, served bool, channel string) (share, now int64, err error)
 	Repay(ctx context.Context, key string, debt store.LimitCosts) (took store.LimitCosts, err error)
+	Check(ctx context.Context) (now int64, err error)
 }
 
 // NewRedis returns a Redis limiter that gives each key the quota q (a Limit,
@@ -224,7 +228,9 @@ func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 		if err != nil {
 			return ticket{}, err
 		}
-		r.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: t.limiter, Key: q.Key, Cost: q.Costs[0], Delay: t.delay, Err: t.cause})
+		e := r.asked(q, t.limiter)
+		e.Kind, e.Delay, e.Err = EventWait, t.delay, t.cause
+		r.config.observer.emit(ctx, e)
 		switch err := r.sleep(ctx, q.Key, t); {
 		case errors.Is(err, steer.ErrRetimed):
 			if t.local != nil {
@@ -345,7 +351,7 @@ func (r *Redis) pass(ctx context.Context, q request, start time.Time, b store.Bo
 	budget := waitBudget(ctx, r.config.maxWait, now)
 	delay, ok := t.local.reserve(q.Key, &q.Costs, now, due, budget, &t.res, nil)
 	if !ok {
-		err := refuse(ctx, r.config.observer, "redis", q.Key, q.Costs[0], delay, budget)
+		err := refuse(ctx, r.config.observer, r.asked(q, "redis"), delay, budget)
 		return ticket{}, errors.Join(err, r.refund(ctx, q.Key, b))
 	}
 	t.delay = delay
@@ -358,7 +364,13 @@ func (r *Redis) refuse(ctx context.Context, q request, limiter string, delay, bu
 	if defers(delay, q.own, q.horizon) {
 		return &deferral{delay: delay}
 	}
-	return refuse(ctx, r.config.observer, limiter, q.Key, q.Costs[0], delay, budget)
+	return refuse(ctx, r.config.observer, r.asked(q, limiter), delay, budget)
+}
+
+// asked is the event of q, as limiter decides it: what it asked for (see
+// namedLimits.asked).
+func (r *Redis) asked(q request, limiter string) Event {
+	return r.namedLimits.asked(r.config.observer, limiter, q.Key, &q.Costs, q.Settled)
 }
 
 // atTurn is q, with twice the horizon of its class when its turn has come
@@ -388,9 +400,9 @@ func (r *Redis) deferred(ctx context.Context, q request, earliest time.Duration)
 		return err
 	})
 	if own := waitBudget(ctx, r.config.maxWait, r.now()); retry+q.horizon > own {
-		return refuse(ctx, r.config.observer, "redis", q.Key, q.Costs[0], retry+q.horizon, own)
+		return refuse(ctx, r.config.observer, r.asked(q, "redis"), retry+q.horizon, own)
 	}
-	return deferred(ctx, r.config.observer, "redis", q.Key, q.Costs[0], retry)
+	return deferred(ctx, r.config.observer, r.asked(q, "redis"), retry)
 }
 
 // giveBack returns what ticket t booked, for a caller whose wait ended
@@ -402,7 +414,9 @@ func (r *Redis) giveBack(ctx context.Context, q request, t ticket, err error) er
 	if t.booking.Granted {
 		err = errors.Join(err, r.refund(ctx, q.Key, t.booking))
 	}
-	r.config.observer.emit(ctx, Event{Kind: EventCancel, Limiter: t.limiter, Key: q.Key, Cost: q.Costs[0], Delay: t.delay, Err: err})
+	e := r.asked(q, t.limiter)
+	e.Kind, e.Delay, e.Err = EventCancel, t.delay, err
+	r.config.observer.emit(ctx, e)
 	return err
 }
 
@@ -430,8 +444,11 @@ func (r *Redis) refund(ctx context.Context, key string, b store.Booking) error {
 // it. A reservation that an outage decided is settled there alone.
 func (r *Redis) Settle(ctx context.Context, res *Reservation, actual Costs) error {
 	costs, err := r.checkSettle(r, res, actual)
-	if err != nil || !res.settled.CompareAndSwap(false, true) {
-		return err
+	if err != nil {
+		return r.settleFailed(ctx, r.config.observer, "redis", r, res, err)
+	}
+	if !res.settled.CompareAndSwap(false, true) {
+		return nil
 	}
 	r.capDebts(ctx, r.config.observer, "redis", res, &costs, r.config.holdBound())
 	t := res.ticket
@@ -444,7 +461,7 @@ func (r *Redis) Settle(ctx context.Context, res *Reservation, actual Costs) erro
 	if t.limiter == "local" {
 		r.failover.Owe(res.key, costs, res.estimate)
 	}
-	return err
+	return r.settled(ctx, r.config.observer, "redis", res.key, &res.estimate, &costs, err)
 }
 
 // settleShared settles a reservation that Redis booked; while Redis is

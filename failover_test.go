@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -189,6 +190,15 @@ func (s *fakeStore) HeldUntil(_ context.Context, key string) (int64, error) {
 		return 0, s.down
 	}
 	return s.holds[key], nil
+}
+
+func (s *fakeStore) Check(context.Context) (int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.down != nil {
+		return 0, s.down
+	}
+	return s.now().UnixMicro(), nil
 }
 
 // now is the store's time, Redis's clock.
@@ -502,5 +512,30 @@ func TestFailover(t *testing.T) {
 		}},
 	} {
 		t.Run(row.name, func(t *testing.T) { row.run(newFailoverTest(t, row.limit, row.fleet)) })
+	}
+}
+
+// TestUnavailableErrorNamesItsCauseOnce: FailClosed's error names its key
+// once, then what failed: the script and its error, with the key of the
+// call when it was another's; it wraps both ErrUnavailable and the cause.
+func TestUnavailableErrorNamesItsCauseOnce(t *testing.T) {
+	deadline := context.DeadlineExceeded
+	for _, tc := range []struct {
+		cause error
+		want  string
+	}{
+		{&store.CallError{Key: "k", Script: "reserve", Err: deadline}, `pace: key "k": Redis unavailable: reserve script: context deadline exceeded`},
+		{&store.CallError{Key: "other", Script: "hold", Err: deadline}, `pace: key "k": Redis unavailable: hold script for key "other": context deadline exceeded`},
+		{fmt.Errorf("wrapped: %w", &store.CallError{Key: "k", Script: "sync", Err: deadline}), `pace: key "k": Redis unavailable: sync script: context deadline exceeded`},
+		{errors.New("dial tcp 127.0.0.1:1: connect: connection refused"), `pace: key "k": Redis unavailable: dial tcp 127.0.0.1:1: connect: connection refused`},
+		{nil, `pace: key "k": Redis unavailable`},
+	} {
+		err := error(&unavailableError{key: "k", cause: tc.cause})
+		if err.Error() != tc.want {
+			t.Errorf("cause %v: %q, want %q", tc.cause, err, tc.want)
+		}
+		if !errors.Is(err, ErrUnavailable) || (tc.cause != nil && !errors.Is(err, tc.cause)) {
+			t.Errorf("cause %v: %v wraps neither ErrUnavailable nor its cause", tc.cause, err)
+		}
 	}
 }

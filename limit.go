@@ -191,6 +191,7 @@ func checkQuota(q Quota) ([]Limit, error) {
 		return nil, fmt.Errorf("pace: a quota of %d limits; want 1 to %d", len(limits), store.MaxLimits)
 	}
 	caps := 0
+	named := make(map[string]Limit, len(limits))
 	for _, l := range limits {
 		if err := l.Validate(); err != nil {
 			return nil, err
@@ -198,6 +199,10 @@ func checkQuota(q Quota) ([]Limit, error) {
 		if l.kind == concurrent {
 			caps++
 		}
+		if other, ok := named[limitName(l)]; ok {
+			return nil, fmt.Errorf("pace: two limits of the quota go by the name %q (%s and %s): they would share one key and one cost; name them apart with Named", limitName(l), other, l)
+		}
+		named[limitName(l)] = l
 	}
 	if caps > 1 {
 		return nil, fmt.Errorf("pace: a quota of %d caps in flight (%v); want at most one", caps, limits)

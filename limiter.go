@@ -43,9 +43,10 @@ func (e *DeadlineError) Unwrap() error { return context.DeadlineExceeded }
 
 // refuse tells o that limiter refused a wait of delay for a caller who could
 // wait budget, and returns the *DeadlineError that says so.
-func refuse(ctx context.Context, o Observer, limiter, key string, cost int, delay, budget time.Duration) error {
-	err := &DeadlineError{Key: key, Cost: cost, Delay: delay, Budget: budget}
-	o.emit(ctx, Event{Kind: EventRefuse, Limiter: limiter, Key: key, Cost: cost, Delay: delay, Err: err})
+func refuse(ctx context.Context, o Observer, e Event, delay, budget time.Duration) error {
+	err := &DeadlineError{Key: e.Key, Cost: e.Cost, Delay: delay, Budget: budget}
+	e.Kind, e.Delay, e.Err = EventRefuse, delay, err
+	o.emit(ctx, e)
 	return err
 }
 

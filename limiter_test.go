@@ -76,6 +76,9 @@ func TestBadInputs(t *testing.T) {
 		"a name with #":             {PerSecond(1).Named("x#gaps"), `name "x#gaps" may not contain`},
 		"a name with a brace":       {PerSecond(1).Named("a}b"), `name "a}b" may not contain`},
 		"a count above 2^53":        {Per(1e16, 1000*24*time.Hour), "count 1e+16 is above 2^53"},
+		"two limits named alike":    {AllOf{PerSecond(1).Named("a"), PerMinute(10).Named("a")}, `two limits of the quota go by the name "a" (1/s and 10/m)`},
+		"two limits unnamed alike":  {AllOf{PerSecond(1), PerSecond(1)}, `two limits of the quota go by the name "1/s"`},
+		"a name that is another's":  {AllOf{PerSecond(1), PerMinute(10).Named("1/s")}, `go by the name "1/s"`},
 	}
 	for name, tc := range badQuotas {
 		t.Run(name, func(t *testing.T) {

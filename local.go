@@ -146,7 +146,7 @@ func (loc *Local) waitFor(ctx context.Context, key string, cost int, t *ticket) 
 		return err
 	}
 	costs := uniform(cost)
-	return loc.wait(ctx, key, &costs, t)
+	return loc.wait(ctx, key, &costs, false, t)
 }
 
 // Acquire implements Slotter: it takes one of the slots of the quota's
@@ -179,7 +179,7 @@ func (loc *Local) Reserve(ctx context.Context, key string, estimate Costs) (*Res
 		return nil, err
 	}
 	r := &Reservation{limiter: loc, key: key, estimate: costs}
-	if err := loc.wait(ctx, key, &costs, &r.ticket); err != nil {
+	if err := loc.wait(ctx, key, &costs, true, &r.ticket); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -190,18 +190,22 @@ func (loc *Local) Reserve(ctx context.Context, key string, estimate Costs) (*Res
 // beyond full), now.
 func (loc *Local) Settle(ctx context.Context, r *Reservation, actual Costs) error {
 	costs, err := loc.checkSettle(loc, r, actual)
-	if err != nil || !r.settled.CompareAndSwap(false, true) {
-		return err
+	if err != nil {
+		return loc.settleFailed(ctx, loc.config.observer, "local", loc, r, err)
+	}
+	if !r.settled.CompareAndSwap(false, true) {
+		return nil
 	}
 	loc.capDebts(ctx, loc.config.observer, "local", r, &costs, loc.config.holdBound())
 	loc.settle(r.key, r.estimate, costs, loc.now())
-	return nil
+	return loc.settled(ctx, loc.config.observer, "local", r.key, &r.estimate, &costs, nil)
 }
 
 // wait books costs for key and sleeps until they are due, booking anew
 // after a hold that came meanwhile, or a cut of the key's rate, and puts
-// what it booked in t.
-func (loc *Local) wait(ctx context.Context, key string, costs *store.LimitCosts, t *ticket) error {
+// what it booked in t. reserved says it is a reservation's wait.
+func (loc *Local) wait(ctx context.Context, key string, costs *store.LimitCosts, reserved bool, t *ticket) error {
+	asked := loc.asked(loc.config.observer, "local", key, costs, reserved)
 	for turn := false; ; {
 		horizon := horizonOf(ctx, loc.config, loc.limits, costs)
 		if turn {
@@ -216,24 +220,27 @@ func (loc *Local) wait(ctx context.Context, key string, costs *store.LimitCosts,
 			reportRate(ctx, loc.config.observer, "local", key, steer.Full, 0)
 		}
 		if !ok && defers(delay, own, horizon) {
-			if err := loc.deferred(ctx, key, costs, delay-horizon, own, horizon); err != nil {
+			if err := loc.deferred(ctx, asked, costs, delay-horizon, own, horizon); err != nil {
 				return err
 			}
 			turn = true
 			continue
 		}
 		if !ok {
-			return refuse(ctx, loc.config.observer, "local", key, costs[0], delay, classBudget(own, horizon))
+			return refuse(ctx, loc.config.observer, asked, delay, classBudget(own, horizon))
 		}
 		t.delay, t.listening = delay, note.listening
-		loc.config.observer.emit(ctx, Event{Kind: EventWait, Limiter: "local", Key: key, Cost: costs[0], Delay: delay})
+		e := asked
+		e.Kind, e.Delay = EventWait, delay
+		loc.config.observer.emit(ctx, e)
 		switch err := sleepUnlessRetimed(ctx, &loc.retimes, key, delay, now.UnixMicro()); {
 		case errors.Is(err, steer.ErrRetimed):
 			loc.cancel(key, t.res, loc.now())
 			continue // the key's rate was cut while this caller slept
 		case err != nil:
 			loc.cancel(key, t.res, loc.now())
-			loc.config.observer.emit(ctx, Event{Kind: EventCancel, Limiter: "local", Key: key, Cost: costs[0], Delay: delay, Err: err})
+			e.Kind, e.Err = EventCancel, err
+			loc.config.observer.emit(ctx, e)
 			return err
 		}
 		if delay == 0 || !loc.heldPast(key, now.Add(delay)) {
@@ -244,16 +251,16 @@ func (loc *Local) wait(ctx context.Context, key string, costs *store.LimitCosts,
 	}
 }
 
-// deferred waits for the turn of a request its class kept out of key's
-// schedule, whose wait comes within its horizon after earliest, at the end
-// of key's line (see Redis.deferred). A turn past the caller's budget (own)
-// is refused at once.
-func (loc *Local) deferred(ctx context.Context, key string, costs *store.LimitCosts, earliest, own, horizon time.Duration) error {
-	retry := loc.lines.lineUp(key, loc.now(), earliest, refillOf(loc.limits, costs))
+// deferred waits for the turn of a request (asked) its class kept out of
+// its key's schedule, whose wait comes within its horizon after earliest,
+// at the end of the key's line (see Redis.deferred). A turn past the
+// caller's budget (own) is refused at once.
+func (loc *Local) deferred(ctx context.Context, asked Event, costs *store.LimitCosts, earliest, own, horizon time.Duration) error {
+	retry := loc.lines.lineUp(asked.Key, loc.now(), earliest, refillOf(loc.limits, costs))
 	if retry+horizon > own {
-		return refuse(ctx, loc.config.observer, "local", key, costs[0], retry+horizon, own)
+		return refuse(ctx, loc.config.observer, asked, retry+horizon, own)
 	}
-	return deferred(ctx, loc.config.observer, "local", key, costs[0], retry)
+	return deferred(ctx, loc.config.observer, asked, retry)
 }
 
 // reserve books costs for key at notBefore or later (and after any hold,

@@ -18,11 +18,18 @@ type Event struct {
 	Kind    EventKind
 	Limiter string        // which limiter decided: "redis", "local" (also the fallback), or "open" (fail-open)
 	Key     string        // the key the event is about
-	Cost    int           // the units asked for
+	Cost    int           // the units asked for (under the first limit of a quota of several)
 	Delay   time.Duration // the wait booked, refused or cut short; how long Redis was away; how long a hold lasts
 	Err     error         // why: the refusal, the cancellation, or the Redis failure
 	Reason  string        // for holds: the upstream's status and header, such as "429 Retry-After: 2"
 	Rate    float64       // for EventRate: the share of its configured rate the key now goes at, from 0.01 to 1
+	// Costs, for the events of a reservation (wait, refuse, cancel,
+	// class), are its estimated costs under each limit, by name; for
+	// EventSettle, the actual costs as settled. Nil for other events.
+	Costs Costs
+	// Estimate, for EventSettle, is the reservation's estimate under
+	// each limit, by name.
+	Estimate Costs
 }
 
 // An EventKind says what an Event reports.
@@ -39,7 +46,9 @@ const (
 	EventCancel
 	// EventFallback: Redis calls failed, as the breaker confirmed (Err
 	// says how), and until Redis is back the limiter decides by its
-	// FailurePolicy.
+	// FailurePolicy. When Redis has never answered this process (a wrong
+	// address, a wrong DB, Redis down at start), Reason says so, and what
+	// follows (see Redis.Check).
 	EventFallback
 	// EventProbe: after a cool-down, one request tried Redis again and
 	// failed (Err says how); the next cool-down is longer.
@@ -107,6 +116,12 @@ const (
 	// window's count beyond a full window). Err says if Redis could not be
 	// told.
 	EventRepay
+	// EventSettle: a reservation of Key was settled (see Reserver): Costs
+	// are the actual costs under each limit, as capped, and Estimate the
+	// estimate; or it could not be, and Err says why, such as a Settler's
+	// cost under a limit the quota lacks (Costs are then nil). A
+	// reservation settled again does nothing, and is not reported.
+	EventSettle
 )
 
 var eventKindNames = [...]string{
@@ -116,7 +131,7 @@ var eventKindNames = [...]string{
 	EventReading: "reading", EventStaleReading: "stale-reading", EventLearned: "learned",
 	EventSlot: "slot", EventSlotRelease: "slot-release", EventSlotAbandon: "slot-abandon", EventSlotExpire: "slot-expire",
 	EventClass: "class", EventFail: "fail", EventSettleCapped: "settle-capped", EventRate: "rate", EventIgnored: "ignored",
-	EventRepay: "repay",
+	EventRepay: "repay", EventSettle: "settle",
 }
 
 // String returns the kind's name, such as "wait" or "fallback".

@@ -81,9 +81,41 @@ func (r *Redis) decideWithout(ctx context.Context, q request, local *Local, caus
 // FailClosed fails while Redis is away (cause says why), and tells the
 // observer.
 func (r *Redis) unavailable(ctx context.Context, key string, cost int, cause error) error {
-	err := fmt.Errorf("pace: key %s: %w: %w", store.QuoteKey(key), ErrUnavailable, cause)
+	err := &unavailableError{key: key, cause: cause}
 	r.config.observer.emit(ctx, Event{Kind: EventFail, Limiter: "redis", Key: key, Cost: cost, Err: err})
 	return err
+}
+
+// An unavailableError fails a request for key while Redis is away, as
+// cause (the failure that confirmed the outage, or the last) says. It
+// wraps ErrUnavailable and cause, and names the key once.
+type unavailableError struct {
+	key   string
+	cause error
+}
+
+// Error names the key, then the failure: the script and, when the call was
+// for another key, that key.
+func (e *unavailableError) Error() string {
+	msg := "pace: key " + store.QuoteKey(e.key) + ": Redis unavailable"
+	var call *store.CallError
+	switch {
+	case errors.As(e.cause, &call) && call.Key == e.key:
+		return msg + ": " + call.Call()
+	case errors.As(e.cause, &call):
+		return msg + ": " + call.Script + " script for key " + store.QuoteKey(call.Key) + ": " + call.Err.Error()
+	case e.cause != nil:
+		return msg + ": " + e.cause.Error()
+	}
+	return msg
+}
+
+// Unwrap returns ErrUnavailable and the cause.
+func (e *unavailableError) Unwrap() []error {
+	if e.cause == nil {
+		return []error{ErrUnavailable}
+	}
+	return []error{ErrUnavailable, e.cause}
 }
 
 // decideLocally books the wait on local, the outage's local limiter.
@@ -125,7 +157,7 @@ func (r *Redis) outcome(ctx context.Context, call redisCall, err error) (away bo
 	began, down, local := r.failover.Fail(r.now(), outage.Failure{Began: call.began, Probe: probe, Failures: call.failures + 1, Err: err}, r.callTimeout())
 	switch {
 	case began:
-		r.config.observer.emit(ctx, Event{Kind: EventFallback, Limiter: "redis", Key: call.key, Cost: call.cost, Err: err})
+		r.config.observer.emit(ctx, Event{Kind: EventFallback, Limiter: "redis", Key: call.key, Cost: call.cost, Err: err, Reason: r.neverAnswered()})
 	case probe:
 		r.config.observer.emit(ctx, Event{Kind: EventProbe, Limiter: "redis", Key: call.key, Cost: call.cost, Err: err})
 	}
@@ -133,6 +165,19 @@ func (r *Redis) outcome(ctx context.Context, call redisCall, err error) (away bo
 		return false, nil, fmt.Errorf("%w: %w", errUnconfirmed, err)
 	}
 	return true, local, err
+}
+
+// neverAnswered says, for an outage's EventFallback, that Redis has never
+// answered this process, and what follows: "" when it has.
+func (r *Redis) neverAnswered() string {
+	if r.calls == nil || r.calls.Answers.Load() > 0 {
+		return ""
+	}
+	const never = "Redis has never answered this process (see Redis.Check)"
+	if r.config.policy == FallbackLocal && r.fleet.pinned == 0 {
+		return never + ": its fleet was never counted, and it paces at the whole limit as if alone (see WithFleetSize)"
+	}
+	return never
 }
 
 // callTimeout returns the timeout of a Redis call that begins now.

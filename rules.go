@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 )
@@ -19,13 +20,25 @@ type Rule struct {
 	Name string
 
 	// What the rule matches; an empty field matches every request.
-	Host       string // the URL's host, without port, compared case-insensitively
-	PathPrefix string // the start of the URL's path
-	Method     string // such as "POST"
+	//
+	// Host is the URL's host, compared case-insensitively, such as
+	// "api.github.com"; with a port ("localhost:8080", "[::1]:8443") it
+	// matches that port alone, the scheme's default port included
+	// ("api.github.com:443" matches https://api.github.com/). No scheme,
+	// path or user.
+	Host string
+	// PathPrefix is the start of the URL's path, from its slash, such as
+	// "/v1/"; no query.
+	PathPrefix string
+	// Method is the request's method, compared case-insensitively, such as
+	// "POST".
+	Method string
 
-	// Key names the rule's buckets; rules with the same Key share the
-	// buckets of the limits they share (see Limit.Named). The default is
-	// Name.
+	// Key begins the keys of the rule's requests; the default is Name. A
+	// request's key is Key, a bar and the request's HostKey, such as
+	// "core|api.github.com:443", then, with KeyHeader, a bar and the hash
+	// of that header's value. Rules with the same Key share the buckets of
+	// the limits they share (see Limit.Named) on each host.
 	Key string
 
 	// KeyHeader, when set, gives each value of that request header (an API
@@ -64,7 +77,8 @@ type Rule struct {
 // that matches it, or Default. Build them with NewRules; set them as a
 // Transport's Rules.
 type Rules struct {
-	rules []Rule
+	rules    []Rule
+	matchers []matcher // each rule's match fields, checked
 }
 
 // A CostBounder is a Limiter that knows the largest cost it can ever grant
@@ -85,37 +99,72 @@ func (r *Redis) MaxCost() int { return r.costCap }
 
 // NewRules checks rules and returns them, with def last: the rule for
 // requests that no other rule matches (its match fields must be empty). Every
-// error names the rule and the value.
+// error names the rule, the field and the value.
 func NewRules(def Rule, rules ...Rule) (*Rules, error) {
 	if def.Host != "" || def.PathPrefix != "" || def.Method != "" {
 		return nil, fmt.Errorf("pace: default rule %q: it matches every request and may not name a host, path or method", def.Name)
 	}
 	all := append(append([]Rule(nil), rules...), def)
+	rs := &Rules{rules: all, matchers: make([]matcher, len(all))}
 	names := make(map[string]bool)
-	for _, r := range all {
-		switch {
-		case r.Name == "":
-			return nil, errors.New("pace: a rule without a name")
-		case names[r.Name]:
+	for i, r := range all {
+		if names[r.Name] {
 			return nil, fmt.Errorf("pace: two rules named %q", r.Name)
-		case r.Limiter == nil && !r.Unlimited:
-			return nil, fmt.Errorf("pace: rule %q has no limit: set Limiter, or Unlimited to let its requests through", r.Name)
-		case r.Limiter != nil && r.Unlimited:
-			return nil, fmt.Errorf("pace: rule %q has a Limiter and is Unlimited: say one or the other", r.Name)
-		case r.Cost < 0:
-			return nil, fmt.Errorf("pace: rule %q: cost %d is below 0", r.Name, r.Cost)
-		case r.Settle != nil && r.Estimate == nil:
-			return nil, fmt.Errorf("pace: rule %q has a Settle without an Estimate: nothing would be reserved to settle", r.Name)
-		}
-		if _, ok := r.Limiter.(Reserver); r.Estimate != nil && !ok {
-			return nil, fmt.Errorf("pace: rule %q has an Estimate, and its Limiter (a %T) is not a Reserver", r.Name, r.Limiter)
-		}
-		if m, ok := r.Limiter.(CostBounder); ok && r.Cost > m.MaxCost() {
-			return nil, fmt.Errorf("pace: rule %q: cost %d exceeds the burst %d of its limiter", r.Name, r.Cost, m.MaxCost())
 		}
 		names[r.Name] = true
+		m, err := newMatcher(r)
+		if err == nil {
+			err = checkRule(r)
+		}
+		if err != nil {
+			return nil, err
+		}
+		rs.matchers[i] = m
 	}
-	return &Rules{rules: all}, nil
+	return rs, nil
+}
+
+// checkRule reports what is wrong with a rule's name, limiter, costs and
+// headers.
+func checkRule(r Rule) error {
+	switch {
+	case r.Name == "":
+		return errors.New("pace: a rule without a name")
+	case r.Limiter == nil && !r.Unlimited:
+		return fmt.Errorf("pace: rule %q has no limit: set Limiter, or Unlimited to let its requests through", r.Name)
+	case isNil(r.Limiter):
+		return fmt.Errorf("pace: rule %q: its Limiter is a nil %T (did the constructor that made it fail?)", r.Name, r.Limiter)
+	case r.Limiter != nil && r.Unlimited:
+		return fmt.Errorf("pace: rule %q has a Limiter and is Unlimited: say one or the other", r.Name)
+	case r.Cost < 0:
+		return fmt.Errorf("pace: rule %q: cost %d is below 0", r.Name, r.Cost)
+	case r.Settle != nil && r.Estimate == nil:
+		return fmt.Errorf("pace: rule %q has a Settle without an Estimate: nothing would be reserved to settle", r.Name)
+	case !validHeaderName(r.KeyHeader):
+		return fmt.Errorf("pace: rule %q: KeyHeader %q is not a header name", r.Name, r.KeyHeader)
+	case !validHeaderName(r.CostHeader):
+		return fmt.Errorf("pace: rule %q: CostHeader %q is not a header name", r.Name, r.CostHeader)
+	}
+	if _, ok := r.Limiter.(Reserver); r.Estimate != nil && !ok {
+		return fmt.Errorf("pace: rule %q has an Estimate, and its Limiter (a %T) is not a Reserver", r.Name, r.Limiter)
+	}
+	if m, ok := r.Limiter.(CostBounder); ok && r.Cost > m.MaxCost() {
+		return fmt.Errorf("pace: rule %q: cost %d exceeds the burst %d of its limiter", r.Name, r.Cost, m.MaxCost())
+	}
+	return nil
+}
+
+// isNil says whether l holds a nil pointer (such as the *Redis of a
+// NewRedis that failed), or another nil, whose methods would panic.
+func isNil(l Limiter) bool {
+	if l == nil {
+		return false
+	}
+	switch v := reflect.ValueOf(l); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return v.IsNil()
+	}
+	return false
 }
 
 // decide returns the rule that takes req, and the request's key and cost
@@ -143,12 +192,9 @@ func (rs *Rules) decide(req *http.Request) (*Rule, string, int, error) {
 }
 
 func (rs *Rules) match(req *http.Request) *Rule {
-	for i := range rs.rules {
-		r := &rs.rules[i]
-		if (r.Host == "" || strings.EqualFold(r.Host, req.URL.Hostname())) &&
-			(r.PathPrefix == "" || strings.HasPrefix(req.URL.Path, r.PathPrefix)) &&
-			(r.Method == "" || r.Method == req.Method) {
-			return r
+	for i := range rs.matchers[:len(rs.matchers)-1] {
+		if rs.matchers[i].matches(req) {
+			return &rs.rules[i]
 		}
 	}
 	return &rs.rules[len(rs.rules)-1] // the default matches everything

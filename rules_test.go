@@ -116,12 +116,75 @@ func TestRulesBadInput(t *testing.T) {
 		"cost > burst":   {Rule{Name: "default", Unlimited: true}, []Rule{{Name: "big", Limiter: lim, Cost: 11}}, `rule "big": cost 11 exceeds the burst 10`},
 		"negative cost":  {Rule{Name: "default", Unlimited: true}, []Rule{{Name: "neg", Limiter: lim, Cost: -1}}, `rule "neg": cost -1`},
 		"default's host": {Rule{Name: "default", Host: "x", Unlimited: true}, nil, `default rule "default"`},
+		"scheme":         {Rule{Name: "default", Unlimited: true}, []Rule{{Name: "api", Host: "http://127.0.0.1", Limiter: lim}}, `rule "api": Host "http://127.0.0.1" has a scheme`},
+		"host and path":  {Rule{Name: "default", Unlimited: true}, []Rule{{Name: "api", Host: "api.example.com/v1", Limiter: lim}}, `rule "api": Host "api.example.com/v1" is not a host`},
+		"port 0":         {Rule{Name: "default", Unlimited: true}, []Rule{{Name: "api", Host: "localhost:0", Limiter: lim}}, `rule "api": Host "localhost:0" has port "0"`},
+		"port text":      {Rule{Name: "default", Unlimited: true}, []Rule{{Name: "api", Host: "localhost:http", Limiter: lim}}, `rule "api": Host "localhost:http" has port "http"`},
+		"port alone":     {Rule{Name: "default", Unlimited: true}, []Rule{{Name: "api", Host: ":8080", Limiter: lim}}, `rule "api": Host ":8080" has no host`},
+		"two colons":     {Rule{Name: "default", Unlimited: true}, []Rule{{Name: "api", Host: "a:1:2", Limiter: lim}}, `rule "api": Host "a:1:2" is not a host`},
+		"no slash":       {Rule{Name: "default", Unlimited: true}, []Rule{{Name: "api", PathPrefix: "v1/", Limiter: lim}}, `rule "api": PathPrefix "v1/" does not begin with a slash`},
+		"query":          {Rule{Name: "default", Unlimited: true}, []Rule{{Name: "api", PathPrefix: "/search?q=", Limiter: lim}}, `rule "api": PathPrefix "/search?q=" has a query`},
+		"method":         {Rule{Name: "default", Unlimited: true}, []Rule{{Name: "api", Method: "GET ", Limiter: lim}}, `rule "api": Method "GET " is not a method`},
+		"key header":     {Rule{Name: "default", Unlimited: true}, []Rule{{Name: "api", KeyHeader: "Authorization:", Limiter: lim}}, `rule "api": KeyHeader "Authorization:" is not a header name`},
+		"cost header":    {Rule{Name: "default", Unlimited: true}, []Rule{{Name: "api", CostHeader: "X Cost", Limiter: lim}}, `rule "api": CostHeader "X Cost" is not a header name`},
+		"nil *Redis":     {Rule{Name: "default", Unlimited: true}, []Rule{{Name: "api", Limiter: (*Redis)(nil)}}, `rule "api": its Limiter is a nil *pace.Redis`},
+		"nil *Local":     {Rule{Name: "default", Limiter: (*Local)(nil)}, nil, `rule "default": its Limiter is a nil *pace.Local`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if _, err := NewRules(tc.def, tc.rules...); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("NewRules: %v, want an error containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestRulesMatchWhatTheUserMeant: a host with its port matches that host
+// and port (the scheme's default port included), an IPv6 host with or
+// without brackets, and methods compare case-insensitively, both the
+// rule's and the request's.
+func TestRulesMatchWhatTheUserMeant(t *testing.T) {
+	var mu sync.Mutex
+	var waits []string
+	lim := func(name string) Limiter { return recorder{name, &mu, &waits} }
+	rules, err := NewRules(Rule{Name: "other", Unlimited: true},
+		Rule{Name: "local", Host: "127.0.0.1:39663", Method: "get", Limiter: lim("local")},
+		Rule{Name: "tls", Host: "API.example.com:443", Limiter: lim("tls")},
+		Rule{Name: "v6", Host: "[::1]:8080", Limiter: lim("v6")},
+		Rule{Name: "v6any", Host: "::1", Limiter: lim("v6any")},
+		Rule{Name: "v6brackets", Host: "[fe80::1]", Limiter: lim("v6brackets")},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ method, url, want string }{
+		{"GET", "http://127.0.0.1:39663/x", "local"},
+		{"get", "http://127.0.0.1:39663/x", "local"},
+		{"POST", "http://127.0.0.1:39663/x", "other"},
+		{"GET", "http://127.0.0.1:39664/x", "other"},
+		{"GET", "http://127.0.0.1/x", "other"},
+		{"GET", "https://api.example.com/v1", "tls"},
+		{"GET", "https://api.example.com:443/v1", "tls"},
+		{"GET", "http://api.example.com/v1", "other"},
+		{"GET", "http://[::1]:8080/", "v6"},
+		{"GET", "http://[::1]:9090/", "v6any"},
+		{"GET", "http://[fe80::1]/", "v6brackets"},
+	} {
+		req, _ := http.NewRequest(tc.method, tc.url, nil)
+		if got := rules.match(req).Name; got != tc.want {
+			t.Errorf("%s %s: rule %q, want %q", tc.method, tc.url, got, tc.want)
+		}
+	}
+}
+
+// TestTransportNilLimiter: a Transport whose Limiter is a nil *Redis (a
+// NewRedis that failed, its error dropped) fails each request with an
+// error that says so, instead of panicking.
+func TestTransportNilLimiter(t *testing.T) {
+	var lim *Redis
+	tr := &Transport{Base: &countingBase{resp: &http.Response{StatusCode: 200, Body: http.NoBody}}, Limiter: lim}
+	req, _ := http.NewRequest("GET", "http://example.com/", nil)
+	if _, err := tr.RoundTrip(req); err == nil || !strings.Contains(err.Error(), "Transport.Limiter is a nil *pace.Redis") {
+		t.Fatalf("RoundTrip: %v, want an error naming the nil *pace.Redis", err)
 	}
 }
 

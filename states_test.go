@@ -392,8 +392,8 @@ func TestStateOutOfMemory(t *testing.T) {
 			}
 			switch policy {
 			case FailClosed:
-				if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "OOM") {
-					t.Errorf("FailClosed: %v, want an error wrapping ErrUnavailable that says OOM", err)
+				if !errors.Is(err, ErrUnavailable) || !strings.HasPrefix(err.Error(), `pace: key "k": Redis unavailable: reserve script: OOM`) || strings.Count(err.Error(), "pace:") != 1 {
+					t.Errorf("FailClosed: %v, want an error wrapping ErrUnavailable that names the key once, then the script and OOM", err)
 				}
 			case FallbackLocal:
 				if w, _ := log.last(EventWait); err != nil || w.Limiter != "local" {

@@ -171,8 +171,11 @@ func (t *Transport) wait(req *http.Request) (paced, error) {
 		h.Refusals = h.Refusals && !rule.IgnoreRefusals
 		return t.waitFor(req, paced{limiter: rule.Limiter, key: key, settle: rule.Settle, class: rule.Class, heeding: h}, cost, rule.Estimate)
 	}
-	if t.Settle != nil && t.Estimate == nil {
+	switch {
+	case t.Settle != nil && t.Estimate == nil:
 		return paced{}, errors.New("pace: Transport.Settle without an Estimate: nothing would be reserved to settle")
+	case isNil(t.Limiter):
+		return paced{}, fmt.Errorf("pace: Transport.Limiter is a nil %T (did the constructor that made it fail?)", t.Limiter)
 	}
 	keyOf := HostKey
 	if t.Key != nil {
@@ -294,19 +297,12 @@ func (t *Transport) base() http.RoundTripper {
 // the port, which is the scheme's default when the URL names none
 // ("api.example.com:443"). So each upstream server has its own bucket.
 func HostKey(req *http.Request) string {
-	host, port := req.URL.Hostname(), req.URL.Port()
-	if host == "" {
+	host, port := req.URL.Hostname(), portOf(req)
+	switch {
+	case host == "":
 		return ""
-	}
-	if port == "" {
-		switch strings.ToLower(req.URL.Scheme) {
-		case "https", "wss":
-			port = "443"
-		case "http", "ws":
-			port = "80"
-		default:
-			return strings.ToLower(req.URL.Host)
-		}
+	case port == "":
+		return strings.ToLower(req.URL.Host)
 	}
 	return net.JoinHostPort(strings.ToLower(host), port)
 }

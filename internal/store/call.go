@@ -126,6 +126,25 @@ func (c *Caller) Run(ctx context.Context, script *redis.Script, keys []string, a
 	return cmd
 }
 
+// RunWithin runs script within ctx alone, without the call's timeout: a
+// check that may wait for a first connection (a TLS handshake, a distant
+// Redis) as long as its caller lets it.
+func (c *Caller) RunWithin(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	if !c.guarded {
+		return script.Run(ctx, c.client, keys, args...)
+	}
+	done := make(chan *redis.Cmd, 1)
+	go func() { done <- script.Run(ctx, c.client, keys, args...) }()
+	select {
+	case cmd := <-done:
+		return cmd
+	case <-ctx.Done():
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(context.Cause(ctx))
+		return cmd
+	}
+}
+
 // RunLong runs script as Run does, and lets the call go on in the
 // background after its timeout, up to maxCallTimeout: a late answer is a
 // round trip of its own (no retransmission), so a Redis that has become

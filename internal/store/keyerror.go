@@ -52,8 +52,25 @@ func (s *Store) fail(key, script string, keys []string, err error) error {
 			return keyErr
 		}
 	}
-	return fmt.Errorf("pace: key %s: %s script: %w", QuoteKey(key), script, err)
+	return &CallError{Key: key, Script: script, Err: err}
 }
+
+// A CallError is a script call for a key that failed: Redis did not
+// answer, or answered with an error about itself (OOM, BUSY, LOADING).
+type CallError struct {
+	Key    string // the key, as the caller named it
+	Script string // such as "reserve"
+	Err    error
+}
+
+// Error names the key, the script and the failure.
+func (e *CallError) Error() string { return "pace: key " + QuoteKey(e.Key) + ": " + e.Call() }
+
+// Call names the script and the failure, without the key.
+func (e *CallError) Call() string { return e.Script + " script: " + e.Err.Error() }
+
+// Unwrap returns the failure.
+func (e *CallError) Unwrap() error { return e.Err }
 
 // QuoteKey quotes a key for a message: whole when short, else its first
 // 64 bytes and its length, so that a megabyte key does not make a megabyte

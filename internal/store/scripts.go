@@ -51,6 +51,8 @@ var (
 	refusedSource string
 	//go:embed lua/repay.lua
 	repaySource string
+	//go:embed lua/check.lua
+	checkSource string
 
 	reserveScript = newScript(rateSource, reserveSource)
 	quotaScript   = newScript(rateSource, quotaSource)
@@ -63,6 +65,7 @@ var (
 	slotsScript   = newScript(slotsSource)
 	lineScript    = newScript(lineSource)
 	repayScript   = newScript(repaySource)
+	checkScript   = newScript(checkSource)
 )
 
 // newScript is a script of parts, after the common prelude.

@@ -5,6 +5,7 @@
 package store
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -139,3 +140,9 @@ type LimitCosts [MaxLimits]int
 
 // LimitSet is a set of a quota's limits, by position: bit i for limit i.
 type LimitSet uint8
+
+// Check runs the check script within ctx (see lua/check.lua), and returns
+// Redis's clock, in microseconds.
+func (s *Store) Check(ctx context.Context) (int64, error) {
+	return s.calls.RunWithin(ctx, checkScript, nil).Int64()
+}
