@@ -205,7 +205,7 @@ func (loc *Local) Settle(ctx context.Context, r *Reservation, actual Costs) erro
 // after a hold that came meanwhile, or a cut of the key's rate, and puts
 // what it booked in t. reserved says it is a reservation's wait.
 func (loc *Local) wait(ctx context.Context, key string, costs *store.LimitCosts, reserved bool, t *ticket) error {
-	asked := loc.asked(loc.config.observer, "local", key, costs, reserved)
+	o := loc.config.observer
 	for turn := false; ; {
 		horizon := horizonOf(ctx, loc.config, loc.limits, costs)
 		if turn {
@@ -220,27 +220,30 @@ func (loc *Local) wait(ctx context.Context, key string, costs *store.LimitCosts,
 			reportRate(ctx, loc.config.observer, "local", key, steer.Full, 0)
 		}
 		if !ok && defers(delay, own, horizon) {
-			if err := loc.deferred(ctx, asked, costs, delay-horizon, own, horizon); err != nil {
+			if err := loc.deferred(ctx, loc.asked(o, "local", key, costs, reserved), costs, delay-horizon, own, horizon); err != nil {
 				return err
 			}
 			turn = true
 			continue
 		}
 		if !ok {
-			return refuse(ctx, loc.config.observer, asked, delay, classBudget(own, horizon))
+			return refuse(ctx, o, loc.asked(o, "local", key, costs, reserved), delay, classBudget(own, horizon))
 		}
 		t.delay, t.listening = delay, note.listening
-		e := asked
-		e.Kind, e.Delay = EventWait, delay
-		loc.config.observer.emit(ctx, e)
+		if o != nil { // the event is built for an observer alone: the path without one stays as quick as rate.Limiter's
+			e := loc.asked(o, "local", key, costs, reserved)
+			e.Kind, e.Delay = EventWait, delay
+			o(ctx, e)
+		}
 		switch err := sleepUnlessRetimed(ctx, &loc.retimes, key, delay, now.UnixMicro()); {
 		case errors.Is(err, steer.ErrRetimed):
 			loc.cancel(key, t.res, loc.now())
 			continue // the key's rate was cut while this caller slept
 		case err != nil:
 			loc.cancel(key, t.res, loc.now())
-			e.Kind, e.Err = EventCancel, err
-			loc.config.observer.emit(ctx, e)
+			e := loc.asked(o, "local", key, costs, reserved)
+			e.Kind, e.Delay, e.Err = EventCancel, delay, err
+			o.emit(ctx, e)
 			return err
 		}
 		if delay == 0 || !loc.heldPast(key, now.Add(delay)) {
