@@ -32,9 +32,13 @@ const (
 	// ClassCritical always books as far ahead as it needs.
 	ClassCritical
 	// ClassBatch books no further ahead than its horizon: by default, half
-	// the time the quota's slowest limit takes to refill the request's
-	// cost, so that a critical request waits at most about two token
-	// intervals.
+	// the time the quickest of the limits the request costs anything under
+	// takes to refill its cost, so that a critical request waits at most
+	// about two intervals of the limit that binds. (Under
+	// AllOf{PerSecond(10), Per(100000, 24*time.Hour)} that is 50 ms while
+	// the per-second limit binds; once the daily one does, a batch request
+	// books when the day's next token is within 50 ms, and lines up again
+	// until it is.)
 	ClassBatch
 )
 
@@ -103,14 +107,25 @@ func horizonOf(ctx context.Context, config commonConfig, limits []Limit, costs *
 	return max(refillOf(limits, costs)/2, time.Microsecond)
 }
 
-// refillOf is the time the slowest of limits takes to refill costs: a
-// bucket's interval, or a window's length over its count, times the cost.
+// refillOf is the time the quickest of limits takes to refill costs,
+// among those costs charge (a bucket's interval, or a window's length
+// over its count, times the cost; 0 when costs charge none): the shortest
+// time in which the limit that binds, whichever it is, can grant the
+// request again. The slowest would not do: a daily cap beside a
+// per-second limit would size a horizon, and the line's turns, by a
+// daily cap that binds only once its day's burst is spent.
 func refillOf(limits []Limit, costs *store.LimitCosts) time.Duration {
-	var longest time.Duration
+	var quickest time.Duration
 	for i, l := range limits {
-		longest = max(longest, time.Duration(float64(l.period)/l.count)*time.Duration(costs[i]))
+		if costs[i] <= 0 {
+			continue
+		}
+		refill := time.Duration(float64(l.period)/l.count) * time.Duration(costs[i])
+		if quickest == 0 || refill < quickest {
+			quickest = refill
+		}
 	}
-	return longest
+	return quickest
 }
 
 // A deferral is a wait that a request's class kept out of the schedule:
