@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -16,10 +17,11 @@ import (
 // A part is one Redis key of pace's, as inspect reports it: the key it
 // belongs to (its hash tag), what it is, and what it says now.
 type part struct {
-	tag   string // the key a user named, or "fleet" for the fleets' heartbeats
-	redis string // the Redis key
-	kind  string
-	state string
+	tag    string // the key a user named, or "fleet" for the fleets' heartbeats
+	redis  string // the Redis key
+	suffix string // what follows the tag in it
+	kind   string
+	state  string
 }
 
 // scanner is a Redis node inspect scans: a client, or each master of a
@@ -29,7 +31,10 @@ type scanner interface {
 }
 
 // inspect reads every key of pace's under prefix (only those of keys, when
-// given) on each node, and writes a report per key to w.
+// given) on each node, and writes a report per key to w. Its reads are
+// bounded (no command reads a whole large key) and pipelined, readBatch
+// keys at a time; a key whose data is not pace's, or that expires
+// meanwhile, says so on its own line, and the report goes on.
 func inspect(ctx context.Context, w io.Writer, c redis.UniversalClient, prefix string, keys []string) error {
 	now, err := c.Time(ctx).Result()
 	if err != nil {
@@ -53,16 +58,19 @@ func inspect(ctx context.Context, w io.Writer, c redis.UniversalClient, prefix s
 	}
 	slices.Sort(names)
 	var parts []part
-	for _, name := range names {
-		p, err := read(ctx, c, prefix, name, now)
+	for batch := range slices.Chunk(names, readBatch) {
+		read, err := readParts(ctx, c, prefix, batch, now)
 		if err != nil {
 			return err
 		}
-		parts = append(parts, p)
+		parts = append(parts, read...)
 	}
 	write(w, now, parts)
 	return nil
 }
+
+// readBatch is how many keys inspect reads in one round trip.
+const readBatch = 500
 
 // scanNode returns the names of pace's keys on node: SCAN, never KEYS, so
 // that Redis is never blocked.
@@ -102,140 +110,244 @@ func escape(s string) string {
 	return b.String()
 }
 
-// read reads the Redis key name, under prefix, at now.
-func read(ctx context.Context, c redis.UniversalClient, prefix, name string, now time.Time) (part, error) {
+// readParts reads the keys names, under prefix, at now, in two round
+// trips: their types, then what each needs. A command's error belongs to
+// its key; readParts fails only when Redis cannot be reached.
+func readParts(ctx context.Context, c redis.UniversalClient, prefix string, names []string, now time.Time) ([]part, error) {
+	parts := make([]part, len(names))
+	types := make([]*redis.StatusCmd, len(names))
+	pipe := c.Pipeline()
+	for i, name := range names {
+		parts[i] = newPart(prefix, name)
+		types[i] = pipe.Type(ctx, name)
+	}
+	if _, err := pipe.Exec(ctx); unreachable(err) {
+		return nil, err
+	}
+	pipe = c.Pipeline()
+	finish := make([]func() error, len(names))
+	for i := range parts {
+		typ, err := types[i].Result()
+		switch {
+		case err != nil:
+			parts[i].failed(err)
+		case typ == "none":
+			parts[i].state = "gone: it expired during the report"
+		default:
+			finish[i] = plan(ctx, pipe, &parts[i], typ, now)
+		}
+	}
+	if _, err := pipe.Exec(ctx); unreachable(err) {
+		return nil, err
+	}
+	for i, f := range finish {
+		if f == nil {
+			continue
+		}
+		if err := f(); err != nil {
+			parts[i].failed(err)
+		}
+	}
+	return parts, nil
+}
+
+// unreachable says whether err, a pipeline's, is more than one of its
+// commands' own: Redis could not be reached.
+func unreachable(err error) bool {
+	var redisErr redis.Error
+	return err != nil && !errors.Is(err, redis.Nil) && !errors.As(err, &redisErr)
+}
+
+// newPart is the part of the Redis key name, under prefix, before it is
+// read: its tag and, in kind, what its suffix says it is.
+func newPart(prefix, name string) part {
 	rest := strings.TrimPrefix(name, prefix+"{")
 	end := strings.Index(rest, "}")
 	if end < 0 {
-		return part{tag: "?", redis: name, kind: "unknown"}, nil
+		return part{tag: "?", redis: name, kind: "unknown"}
 	}
-	p := part{tag: rest[:end], redis: name}
-	suffix := rest[end+1:]
-	typ, err := c.Type(ctx, name).Result()
-	if err != nil {
-		return p, err
+	return part{tag: rest[:end], redis: name, suffix: rest[end+1:]}
+}
+
+// failed says, on p's line, that reading it failed with err.
+func (p *part) failed(err error) {
+	if errors.Is(err, redis.Nil) {
+		p.state = "gone: it expired during the report"
+		return
 	}
+	p.state = "cannot be read: " + strconv.Quote(err.Error())
+}
+
+// maxRead is the most of a string inspect reads: pace's strings are a few
+// numbers.
+const maxRead = 1024
+
+// plan queues on pipe the bounded reads p needs, by its suffix and its
+// Redis type typ, and returns what makes p's state of their replies once
+// pipe has run (nil when p needs no read).
+func plan(ctx context.Context, pipe redis.Pipeliner, p *part, typ string, now time.Time) func() error {
+	suffix := p.suffix
+	var want string // the type pace keeps there
+	var finish func() error
 	switch {
+	case p.kind == "unknown":
+		return nil
 	case p.tag == "fleet" && strings.HasPrefix(suffix, "#"):
-		return readFleet(ctx, c, p, strings.TrimPrefix(suffix, "#"), now)
+		p.kind, want = "fleet "+strconv.Quote(strings.TrimPrefix(suffix, "#")), "zset"
+		finish = readFleet(ctx, pipe, p, now)
 	case strings.HasPrefix(suffix, "#hold"):
-		return readTime(ctx, c, p, "hold", "held until", now)
+		p.kind, want = "hold", "string"
+		finish = readString(ctx, pipe, p, func(text string) string { return "held until " + since(text, now) })
 	case strings.HasPrefix(suffix, "#rate"):
-		return readRate(ctx, c, p, now)
+		p.kind, want = "rate after refusals", "string"
+		finish = readString(ctx, pipe, p, func(text string) string { return rateState(text, now) })
 	case strings.HasPrefix(suffix, "#deferred"):
-		return readTime(ctx, c, p, "deferred", "the line of deferred requests ends", now)
+		p.kind, want = "deferred", "string"
+		finish = readString(ctx, pipe, p, func(text string) string { return "the line of deferred requests ends " + since(text, now) })
 	case strings.Contains(suffix, "#gaps"):
-		n, err := c.ZCard(ctx, name).Result()
-		p.kind, p.state = "gaps", fmt.Sprintf("%d bookings given back with later ones behind them", n)
-		return p, err
+		p.kind, want = "gaps", "zset"
+		n := pipe.ZCard(ctx, p.redis)
+		finish = func() error {
+			p.state = fmt.Sprintf("%d bookings given back with later ones behind them", n.Val())
+			return n.Err()
+		}
 	case strings.HasPrefix(suffix, "#settled:"):
 		p.kind, p.state = "settled", "a settled reservation's mark"
-		return p, nil
+		return nil
 	case strings.HasPrefix(suffix, "#slots:"), strings.HasPrefix(suffix, "#waiters:"), strings.HasPrefix(suffix, "#line:"):
-		return readSlots(ctx, c, p, suffix, now)
+		want = "zset"
+		finish = readSlots(ctx, pipe, p, now)
+	default:
+		return planLimit(ctx, pipe, p, typ, now)
 	}
-	return readLimit(ctx, c, p, typ, now)
+	if typ != want {
+		p.state = fmt.Sprintf("a %s, where pace keeps a %s: not pace's", typ, want)
+		return nil
+	}
+	return finish
 }
 
-// readLimit reads the key of a limit: a bucket's schedule (a string), a
-// sliding window's grants (a sorted set), a fixed window's counts (a hash).
-func readLimit(ctx context.Context, c redis.UniversalClient, p part, typ string, now time.Time) (part, error) {
+// planLimit plans the read of a limit's key: a bucket's schedule (a
+// string), a sliding window's grants (a sorted set), a fixed window's
+// counts (a hash).
+func planLimit(ctx context.Context, pipe redis.Pipeliner, p *part, typ string, now time.Time) func() error {
 	switch typ {
 	case "string":
-		text, err := c.Get(ctx, p.redis).Result()
-		if err != nil {
-			return p, err
-		}
-		fields := strings.Fields(text)
 		p.kind = "bucket"
-		if len(fields) > 1 {
-			p.kind = "bucket, steered by the upstream's counters"
-		}
-		p.state = "schedule booked until " + since(fields[0], now) + " (a new request waits that, less burst - 1 intervals)"
-		return p, nil
+		return readString(ctx, pipe, p, func(text string) string {
+			fields := strings.Fields(text)
+			if len(fields) == 0 {
+				return strconv.Quote(text) + ", not pace's"
+			}
+			if len(fields) > 1 {
+				p.kind = "bucket, steered by the upstream's counters"
+			}
+			return "schedule booked until " + since(fields[0], now) + " (a new request waits that, less burst - 1 intervals)"
+		})
 	case "zset":
-		grants, err := c.ZRangeWithScores(ctx, p.redis, 0, -1).Result()
-		if err != nil || len(grants) == 0 {
-			return p, err
-		}
 		p.kind = "sliding window"
-		p.state = fmt.Sprintf("%d grants kept, the oldest %s", len(grants), since(strconv.FormatFloat(grants[0].Score, 'f', 0, 64), now))
-		return p, nil
-	case "hash":
-		counts, err := c.HGetAll(ctx, p.redis).Result()
-		p.kind = "fixed window"
-		var windows []string
-		for window, used := range counts {
-			windows = append(windows, "window "+window+": "+used+" used")
+		n, oldest := pipe.ZCard(ctx, p.redis), pipe.ZRangeWithScores(ctx, p.redis, 0, 0)
+		return func() error {
+			p.state = fmt.Sprintf("%d grants kept", n.Val())
+			if z := oldest.Val(); len(z) > 0 {
+				p.state += ", the oldest " + since(strconv.FormatFloat(z[0].Score, 'f', 0, 64), now)
+			}
+			return errors.Join(n.Err(), oldest.Err())
 		}
-		slices.Sort(windows)
-		p.state = strings.Join(windows, ", ")
-		return p, err
+	case "hash":
+		p.kind = "fixed window"
+		n, some := pipe.HLen(ctx, p.redis), pipe.HScan(ctx, p.redis, 0, "", shownMembers)
+		return func() error {
+			fields, _ := some.Val()
+			var windows []string
+			for i := 0; i+1 < len(fields) && len(windows) < shownMembers; i += 2 {
+				windows = append(windows, "window "+strconv.Quote(fields[i])+": "+strconv.Quote(fields[i+1])+" used")
+			}
+			slices.Sort(windows)
+			p.state = strings.Join(windows, ", ") + more(int(n.Val()), len(windows))
+			return errors.Join(n.Err(), some.Err())
+		}
 	}
-	p.kind, p.state = typ, "not pace's"
-	return p, nil
+	p.kind, p.state = strconv.Quote(typ), "not pace's"
+	return nil
 }
 
-// readTime reads a key that holds one time, in microseconds of Redis's clock.
-func readTime(ctx context.Context, c redis.UniversalClient, p part, kind, what string, now time.Time) (part, error) {
-	text, err := c.Get(ctx, p.redis).Result()
-	p.kind, p.state = kind, what+" "+since(text, now)
-	return p, err
+// shownMembers is how many members of a set inspect shows, at most.
+const shownMembers = 10
+
+// more says how many of n were not shown, when shown were.
+func more(n, shown int) string {
+	if n > shown {
+		return fmt.Sprintf(" and %d more", n-shown)
+	}
+	return ""
 }
 
-// readRate reads a key's rate after refusals: "EDGE BOTTOM CUT HEARD
+// readString plans the read of the first maxRead bytes of p's string,
+// whose state says is then.
+func readString(ctx context.Context, pipe redis.Pipeliner, p *part, says func(text string) string) func() error {
+	text := pipe.GetRange(ctx, p.redis, 0, maxRead-1)
+	return func() error {
+		if text.Err() == nil {
+			p.state = says(text.Val())
+		}
+		return text.Err()
+	}
+}
+
+// rateState reads a key's rate after refusals: "EDGE BOTTOM CUT HEARD
 // TAT", in parts per million of the configured rate and microseconds of
 // Redis's clock (see pace's internal/store/lua/rate.lua).
-func readRate(ctx context.Context, c redis.UniversalClient, p part, now time.Time) (part, error) {
-	text, err := c.Get(ctx, p.redis).Result()
-	p.kind = "rate after refusals"
+func rateState(text string, now time.Time) string {
 	var edge, bottom float64
 	var cut string
-	if _, scanErr := fmt.Sscanf(text, "%f %f %s", &edge, &bottom, &cut); scanErr != nil {
-		p.state = strconv.Quote(text) + ", not pace's"
-		return p, err
+	if _, err := fmt.Sscanf(text, "%f %f %s", &edge, &bottom, &cut); err != nil {
+		return strconv.Quote(text) + ", not pace's"
 	}
-	p.state = fmt.Sprintf("cut to %.1f%% of the configured rate %s, climbing to 3%% below %.1f%%, where the upstream refused", bottom/1e4, since(cut, now), edge/1e4)
-	return p, err
+	return fmt.Sprintf("cut to %.1f%% of the configured rate %s, climbing to 3%% below %.1f%%, where the upstream refused", bottom/1e4, since(cut, now), edge/1e4)
 }
 
-// readSlots reads the slots of a cap in flight, its line or its waiters.
-func readSlots(ctx context.Context, c redis.UniversalClient, p part, suffix string, now time.Time) (part, error) {
-	members, err := c.ZRangeWithScores(ctx, p.redis, 0, -1).Result()
-	if err != nil {
-		return p, err
-	}
-	switch {
-	case strings.HasPrefix(suffix, "#slots:"):
-		p.kind = "slots of " + strings.TrimPrefix(suffix, "#slots:")
-		p.state = fmt.Sprintf("%d held", len(members))
-		if len(members) > 0 {
-			p.state += ", leases end " + since(strconv.FormatFloat(members[0].Score, 'f', 0, 64), now)
+// readSlots plans the read of the slots of a cap in flight, its line or
+// its waiters: how many, and the first and last leases.
+func readSlots(ctx context.Context, pipe redis.Pipeliner, p *part, now time.Time) func() error {
+	what, name, _ := strings.Cut(strings.TrimPrefix(p.suffix, "#"), ":")
+	p.kind = map[string]string{"slots": "slots of ", "line": "line of ", "waiters": "waiters of "}[what] + strconv.Quote(name)
+	n, first, last := pipe.ZCard(ctx, p.redis), pipe.ZRangeWithScores(ctx, p.redis, 0, 0), pipe.ZRangeWithScores(ctx, p.redis, -1, -1)
+	return func() error {
+		count := n.Val()
+		switch what {
+		case "slots":
+			p.state = fmt.Sprintf("%d held", count)
+			if z := first.Val(); len(z) > 0 {
+				p.state += ", leases end " + since(strconv.FormatFloat(z[0].Score, 'f', 0, 64), now)
+			}
+			if z := last.Val(); count > 1 && len(z) > 0 {
+				p.state += " to " + since(strconv.FormatFloat(z[0].Score, 'f', 0, 64), now)
+			}
+		case "line":
+			p.state = fmt.Sprintf("%d waiting", count)
+		default:
+			p.state = fmt.Sprintf("%d leases", count)
 		}
-		if len(members) > 1 {
-			p.state += " to " + since(strconv.FormatFloat(members[len(members)-1].Score, 'f', 0, 64), now)
-		}
-	case strings.HasPrefix(suffix, "#line:"):
-		p.kind, p.state = "line of "+strings.TrimPrefix(suffix, "#line:"), fmt.Sprintf("%d waiting", len(members))
-	default:
-		p.kind, p.state = "waiters of "+strings.TrimPrefix(suffix, "#waiters:"), fmt.Sprintf("%d leases", len(members))
+		return errors.Join(n.Err(), first.Err(), last.Err())
 	}
-	return p, nil
 }
 
-// readFleet reads the heartbeats of the fleet name.
-func readFleet(ctx context.Context, c redis.UniversalClient, p part, name string, now time.Time) (part, error) {
-	members, err := c.ZRangeWithScores(ctx, p.redis, 0, -1).Result()
-	p.kind = "fleet " + name
-	var lines []string
-	for _, m := range members {
-		lines = append(lines, fmt.Sprintf("%v, last heartbeat %s", m.Member, since(strconv.FormatFloat(m.Score, 'f', 0, 64), now)))
+// readFleet plans the read of a fleet's heartbeats: how many members, and
+// the latest shownMembers of them.
+func readFleet(ctx context.Context, pipe redis.Pipeliner, p *part, now time.Time) func() error {
+	n, latest := pipe.ZCard(ctx, p.redis), pipe.ZRevRangeWithScores(ctx, p.redis, 0, shownMembers-1)
+	return func() error {
+		var lines []string
+		for _, m := range latest.Val() {
+			lines = append(lines, fmt.Sprintf("%q, last heartbeat %s", fmt.Sprint(m.Member), since(strconv.FormatFloat(m.Score, 'f', 0, 64), now)))
+		}
+		p.state = fmt.Sprintf("%d members", n.Val())
+		if len(lines) > 0 {
+			p.state += ": " + strings.Join(lines, "; ") + more(int(n.Val()), len(lines))
+		}
+		return errors.Join(n.Err(), latest.Err())
 	}
-	p.state = fmt.Sprintf("%d members", len(members))
-	if len(lines) > 0 {
-		p.state += ": " + strings.Join(lines, "; ")
-	}
-	return p, err
 }
 
 // since says when the time text (microseconds of Redis's clock) lies from
@@ -259,8 +371,8 @@ func write(w io.Writer, now time.Time, parts []part) {
 	for _, p := range parts {
 		if p.tag != tag {
 			tag = p.tag
-			fmt.Fprintf(w, "\n%s\n", tag)
+			fmt.Fprintf(w, "\n%q\n", tag)
 		}
-		fmt.Fprintf(w, "  %-40s %-22s %s\n", p.redis, p.kind, p.state)
+		fmt.Fprintf(w, "  %-42q %-22s %s\n", p.redis, p.kind, p.state)
 	}
 }

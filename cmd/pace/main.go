@@ -8,8 +8,13 @@
 // booked, how full each window is, holds in force and until when, the
 // bookings given back (gaps), the slots of a cap in flight and the line
 // for them; and the fleets' members with their last heartbeat. It scans
-// (SCAN, never KEYS: Redis is never blocked), every master of a cluster.
-// watch refreshes the report every second.
+// (SCAN, never KEYS), every master of a cluster, and reads each key in
+// bounded commands (a count and the first and last members of a set,
+// never the whole set; the first KiB of a string), 500 keys a round trip,
+// so that Redis is never blocked: 100,000 keys take about a second. Keys
+// are quoted; a key whose data is not pace's, or that expired meanwhile,
+// says so on its line, and the report goes on. watch refreshes the report
+// every second.
 package main
 
 import (

@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -73,8 +75,8 @@ func TestInspect(t *testing.T) {
 		"pace:{held}#hold", "held until in 29.9",
 		"pace:{refused}#rate", "cut to 70.0% of the configured rate", "climbing to 3% below 100.0%",
 		"pace:{search}:5/m sliding", "sliding window", "3 grants kept, the oldest",
-		"pace:{tts}#slots:4 in flight", "1 held, leases end in 2.9",
-		"pace:{fleet}#default", "2 members: host-b:2:bb, last heartbeat 1.2", "host-a:1:aa, last heartbeat 40",
+		"pace:{tts}#slots:4 in flight", `slots of "4 in flight"`, "1 held, leases end in 2.9",
+		"pace:{fleet}#default", `2 members: "host-a:1:aa", last heartbeat 40`, `; "host-b:2:bb", last heartbeat 1.2`,
 	} {
 		if !strings.Contains(report, want) {
 			t.Errorf("the report has no %q", want)
@@ -136,11 +138,108 @@ func TestInspectCluster(t *testing.T) {
 	}
 	t.Logf("keys on %d masters:\n%s", len(masters), out.String())
 	for _, k := range keys {
-		if !strings.Contains(out.String(), "pace:{"+k+"} ") {
+		if !strings.Contains(out.String(), `"pace:{`+k+`}" `) {
 			t.Errorf("the report has no key %s", k)
 		}
 	}
 	if len(masters) < 2 {
 		t.Errorf("the keys fell on %d masters, want several", len(masters))
+	}
+}
+
+// TestInspectHostileData: data that is not pace's, at pace's keys, is
+// reported on its own key's line while the report goes on: an empty
+// string where a bucket is (it panicked), a wrong type at a hold, slots,
+// a line's end, gaps and a fleet (each aborted the whole report with
+// WRONGTYPE), a key gone between the scan and the read (it aborted with
+// redis: nil); key names that hold ESC, BEL, CR and LF are quoted, and
+// forge no line.
+func TestInspectHostileData(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	forged := "pace:{evil\x1b[2J\a\r\nforged 0 keys}"
+	for key, value := range map[string]string{"pace:{odd}": "", "pace:{k}#slots:4 in flight": "x", "pace:{k}#gaps": "x", "pace:{fleet}#default": "x", forged: "1"} {
+		c.Set(ctx, key, value, 0)
+	}
+	c.RPush(ctx, "pace:{k}#hold", "x")
+	c.HSet(ctx, "pace:{k}#deferred", "a", "b")
+	c.Set(ctx, "pace:{zz}", "1", 0) // sorted last: the report reaches it
+
+	var out bytes.Buffer
+	if err := run(ctx, []string{"inspect", "-redis", "redis://" + srv.Addr}, &out, &out); err != nil {
+		t.Fatalf("inspect: %v\n%s", err, out.String())
+	}
+	report := out.String()
+	t.Logf("\n%s", report)
+	for _, want := range []string{
+		`"pace:{odd}"`, `"", not pace's`,
+		`"pace:{k}#hold"`, "a list, where pace keeps a string: not pace's",
+		`"pace:{k}#slots:4 in flight"`, "a string, where pace keeps a zset: not pace's",
+		`"pace:{k}#deferred"`, "a hash, where pace keeps a string",
+		`"pace:{fleet}#default"`,
+		`"pace:{evil\x1b[2J\a\r\nforged 0 keys}"`,
+		`"pace:{zz}"`,
+	} {
+		if !strings.Contains(report, want) {
+			t.Errorf("the report has no %q", want)
+		}
+	}
+	if strings.ContainsAny(report, "\x1b\a\r") || strings.Contains(report, "\nforged") {
+		t.Errorf("the report holds a key's control characters raw")
+	}
+	parts, err := readParts(ctx, c, "pace:", []string{"pace:{gone}"}, time.Now())
+	if err != nil || len(parts) != 1 || !strings.Contains(parts[0].state, "gone") {
+		t.Errorf("a key gone before its read: %+v, %v; want its line to say it is gone", parts, err)
+	}
+}
+
+// TestInspectBounded: over 100,000 keys, one of them a sliding window of
+// 200,000 grants (whose whole read blocked Redis 205-216 ms), inspect
+// finishes within 20 s, and Redis's SLOWLOG (threshold 10 ms) is empty
+// after it: no command it sent took 10 ms.
+func TestInspectBounded(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	for start := 0; start < 100000; start += 10000 {
+		pipe := c.Pipeline()
+		for i := start; i < start+10000; i++ {
+			pipe.Set(ctx, "pace:{host-"+strconv.Itoa(i)+".example.com:443}", "1780000000000000", 0)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for start := 0; start < 200000; start += 20000 {
+		grants := make([]redis.Z, 20000)
+		for i := range grants {
+			grants[i] = redis.Z{Score: float64(1780000000000000 + start + i), Member: "grant-" + strconv.Itoa(start+i)}
+		}
+		if err := c.ZAdd(ctx, "pace:{big}:5/m sliding", grants...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.ConfigSet(ctx, "slowlog-log-slower-than", "10000")
+	c.SlowLogReset(ctx)
+	var out bytes.Buffer
+	began := time.Now()
+	if err := run(ctx, []string{"inspect", "-redis", "redis://" + srv.Addr}, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(began)
+	slow, err := c.Do(ctx, "SLOWLOG", "GET", 10).Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("inspect of 100,001 keys: %v, %d bytes of report, %d slow commands", took, out.Len(), len(slow))
+	if took > 20*time.Second {
+		t.Errorf("inspect took %v, want under 20s", took)
+	}
+	if len(slow) > 0 {
+		t.Errorf("SLOWLOG after inspect: %v, want it empty", slow)
+	}
+	if !strings.Contains(out.String(), "200000 grants kept") || !strings.Contains(out.String(), "100001 keys") {
+		t.Errorf("the report counts no 200000 grants, or not 100001 keys")
 	}
 }
