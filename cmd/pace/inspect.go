@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +23,7 @@ type part struct {
 	suffix string // what follows the tag in it
 	kind   string
 	state  string
+	count  int // of the marks a "settled" part counts
 }
 
 // scanner is a Redis node inspect scans: a client, or each master of a
@@ -31,16 +33,40 @@ type scanner interface {
 }
 
 // inspect reads every key of pace's under prefix (only those of keys, when
-// given) on each node, and writes a report per key to w. Its reads are
-// bounded (no command reads a whole large key) and pipelined, readBatch
-// keys at a time; a key whose data is not pace's, or that expires
-// meanwhile, says so on its own line, and the report goes on.
-func inspect(ctx context.Context, w io.Writer, c redis.UniversalClient, prefix string, keys []string) error {
+// given; see matches) on each node, and writes a report per key to w, as
+// JSON when asJSON. Its reads are bounded (no command reads a whole large
+// key) and pipelined, readBatch keys at a time; a key whose data is not
+// pace's, or that expires meanwhile, says so on its own line, and the
+// report goes on.
+func inspect(ctx context.Context, w io.Writer, c redis.UniversalClient, prefix string, keys []string, asJSON bool) error {
 	now, err := c.Time(ctx).Result()
 	if err != nil {
 		return err
 	}
+	names, err := scan(ctx, c, prefix, keys)
+	if err != nil {
+		return err
+	}
+	var parts []part
+	for batch := range slices.Chunk(names, readBatch) {
+		read, err := readParts(ctx, c, prefix, batch, now)
+		if err != nil {
+			return err
+		}
+		parts = append(parts, read...)
+	}
+	if asJSON {
+		return writeJSON(w, now, countSettled(parts))
+	}
+	write(w, now, countSettled(parts))
+	return nil
+}
+
+// scan returns the sorted names of pace's keys under prefix (only those
+// of keys, when given), on every master of a cluster.
+func scan(ctx context.Context, c redis.UniversalClient, prefix string, keys []string) ([]string, error) {
 	var names []string
+	var err error
 	if cluster, ok := c.(*redis.ClusterClient); ok {
 		var mu sync.Mutex // ForEachMaster calls at once
 		err = cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
@@ -53,49 +79,51 @@ func inspect(ctx context.Context, w io.Writer, c redis.UniversalClient, prefix s
 	} else {
 		names, err = scanNode(ctx, c, prefix, keys)
 	}
-	if err != nil {
-		return err
-	}
 	slices.Sort(names)
-	var parts []part
-	for batch := range slices.Chunk(names, readBatch) {
-		read, err := readParts(ctx, c, prefix, batch, now)
-		if err != nil {
-			return err
-		}
-		parts = append(parts, read...)
-	}
-	write(w, now, parts)
-	return nil
+	return names, err
 }
 
 // readBatch is how many keys inspect reads in one round trip.
 const readBatch = 500
 
-// scanNode returns the names of pace's keys on node: SCAN, never KEYS, so
-// that Redis is never blocked.
+// scanNode returns the names of pace's keys on node, those of keys alone
+// when given (see matches): SCAN, never KEYS, so that Redis is never
+// blocked.
 func scanNode(ctx context.Context, node scanner, prefix string, keys []string) ([]string, error) {
-	patterns := []string{escape(prefix) + "{*"}
-	if len(keys) > 0 {
-		patterns = nil
-		for _, k := range keys {
-			patterns = append(patterns, escape(prefix+"{"+k+"}")+"*")
-		}
-	}
 	var names []string
-	for _, pattern := range patterns {
-		for cursor := uint64(0); ; {
-			found, next, err := node.Scan(ctx, cursor, pattern, 1000).Result()
-			if err != nil {
-				return nil, err
-			}
-			names = append(names, found...)
-			if cursor = next; cursor == 0 {
-				break
+	for cursor := uint64(0); ; {
+		found, next, err := node.Scan(ctx, cursor, escape(prefix)+"{*", 1000).Result()
+		if err != nil {
+			return nil, err
+		}
+		for _, name := range found {
+			if len(keys) == 0 || slices.ContainsFunc(keys, func(k string) bool { return matches(newPart(prefix, name).tag, k) }) {
+				names = append(names, name)
 			}
 		}
+		if cursor = next; cursor == 0 {
+			return names, nil
+		}
 	}
-	return names, nil
+}
+
+// matches says whether a key's tag is one an operator named as k: the
+// tag itself ("api.github.com:443"), a rule's name, whose keys begin with
+// it and a bar ("github" for "github|api.github.com:443|9f86..."), or a
+// host of a rule's keys, with or without its port ("api.github.com").
+func matches(tag, k string) bool {
+	if tag == k {
+		return true
+	}
+	segments := strings.Split(tag, "|")
+	if len(segments) < 2 {
+		return false
+	}
+	if segments[0] == k {
+		return true
+	}
+	host, _, _ := strings.Cut(segments[1], ":")
+	return segments[1] == k || host == k || strings.Trim(host, "[]") == k
 }
 
 // escape escapes the glob characters of s for SCAN's MATCH.
@@ -364,6 +392,24 @@ func since(text string, now time.Time) string {
 	return "in " + d.String()
 }
 
+// countSettled replaces the marks of settled reservations, one Redis key
+// each, by one line per key that counts them.
+func countSettled(parts []part) []part {
+	var out []part
+	for _, p := range parts {
+		if last := len(out) - 1; p.kind == "settled" && last >= 0 && out[last].kind == "settled" && out[last].tag == p.tag {
+			out[last].count++
+			out[last].state = fmt.Sprintf("%d settled reservations' marks", out[last].count)
+			continue
+		}
+		if p.kind == "settled" {
+			p.count, p.redis, p.state = 1, p.redis[:len(p.redis)-len(p.suffix)]+"#settled:*", "1 settled reservation's mark"
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
 // write writes parts, grouped by key.
 func write(w io.Writer, now time.Time, parts []part) {
 	fmt.Fprintf(w, "Redis time %s, %d keys\n", now.UTC().Format(time.RFC3339Nano), len(parts))
@@ -375,4 +421,24 @@ func write(w io.Writer, now time.Time, parts []part) {
 		}
 		fmt.Fprintf(w, "  %-42q %-22s %s\n", p.redis, p.kind, p.state)
 	}
+}
+
+// writeJSON writes parts as one JSON object, for scripts.
+func writeJSON(w io.Writer, now time.Time, parts []part) error {
+	type key struct {
+		Key      string `json:"key"`
+		RedisKey string `json:"redis_key"`
+		Kind     string `json:"kind"`
+		State    string `json:"state"`
+	}
+	report := struct {
+		RedisTime time.Time `json:"redis_time"`
+		Keys      []key     `json:"keys"`
+	}{RedisTime: now.UTC(), Keys: []key{}}
+	for _, p := range parts {
+		report.Keys = append(report.Keys, key{p.tag, p.redis, p.kind, p.state})
+	}
+	e := json.NewEncoder(w)
+	e.SetIndent("", "  ")
+	return e.Encode(report)
 }

@@ -1,8 +1,10 @@
-// Command pace shows operators what a fleet's limiters keep in Redis.
+// Command pace shows operators what a fleet's limiters keep in Redis, and
+// clears a key's state.
 //
 //	pace inspect -redis URL [-prefix P] [KEY...]
 //	pace watch   -redis URL [-prefix P] [-every 1s] [KEY...]
 //	pace inspect -cluster HOST:PORT,HOST:PORT [KEY...]
+//	pace reset   -redis URL [-prefix P] [-yes] KEY...
 //
 // For each key: the kind of each limit, how far ahead its schedule is
 // booked, how full each window is, holds in force and until when, the
@@ -14,7 +16,9 @@
 // so that Redis is never blocked: 100,000 keys take about a second. Keys
 // are quoted; a key whose data is not pace's, or that expired meanwhile,
 // says so on its line, and the report goes on. watch refreshes the report
-// every second.
+// every second. A KEY names a key as a limiter was given it, a rule's name
+// (its keys begin with it) or a host, with or without its port. reset
+// lists the Redis keys of the KEYs named, and unlinks them with -yes.
 package main
 
 import (
@@ -24,6 +28,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -44,44 +49,59 @@ func main() {
 }
 
 const usage = `usage:
-  pace inspect -redis URL [-prefix P] [KEY...]   what pace keeps in Redis, per key
+  pace inspect -redis URL [-prefix P] [-json] [KEY...]   what pace keeps in Redis, per key
   pace watch -redis URL [-prefix P] [-every D] [KEY...]   the same, again every D
-(-cluster HOST:PORT,... instead of -redis for a Redis Cluster)
+  pace reset -redis URL [-prefix P] [-yes] KEY...         clear the keys' state (a dry run without -yes)
+(-cluster HOST:PORT,... instead of -redis for a Redis Cluster; a KEY is a key,
+a rule's name, or a host, with or without its port)
 `
 
 // run runs the command of args, writing its report to out.
 func run(ctx context.Context, args []string, out, errOut io.Writer) error {
-	if len(args) == 0 || (args[0] != "inspect" && args[0] != "watch") {
+	if len(args) == 0 || !slices.Contains([]string{"inspect", "watch", "reset"}, args[0]) {
 		fmt.Fprint(errOut, usage)
-		return errors.New("want a command: inspect or watch")
+		return errors.New("want a command: inspect, watch or reset")
 	}
-	flags := flag.NewFlagSet("pace "+args[0], flag.ContinueOnError)
+	command := args[0]
+	flags := flag.NewFlagSet("pace "+command, flag.ContinueOnError)
 	flags.SetOutput(errOut)
 	flags.Usage = func() {
-		fmt.Fprint(errOut, usage+"\nflags:\n")
+		fmt.Fprint(errOut, usage+"\nflags of pace "+command+":\n")
 		flags.PrintDefaults()
 	}
 	url := flags.String("redis", "", "the Redis URL (redis://HOST:PORT/DB)")
 	cluster := flags.String("cluster", "", "the addresses of a Redis Cluster's nodes, separated by commas")
 	prefix := flags.String("prefix", pace.DefaultPrefix, "the prefix of pace's keys (WithPrefix)")
-	every := flags.Duration("every", time.Second, "watch: how often to refresh")
+	var every *time.Duration
+	var asJSON, yes *bool
+	switch command {
+	case "inspect":
+		asJSON = flags.Bool("json", false, "write the report as JSON")
+	case "watch":
+		every = flags.Duration("every", time.Second, "how often to refresh")
+	case "reset":
+		yes = flags.Bool("yes", false, "unlink the keys; without it, list what would be unlinked")
+	}
 	if err := flags.Parse(args[1:]); err != nil {
 		return err
+	}
+	if every != nil && *every <= 0 {
+		return fmt.Errorf("-every %v: want a positive duration", *every)
 	}
 	client, err := connect(*url, *cluster)
 	if err != nil {
 		return err
 	}
 	defer client.Close()
-	if args[0] == "inspect" {
-		return inspect(ctx, out, client, *prefix, flags.Args())
-	}
-	if *every <= 0 {
-		return fmt.Errorf("-every %v: want a positive duration", *every)
+	switch command {
+	case "inspect":
+		return inspect(ctx, out, client, *prefix, flags.Args(), *asJSON)
+	case "reset":
+		return reset(ctx, out, client, *prefix, flags.Args(), *yes)
 	}
 	for {
 		fmt.Fprint(out, "\033[H\033[2J")
-		if err := inspect(ctx, out, client, *prefix, flags.Args()); err != nil {
+		if err := inspect(ctx, out, client, *prefix, flags.Args(), false); err != nil {
 			return err
 		}
 		time.Sleep(*every)

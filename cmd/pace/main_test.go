@@ -3,6 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
+	"flag"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -241,5 +244,82 @@ func TestInspectBounded(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "200000 grants kept") || !strings.Contains(out.String(), "100001 keys") {
 		t.Errorf("the report counts no 200000 grants, or not 100001 keys")
+	}
+}
+
+// TestInspectFindsRulesAndResets: inspect and watch find a rule's keys by
+// the rule's name and by its host, with or without the port (watch github
+// found 0 keys: it needed the hashed key); a key's settled marks are one
+// line that counts them (one line each before); -json writes the report
+// for scripts; reset lists what it would unlink and unlinks nothing
+// without -yes, unlinks with it, and prints its usage with -h.
+func TestInspectFindsRulesAndResets(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	r, err := pace.NewRedis(c, pace.AllOf{pace.PerSecond(100).Named("requests"), pace.PerSecond(1000).WithBurst(1000).Named("tokens")}, pace.WithFleetSize(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	const ruleKey = "github|api.github.com:443|9f86d081884c7d659a2feaa0c55ad015"
+	if err := r.Wait(ctx, ruleKey, 1); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		res, err := r.Reserve(ctx, "llm", pace.Costs{"tokens": 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Settle(ctx, res, pace.Costs{"tokens": 5}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inspectOf := func(args ...string) string {
+		t.Helper()
+		var out bytes.Buffer
+		if err := run(ctx, append([]string{"inspect", "-redis", "redis://" + srv.Addr}, args...), &out, &out); err != nil {
+			t.Fatalf("inspect %v: %v", args, err)
+		}
+		return out.String()
+	}
+	for _, k := range []string{"github", "api.github.com", "api.github.com:443", ruleKey} {
+		if report := inspectOf(k); !strings.Contains(report, `"`+ruleKey+`"`) || strings.Contains(report, "llm") {
+			t.Errorf("inspect %s:\n%s\nwant the rule's key alone", k, report)
+		}
+	}
+	if report := inspectOf("gitlab"); !strings.Contains(report, " 0 keys") {
+		t.Errorf("inspect gitlab:\n%s\nwant no key", report)
+	}
+	if report := inspectOf("llm"); strings.Count(report, "#settled:") != 1 || !strings.Contains(report, "5 settled reservations' marks") {
+		t.Errorf("inspect llm:\n%s\nwant one line that counts 5 settled marks", report)
+	}
+	var parsed struct {
+		Keys []struct{ Key, Kind string } `json:"keys"`
+	}
+	if err := json.Unmarshal([]byte(inspectOf("-json", "github")), &parsed); err != nil || len(parsed.Keys) == 0 || parsed.Keys[0].Key != ruleKey {
+		t.Errorf("inspect -json github: %+v, %v; want the rule's key", parsed, err)
+	}
+
+	var out bytes.Buffer
+	if err := run(ctx, []string{"reset", "-redis", "redis://" + srv.Addr, "github"}, &out, &out); err != nil || !strings.Contains(out.String(), "would unlink 2 Redis keys") {
+		t.Errorf("reset without -yes: %v\n%s\nwant a list of the 2 keys it would unlink", err, out.String())
+	}
+	if report := inspectOf("github"); !strings.Contains(report, " 2 keys") {
+		t.Errorf("after reset without -yes:\n%s\nwant both keys still there", report)
+	}
+	out.Reset()
+	if err := run(ctx, []string{"reset", "-redis", "redis://" + srv.Addr, "-yes", "github"}, &out, &out); err != nil || !strings.Contains(out.String(), "unlinked 2 Redis keys") {
+		t.Errorf("reset -yes: %v\n%s", err, out.String())
+	}
+	if report := inspectOf(); strings.Contains(report, "github") || !strings.Contains(report, "llm") {
+		t.Errorf("after reset -yes github:\n%s\nwant llm's keys alone", report)
+	}
+	out.Reset()
+	if err := run(ctx, []string{"reset", "-h"}, &out, &out); !errors.Is(err, flag.ErrHelp) || !strings.Contains(out.String(), "pace reset -redis URL") || !strings.Contains(out.String(), "-yes") {
+		t.Errorf("reset -h: %v\n%s\nwant its usage", err, out.String())
+	}
+	if err := run(ctx, []string{"reset", "-redis", "redis://" + srv.Addr}, &out, &out); err == nil || !strings.Contains(err.Error(), "name the keys") {
+		t.Errorf("reset of no key: %v, want an error", err)
 	}
 }
