@@ -12,7 +12,9 @@ import (
 // NewRetryClient returns a go-retryablehttp client whose every attempt goes
 // through t: each attempt waits for its own token and honours the holds that
 // responses set. It retries connection errors, 429s and 5xx responses
-// (retryablehttp's DefaultRetryPolicy) up to 4 times, but not a wait that
+// (retryablehttp's DefaultRetryPolicy) up to 4 times, and any other response
+// that holds its key (see ParseHold), such as GitHub's 403 of a secondary
+// limit (Retry-After, or X-RateLimit-Remaining: 0), but not a wait that
 // pace refused or could not decide (a *DeadlineError, ErrUnavailable, a bad
 // key or cost): trying again would fail the same way. After a response that
 // set a hold, it retries at once, since the next attempt's wait already lasts
@@ -40,6 +42,11 @@ func retryPolicy(ctx context.Context, resp *http.Response, err error) (bool, err
 	var refused *DeadlineError
 	if errors.As(err, &refused) || errors.Is(err, ErrUnavailable) || errors.As(err, new(*requestError)) {
 		return false, err
+	}
+	if err == nil && resp != nil && resp.StatusCode == http.StatusForbidden && ctx.Err() == nil {
+		if _, held := ParseHold(resp, time.Now(), DefaultMaxHold); held {
+			return true, nil // a rate limit's refusal: the next attempt waits out the hold
+		}
 	}
 	return retryablehttp.DefaultRetryPolicy(ctx, resp, err)
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -87,6 +88,54 @@ func TestRetryClientReplaysAndHolds(t *testing.T) {
 	t.Logf("three attempts took %v", took)
 	if took < 2*time.Second || took > 2*time.Second+500*time.Millisecond {
 		t.Errorf("three attempts took %v, want the two 1s holds plus pacing, not backoff on top", took)
+	}
+}
+
+// TestRetryClientRetriesRateLimitForbiddens: GitHub's secondary limit is a
+// 403 with Retry-After, its primary one a 403 with X-RateLimit-Remaining:
+// 0 and its reset (1 to 2 s ahead, in whole seconds); both are retried
+// once the hold they set has passed
+// (neither was retried), and a plain 403 is not.
+func TestRetryClientRetriesRateLimitForbiddens(t *testing.T) {
+	besideOthers(t)
+	for name, tc := range map[string]struct {
+		header   http.Header
+		attempts int32
+		want     int
+	}{
+		"secondary limit": {http.Header{"Retry-After": {"1"}}, 2, http.StatusOK},
+		"primary limit":   {http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {"RESET"}}, 2, http.StatusOK},
+		"plain 403":       {http.Header{}, 1, http.StatusForbidden},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var attempts atomic.Int32
+			api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if attempts.Add(1) == 1 {
+					for k, v := range tc.header {
+						w.Header().Set(k, strings.ReplaceAll(v[0], "RESET", strconv.FormatInt(time.Now().Add(2*time.Second).Unix(), 10)))
+					}
+					w.WriteHeader(http.StatusForbidden)
+					return
+				}
+				w.WriteHeader(http.StatusOK)
+			}))
+			defer api.Close()
+			transport := &Transport{Limiter: mustLocal(t, PerSecond(10))}
+			defer transport.CloseIdleConnections()
+			start := time.Now()
+			resp, err := NewRetryClient(transport).Get(api.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.want || attempts.Load() != tc.attempts {
+				t.Errorf("%d after %d attempts, want %d after %d", resp.StatusCode, attempts.Load(), tc.want, tc.attempts)
+			}
+			if took := time.Since(start); tc.attempts == 2 && took < 900*time.Millisecond {
+				t.Errorf("the retry came %v after the first attempt, want after the hold of about a second", took)
+			}
+		})
 	}
 }
 
