@@ -35,7 +35,7 @@ const (
 	// pacing delay: up to 73 goroutines in 9 processes under the race
 	// detector on 2 cores do not run the moment they could.
 	schedulingSlack = 50 * time.Millisecond
-	// outageExcess is the README's bound: over any span, the fleet's grants
+	// outageExcess is docs/failures.md's bound: over any span, the fleet's grants
 	// exceed burst + rate*span by at most one burst at each of an outage's two
 	// switches (to local pacing, and back to Redis).
 	outageExcess = 2 * faultBurst
@@ -113,7 +113,7 @@ func (f faultRun) check(t *testing.T) {
 }
 
 // checkBound holds the fleet's grants, as the upstream saw them stamped, to
-// the README's bound over every span, and as many 429s as a strict
+// docs/failures.md's bound over every span, and as many 429s as a strict
 // upstream would have given had each request arrived when it was granted.
 // The upstream's own 429s are logged beside them: the rest of those came
 // from the jitter between a grant and its arrival, which no pacing decides.
@@ -147,11 +147,11 @@ func (f faultRun) checkBound(t *testing.T) {
 	}
 	piled := max(faultRate*stall.Seconds()-faultBurst, 0)
 	if excess > bound+piled || float64(paced) > bound+piled {
-		t.Errorf("%.1f grants beyond burst + rate*span and %d 429s as granted; the README's bound is %.1f, and %.1f more for a stall of %v", excess, paced, bound, piled, stall)
+		t.Errorf("%.1f grants beyond burst + rate*span and %d 429s as granted; docs/failures.md's bound is %.1f, and %.1f more for a stall of %v", excess, paced, bound, piled, stall)
 	}
 }
 
-// bound is the README's bound on grants beyond burst + rate*span in this
+// bound is docs/failures.md's bound on grants beyond burst + rate*span in this
 // run: a burst at each of the outage's two switches (outageExcess), and for
 // each process that was in fallback on its own, its share of the rate (the
 // rate over the fleet's size it had counted) for as long as that lasted.

@@ -264,7 +264,7 @@ func (w fleetWorker) run() (fleetReport, error) {
 	options := &redis.Options{Addr: w.Addr}
 	if !w.DefaultClient {
 		options.ContextTimeoutEnabled = true
-		options.PoolSize = 64 // see README: dial failures beyond PoolSize slow recovery
+		options.PoolSize = 64 // see docs/failures.md: dial failures beyond PoolSize slow recovery
 	}
 	client := redis.NewClient(options)
 	defer client.Close()

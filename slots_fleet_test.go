@@ -138,7 +138,7 @@ func anyOf(ids, all []string) bool {
 // 250 ms, not the default 50 ms: on these 2 cores, 4 race-instrumented
 // processes of 16 goroutines stalled a call past 50 ms in about 1 full run
 // in 4, and that process then fell back to its share of the cap beside the
-// slots the others held in Redis (11 or 12 in flight; see the README). No
+// slots the others held in Redis (11 or 12 in flight; see docs/concurrency-and-classes.md). No
 // live process may fall back.
 func TestFleetCapInFlight(t *testing.T) {
 	const (

@@ -121,7 +121,7 @@ func TestOutageKeepsKeysApart(t *testing.T) {
 // they read the hold from Redis when they wake. (They wake from 250 ms after
 // the restart on: go-redis redials a broken subscription inside Receive, up
 // to 5 times 100 ms apart by default, and only then says it broke; a caller
-// that wakes before that goes at its time, see README, When Redis fails.)
+// that wakes before that goes at its time, see docs/failures.md.)
 func TestHoldAfterRestartReachesSleepers(t *testing.T) {
 	besideOthers(t)
 	ctx := context.Background()

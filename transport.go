@@ -88,8 +88,7 @@ type Transport struct {
 	// IgnoreRefusals stops the Transport from cutting a key's rate, on
 	// Local or Redis, when the upstream refuses a request (a 429 or 503)
 	// without a Retry-After or counters that explain it, which it does by
-	// default: see EventRate, and the README's "When the API says slow
-	// down". A Rule can turn it off for its requests alone.
+	// default: see EventRate, and docs/counters.md. A Rule can turn it off for its requests alone.
 	IgnoreRefusals bool
 
 	// Rules, if set, decide each request's limiter, key and cost, and

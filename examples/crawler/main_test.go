@@ -12,7 +12,7 @@ import (
 // page no sooner than 7 x 50 ms after the start. When the embedded store was
 // too slow to answer (this test runs beside others, under the race
 // detector), each switch to local pacing and back may let one more page
-// through (README, "When Redis fails"): the bound allows a burst for each.
+// through (docs/failures.md): the bound allows a burst for each.
 func TestCrawl(t *testing.T) {
 	var out bytes.Buffer
 	if err := crawl(&out, "", "", 20, 8, 6); err != nil {

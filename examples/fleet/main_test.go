@@ -168,7 +168,7 @@ func TestDemoFaults(t *testing.T) {
 // of the last second lets through no more over 8 s. Where pace's limit is
 // nginx's, a refusal can come only from the jitter between a grant and its
 // arrival (nginx lets one request more than its burst go at once: 5 ms at
-// 200/s): none in the 3 runs of the README's figures, 1 in 2 beside a CPU hog.
+// 200/s): none in the 3 runs of docs/measurements.md's figures, 1 in 2 beside a CPU hog.
 func TestDemoAgainstRealLimiters(t *testing.T) {
 	for _, tc := range []struct {
 		limiter, limit         string
