@@ -38,7 +38,7 @@ type scanner interface {
 // key) and pipelined, readBatch keys at a time; a key whose data is not
 // pace's, or that expires meanwhile, says so on its own line, and the
 // report goes on.
-func inspect(ctx context.Context, w io.Writer, c redis.UniversalClient, prefix string, keys []string, asJSON bool) error {
+func inspect(ctx context.Context, w io.Writer, c redis.UniversalClient, prefix string, keys []string, known limits, asJSON bool) error {
 	now, err := c.Time(ctx).Result()
 	if err != nil {
 		return err
@@ -49,7 +49,7 @@ func inspect(ctx context.Context, w io.Writer, c redis.UniversalClient, prefix s
 	}
 	var parts []part
 	for batch := range slices.Chunk(names, readBatch) {
-		read, err := readParts(ctx, c, prefix, batch, now)
+		read, err := readParts(ctx, c, prefix, batch, known, now)
 		if err != nil {
 			return err
 		}
@@ -141,7 +141,7 @@ func escape(s string) string {
 // readParts reads the keys names, under prefix, at now, in two round
 // trips: their types, then what each needs. A command's error belongs to
 // its key; readParts fails only when Redis cannot be reached.
-func readParts(ctx context.Context, c redis.UniversalClient, prefix string, names []string, now time.Time) ([]part, error) {
+func readParts(ctx context.Context, c redis.UniversalClient, prefix string, names []string, known limits, now time.Time) ([]part, error) {
 	parts := make([]part, len(names))
 	types := make([]*redis.StatusCmd, len(names))
 	pipe := c.Pipeline()
@@ -162,7 +162,7 @@ func readParts(ctx context.Context, c redis.UniversalClient, prefix string, name
 		case typ == "none":
 			parts[i].state = "gone: it expired during the report"
 		default:
-			finish[i] = plan(ctx, pipe, &parts[i], typ, now)
+			finish[i] = plan(ctx, pipe, &parts[i], typ, known, now)
 		}
 	}
 	if _, err := pipe.Exec(ctx); unreachable(err) {
@@ -211,9 +211,9 @@ func (p *part) failed(err error) {
 const maxRead = 1024
 
 // plan queues on pipe the bounded reads p needs, by its suffix and its
-// Redis type typ, and returns what makes p's state of their replies once
+// Redis type typ (and, for a limit's key, its limit, when known), and returns what makes p's state of their replies once
 // pipe has run (nil when p needs no read).
-func plan(ctx context.Context, pipe redis.Pipeliner, p *part, typ string, now time.Time) func() error {
+func plan(ctx context.Context, pipe redis.Pipeliner, p *part, typ string, known limits, now time.Time) func() error {
 	suffix := p.suffix
 	var want string // the type pace keeps there
 	var finish func() error
@@ -246,58 +246,13 @@ func plan(ctx context.Context, pipe redis.Pipeliner, p *part, typ string, now ti
 		want = "zset"
 		finish = readSlots(ctx, pipe, p, now)
 	default:
-		return planLimit(ctx, pipe, p, typ, now)
+		return planLimit(ctx, pipe, p, typ, known, now)
 	}
 	if typ != want {
 		p.state = fmt.Sprintf("a %s, where pace keeps a %s: not pace's", typ, want)
 		return nil
 	}
 	return finish
-}
-
-// planLimit plans the read of a limit's key: a bucket's schedule (a
-// string), a sliding window's grants (a sorted set), a fixed window's
-// counts (a hash).
-func planLimit(ctx context.Context, pipe redis.Pipeliner, p *part, typ string, now time.Time) func() error {
-	switch typ {
-	case "string":
-		p.kind = "bucket"
-		return readString(ctx, pipe, p, func(text string) string {
-			fields := strings.Fields(text)
-			if len(fields) == 0 {
-				return strconv.Quote(text) + ", not pace's"
-			}
-			if len(fields) > 1 {
-				p.kind = "bucket, steered by the upstream's counters"
-			}
-			return "schedule booked until " + since(fields[0], now) + " (a new request waits that, less burst - 1 intervals)"
-		})
-	case "zset":
-		p.kind = "sliding window"
-		n, oldest := pipe.ZCard(ctx, p.redis), pipe.ZRangeWithScores(ctx, p.redis, 0, 0)
-		return func() error {
-			p.state = fmt.Sprintf("%d grants kept", n.Val())
-			if z := oldest.Val(); len(z) > 0 {
-				p.state += ", the oldest " + since(strconv.FormatFloat(z[0].Score, 'f', 0, 64), now)
-			}
-			return errors.Join(n.Err(), oldest.Err())
-		}
-	case "hash":
-		p.kind = "fixed window"
-		n, some := pipe.HLen(ctx, p.redis), pipe.HScan(ctx, p.redis, 0, "", shownMembers)
-		return func() error {
-			fields, _ := some.Val()
-			var windows []string
-			for i := 0; i+1 < len(fields) && len(windows) < shownMembers; i += 2 {
-				windows = append(windows, "window "+strconv.Quote(fields[i])+": "+strconv.Quote(fields[i+1])+" used")
-			}
-			slices.Sort(windows)
-			p.state = strings.Join(windows, ", ") + more(int(n.Val()), len(windows))
-			return errors.Join(n.Err(), some.Err())
-		}
-	}
-	p.kind, p.state = strconv.Quote(typ), "not pace's"
-	return nil
 }
 
 // shownMembers is how many members of a set inspect shows, at most.

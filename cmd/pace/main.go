@@ -49,8 +49,8 @@ func main() {
 }
 
 const usage = `usage:
-  pace inspect -redis URL [-prefix P] [-json] [KEY...]   what pace keeps in Redis, per key
-  pace watch -redis URL [-prefix P] [-every D] [KEY...]   the same, again every D
+  pace inspect -redis URL [-prefix P] [-limit L]... [-json] [KEY...]   what pace keeps in Redis, per key
+  pace watch -redis URL [-prefix P] [-limit L]... [-every D] [KEY...]   the same, again every D
   pace reset -redis URL [-prefix P] [-yes] KEY...         clear the keys' state (a dry run without -yes)
 (-cluster HOST:PORT,... instead of -redis for a Redis Cluster; a KEY is a key,
 a rule's name, or a host, with or without its port)
@@ -74,11 +74,14 @@ func run(ctx context.Context, args []string, out, errOut io.Writer) error {
 	prefix := flags.String("prefix", pace.DefaultPrefix, "the prefix of pace's keys (WithPrefix)")
 	var every *time.Duration
 	var asJSON, yes *bool
+	known := limits{}
 	switch command {
-	case "inspect":
+	case "inspect", "watch":
+		flags.Var(known, "limit", "a limit as pace.ParseLimit reads it, TEXT for a quota of one unnamed limit or NAME=TEXT for a named one, so that the report says what is left (again for each)")
 		asJSON = flags.Bool("json", false, "write the report as JSON")
-	case "watch":
-		every = flags.Duration("every", time.Second, "how often to refresh")
+		if command == "watch" {
+			every = flags.Duration("every", time.Second, "how often to refresh")
+		}
 	case "reset":
 		yes = flags.Bool("yes", false, "unlink the keys; without it, list what would be unlinked")
 	}
@@ -95,13 +98,13 @@ func run(ctx context.Context, args []string, out, errOut io.Writer) error {
 	defer client.Close()
 	switch command {
 	case "inspect":
-		return inspect(ctx, out, client, *prefix, flags.Args(), *asJSON)
+		return inspect(ctx, out, client, *prefix, flags.Args(), known, *asJSON)
 	case "reset":
 		return reset(ctx, out, client, *prefix, flags.Args(), *yes)
 	}
 	for {
 		fmt.Fprint(out, "\033[H\033[2J")
-		if err := inspect(ctx, out, client, *prefix, flags.Args(), false); err != nil {
+		if err := inspect(ctx, out, client, *prefix, flags.Args(), known, *asJSON); err != nil {
 			return err
 		}
 		time.Sleep(*every)

@@ -191,7 +191,7 @@ func TestInspectHostileData(t *testing.T) {
 	if strings.ContainsAny(report, "\x1b\a\r") || strings.Contains(report, "\nforged") {
 		t.Errorf("the report holds a key's control characters raw")
 	}
-	parts, err := readParts(ctx, c, "pace:", []string{"pace:{gone}"}, time.Now())
+	parts, err := readParts(ctx, c, "pace:", []string{"pace:{gone}"}, limits{}, time.Now())
 	if err != nil || len(parts) != 1 || !strings.Contains(parts[0].state, "gone") {
 		t.Errorf("a key gone before its read: %+v, %v; want its line to say it is gone", parts, err)
 	}
@@ -321,5 +321,55 @@ func TestInspectFindsRulesAndResets(t *testing.T) {
 	}
 	if err := run(ctx, []string{"reset", "-redis", "redis://" + srv.Addr}, &out, &out); err == nil || !strings.Contains(err.Error(), "name the keys") {
 		t.Errorf("reset of no key: %v, want an error", err)
+	}
+}
+
+// TestInspectSaysWhatIsLeft: told a key's limit (-limit TEXT for a quota of
+// one unnamed bucket, NAME=TEXT for a named one), or reading it from the
+// key's name (an AllOf's unnamed limits), inspect says how much is left
+// now and how long a new request would wait: for a bucket, a sliding
+// window and a fixed window, one of them full.
+func TestInspectSaysWhatIsLeft(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	for _, tc := range []struct {
+		quota pace.Quota
+		key   string
+		waits int
+	}{
+		{pace.PerSecond(10).WithBurst(5), "api", 3},
+		{pace.AllOf{pace.Window(5, time.Minute), pace.FixedWindow(10, time.Hour)}, "search", 5},
+		{pace.AllOf{pace.PerSecond(100).Named("requests"), pace.PerMinute(1000).WithBurst(1000).Named("tokens")}, "llm", 4},
+	} {
+		r, err := pace.NewRedis(c, tc.quota, pace.WithFleetSize(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		for range tc.waits {
+			if err := r.Wait(ctx, tc.key, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var out bytes.Buffer
+	if err := run(ctx, []string{"inspect", "-redis", "redis://" + srv.Addr, "-limit", "10/s burst 5", "-limit", "tokens=1000/m burst 1000"}, &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	report := out.String()
+	t.Logf("\n%s", report)
+	for _, want := range []string{
+		"limit 10/s burst 5: 2 of 5 tokens left, a new request waits 0s",
+		"limit 5/m sliding: 0 of 5 left, a new request waits 59.9",
+		"limit 10/h fixed: 5 of 10 left in this window, a new request waits 0s",
+		"limit 1000/m: 996 of 1000 tokens left, a new request waits 0s",
+	} {
+		if !strings.Contains(report, want) {
+			t.Errorf("the report has no %q", want)
+		}
+	}
+	if err := run(ctx, []string{"inspect", "-redis", "redis://" + srv.Addr, "-limit", "10/x"}, &out, &out); err == nil || !strings.Contains(err.Error(), "10/x") {
+		t.Errorf("-limit 10/x: %v, want an error that names it", err)
 	}
 }
