@@ -1,6 +1,9 @@
-// Command pace shows operators what a fleet's limiters keep in Redis, and
-// clears a key's state.
+// Command pace shows operators what a fleet's limiters keep in Redis,
+// clears a key's state, and serves pace's quota to fleets in any
+// language, as a reverse proxy before each upstream (see docs/serve.md).
 //
+//	pace serve   -upstream URL -limit TEXT [-listen ADDR] [-redis URL]
+//	pace serve   -config FILE
 //	pace inspect -redis URL [-prefix P] [KEY...]
 //	pace watch   -redis URL [-prefix P] [-every 1s] [KEY...]
 //	pace inspect -cluster HOST:PORT,HOST:PORT [KEY...]
@@ -49,6 +52,7 @@ func main() {
 }
 
 const usage = `usage:
+  pace serve -upstream URL -limit TEXT [-listen ADDR] [-redis URL]   a reverse proxy that paces (or -config FILE)
   pace inspect -redis URL [-prefix P] [-limit L]... [-json] [KEY...]   what pace keeps in Redis, per key
   pace watch -redis URL [-prefix P] [-limit L]... [-every D] [KEY...]   the same, again every D
   pace reset -redis URL [-prefix P] [-yes] KEY...         clear the keys' state (a dry run without -yes)
@@ -58,9 +62,12 @@ a rule's name, or a host, with or without its port)
 
 // run runs the command of args, writing its report to out.
 func run(ctx context.Context, args []string, out, errOut io.Writer) error {
+	if len(args) > 0 && args[0] == "serve" {
+		return serve(ctx, args[1:], errOut)
+	}
 	if len(args) == 0 || !slices.Contains([]string{"inspect", "watch", "reset"}, args[0]) {
 		fmt.Fprint(errOut, usage)
-		return errors.New("want a command: inspect, watch or reset")
+		return errors.New("want a command: serve, inspect, watch or reset")
 	}
 	command := args[0]
 	flags := flag.NewFlagSet("pace "+command, flag.ContinueOnError)

@@ -1,0 +1,275 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+	otelprometheus "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/fleetpace/pace"
+	"github.com/fleetpace/pace/extra/paceotel"
+)
+
+const serveUsage = `usage:
+  pace serve -upstream URL -limit TEXT [-listen ADDR] [-redis URL] [-in-flight N] [-max-wait D]
+  pace serve -config FILE
+`
+
+// serve runs pace serve with args until ctx ends or a SIGINT or SIGTERM
+// comes, logging to logOut.
+func serve(ctx context.Context, args []string, logOut io.Writer) error {
+	c, err := serveFlags(args, logOut)
+	if err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewTextHandler(logOut, nil))
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	s, err := newServer(ctx, c, logger)
+	if err != nil {
+		return err
+	}
+	if err := s.start(); err != nil {
+		s.close()
+		return err
+	}
+	<-ctx.Done()
+	return s.shutdown()
+}
+
+// serveFlags reads pace serve's flags into a configuration: its -config
+// file, or the one route the other flags say.
+func serveFlags(args []string, errOut io.Writer) (*serveConfig, error) {
+	flags := flag.NewFlagSet("pace serve", flag.ContinueOnError)
+	flags.SetOutput(errOut)
+	flags.Usage = func() {
+		fmt.Fprint(errOut, serveUsage+"\nflags of pace serve:\n")
+		flags.PrintDefaults()
+	}
+	file := flags.String("config", "", "a YAML file of routes (docs/serve.md); no other flag goes with it")
+	var r routeConfig
+	var c serveConfig
+	flags.StringVar(&c.Listen, "listen", defaultListen, "the address to listen on")
+	flags.StringVar(&c.Redis, "redis", "", "the Redis URL the replicas share (redis://HOST:PORT/DB); without it, an embedded store paces this replica alone")
+	flags.StringVar(&r.Upstream, "upstream", "", "the upstream's URL")
+	flags.StringVar(&r.Limit, "limit", "", "the upstream's limit, as pace.ParseLimit reads it (100/s, 5000/h, 10/s burst 20)")
+	flags.IntVar(&r.InFlight, "in-flight", 0, "a cap of requests in flight (0: none)")
+	flags.DurationVar(&r.MaxWait, "max-wait", defaultMaxWait, "the longest a request waits; a longer wait is answered 429 at once")
+	flags.StringVar(&r.Name, "name", "upstream", "the route's name, which begins its keys")
+	if err := flags.Parse(args); err != nil {
+		return nil, err
+	}
+	if flags.NArg() > 0 {
+		return nil, fmt.Errorf("pace serve takes no arguments, only flags: %q", flags.Args())
+	}
+	if *file != "" {
+		if flags.NFlag() > 1 {
+			return nil, errors.New("-config: the routes are in the file; no other flag goes with it")
+		}
+		config, err := readConfig(*file)
+		if err != nil {
+			return nil, err
+		}
+		return config, config.check()
+	}
+	c.Routes = []routeConfig{r}
+	c.fill()
+	return &c, c.check()
+}
+
+// A server is pace serve's routes on their addresses, with /healthz,
+// /metrics and the wait endpoint on the first.
+type server struct {
+	config    serveConfig
+	logger    *slog.Logger
+	routes    []*route
+	servers   []*http.Server
+	listeners []net.Listener
+	stop      context.CancelFunc // ends every wait
+	closeAll  func()             // the limiters, the Redis client, the store
+	serving   sync.WaitGroup
+	stopped   sync.Once
+	stopErr   error
+}
+
+// newServer builds c's routes on their Redis; ctx is the server's life,
+// whose end the waits end with.
+func newServer(ctx context.Context, c *serveConfig, logger *slog.Logger) (*server, error) {
+	s := &server{config: *c, logger: logger}
+	st, closeStore, err := s.openStore()
+	if err != nil {
+		return nil, err
+	}
+	registry := prometheus.NewRegistry()
+	exporter, err := otelprometheus.New(otelprometheus.WithRegisterer(registry))
+	if err != nil {
+		closeStore()
+		return nil, err
+	}
+	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	stopping, stop := context.WithCancel(context.WithoutCancel(ctx))
+	s.stop = stop
+	s.closeAll = func() {
+		for _, rt := range s.routes {
+			rt.close()
+		}
+		meters.Shutdown(context.Background())
+		closeStore()
+	}
+	base := upstreamBase()
+	for _, rc := range c.Routes {
+		observer, err := paceotel.NewObserver(paceotel.WithName(rc.Name), paceotel.WithMeterProvider(meters))
+		if err != nil {
+			s.close()
+			return nil, err
+		}
+		rst := st
+		rst.options = append(rst.options, pace.WithObserver(both(observer, pace.SlogObserver(logger))))
+		rt, err := newRoute(rc, rst, base, stopping)
+		if err != nil {
+			s.close()
+			return nil, fmt.Errorf("route %q: %w", rc.Name, err)
+		}
+		s.routes = append(s.routes, rt)
+	}
+	s.buildServers(promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	return s, nil
+}
+
+// openStore returns the store of the configuration's Redis, or of an
+// embedded one, and a function that closes it.
+func (s *server) openStore() (store, func(), error) {
+	url := s.config.Redis
+	var embedded *miniredis.Miniredis
+	if url == "" {
+		var err error
+		if embedded, err = miniredis.Run(); err != nil {
+			return store{}, nil, err
+		}
+		url = "redis://" + embedded.Addr()
+		s.logger.Warn("pace serve: no -redis: an embedded store paces this replica alone; give the replicas one Redis to share the quota")
+	}
+	options, err := redis.ParseURL(url)
+	if err != nil {
+		return store{}, nil, fmt.Errorf("redis %q: %w", url, err)
+	}
+	options.ContextTimeoutEnabled = true // pace's call timeout, without a goroutine
+	client := redis.NewClient(options)
+	closeStore := func() {
+		client.Close()
+		if embedded != nil {
+			embedded.Close()
+		}
+	}
+	return store{client: client, options: []pace.RedisOption{pace.WithPrefix(s.config.Prefix)}}, closeStore, nil
+}
+
+// buildServers makes one http.Server an address, its routes on it by path.
+func (s *server) buildServers(metrics http.Handler) {
+	muxes := map[string]*http.ServeMux{s.config.Listen: http.NewServeMux()}
+	order := []string{s.config.Listen}
+	for _, rt := range s.routes {
+		mux, ok := muxes[rt.config.Listen]
+		if !ok {
+			mux = http.NewServeMux()
+			muxes[rt.config.Listen] = mux
+			order = append(order, rt.config.Listen)
+		}
+		mux.Handle(rt.config.Path, rt)
+	}
+	first := muxes[s.config.Listen]
+	first.HandleFunc("POST "+waitPath, waitHandler(s.routes))
+	first.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
+	first.Handle("GET /metrics", metrics)
+	for _, addr := range order {
+		s.servers = append(s.servers, &http.Server{Addr: addr, Handler: muxes[addr], ReadHeaderTimeout: 10 * time.Second})
+	}
+}
+
+// start checks the Redis, listens on every address and serves.
+func (s *server) start() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, rt := range s.routes {
+		if err := rt.limiter.Check(ctx); err != nil {
+			s.logger.Error("pace serve: Redis cannot pace the fleet; this replica paces alone until it can", "route", rt.config.Name, "err", err)
+			break
+		}
+	}
+	for _, srv := range s.servers {
+		l, err := net.Listen("tcp", srv.Addr)
+		if err != nil {
+			return fmt.Errorf("listen %s: %w", srv.Addr, err)
+		}
+		s.listeners = append(s.listeners, l)
+	}
+	for i, srv := range s.servers {
+		s.logger.Info("pace serve: listening", "addr", s.listeners[i].Addr().String())
+		s.serving.Go(func() { srv.Serve(s.listeners[i]) })
+	}
+	return nil
+}
+
+// shutdown ends the waits (their tokens go back, their clients get a
+// 503), lets the requests in flight end within the drain, and closes; once,
+// however often it is called.
+func (s *server) shutdown() error {
+	s.stopped.Do(func() { s.stopErr = s.drain() })
+	return s.stopErr
+}
+
+// drain is shutdown's work.
+func (s *server) drain() error {
+	s.logger.Info("pace serve: shutting down", "drain", s.config.Drain)
+	s.stop()
+	ctx, cancel := context.WithTimeout(context.Background(), s.config.Drain)
+	defer cancel()
+	var errs []error
+	for _, srv := range s.servers {
+		errs = append(errs, srv.Shutdown(ctx))
+	}
+	s.serving.Wait()
+	s.close()
+	return errors.Join(errs...)
+}
+
+// close closes what the server holds.
+func (s *server) close() {
+	for _, l := range s.listeners {
+		l.Close()
+	}
+	s.closeAll()
+}
+
+// upstreamBase returns the transport to the upstreams: Go's default, with
+// the system's roots for TLS, and enough idle connections for thousands of
+// requests a second.
+func upstreamBase() http.RoundTripper {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns = 1024
+	t.MaxIdleConnsPerHost = 512
+	return t
+}
+
+// both returns an Observer that tells a and b.
+func both(a, b pace.Observer) pace.Observer {
+	return func(ctx context.Context, e pace.Event) {
+		a(ctx, e)
+		b(ctx, e)
+	}
+}

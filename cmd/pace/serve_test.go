@@ -1,0 +1,375 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetpace/pace"
+	"github.com/fleetpace/pace/internal/redistest"
+)
+
+// startServe starts pace serve in this process with the YAML config,
+// listening on a free loopback port, and returns its URL.
+func startServe(t *testing.T, config string) (*server, string) {
+	t.Helper()
+	c, err := parseConfig([]byte(config))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Listen = "127.0.0.1:0"
+	for i := range c.Routes {
+		c.Routes[i].Listen = c.Listen
+	}
+	if err := c.check(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := newServer(context.Background(), c, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.start(); err != nil {
+		s.close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.shutdown() })
+	return s, "http://" + s.listeners[0].Addr().String()
+}
+
+func TestServeConfigErrors(t *testing.T) {
+	t.Setenv("PACE_TEST_EMPTY", "")
+	route := func(extra string) string {
+		return "routes:\n  - name: api\n    upstream: http://127.0.0.1:1/v1\n" + extra
+	}
+	cases := map[string]struct{ config, want string }{
+		"unknown field":        {route("    limit: 1/s\n    limt: 2/s\n"), "field limt not found"},
+		"no routes":            {"listen: 127.0.0.1:1\n", "routes: want at least one route"},
+		"no limit":             {route(""), `limit "", limits map[]: want one of them`},
+		"both limits":          {route("    limit: 1/s\n    limits: {tokens: 10/s}\n"), "want one of them"},
+		"bad limit":            {route("    limit: 10/x\n"), `limit: pace: invalid limit "10/x"`},
+		"bad named limit":      {route("    limits: {tokens: lots}\n"), `limits.tokens: pace: invalid limit "lots"`},
+		"same name":            {route("    limit: 1/s\n    path: /a/\n  - name: api\n    upstream: http://x\n    limit: 1/s\n    path: /b/\n"), `name "api": another route has it`},
+		"shadowed route":       {route("    limit: 1/s\n  - name: other\n    upstream: http://x\n    limit: 1/s\n"), `path "/": route "api" takes every request there first, so this route can match none`},
+		"path without slash":   {route("    limit: 1/s\n    path: /openai\n"), `path "/openai": want a prefix that ends in a slash (/openai/)`},
+		"path on pace's own":   {route("    limit: 1/s\n    path: /pace/v1/\n"), `path "/pace/v1/"`},
+		"upstream scheme":      {"routes:\n  - name: a\n    upstream: ftp://x\n    limit: 1/s\n", `upstream "ftp://x": want an http or https URL`},
+		"upstream no host":     {"routes:\n  - name: a\n    upstream: http:///v1\n    limit: 1/s\n", `upstream "http:///v1": want a host`},
+		"bad name":             {"routes:\n  - name: a b\n    upstream: http://x\n    limit: 1/s\n", `name "a b"`},
+		"costs of no limit":    {route("    limit: 1/s\n    costs: openai\n"), `costs "openai": want limits named [tokens]`},
+		"unknown costs":        {route("    limits: {tokens: 1/s}\n    costs: gemini\n"), `costs "gemini": want openai, anthropic or nothing`},
+		"bad class header":     {route("    limit: 1/s\n    class_header: 'X Class'\n"), `class_header "X Class": not a header name`},
+		"unset api key":        {route("    limit: 1/s\n    api_key_env: PACE_TEST_EMPTY\n"), `api_key_env "PACE_TEST_EMPTY": that variable is empty or unset`},
+		"negative cap":         {route("    limit: 1/s\n    in_flight: -1\n"), "in_flight -1"},
+		"short lease":          {route("    limit: 1/s\n    lease: 1ms\n"), "lease 1ms: want 30ms to 1h"},
+		"bad listen":           {"listen: nope\n" + route("    limit: 1/s\n"), `listen "nope": want HOST:PORT`},
+		"rule takes all":       {route("    limit: 1/s\n    rules:\n      - {name: all, limit: 1/s}\n"), `rules[0] "all": no path and no method: it takes every request`},
+		"rule outside path":    {route("    limit: 1/s\n    rules:\n      - {name: s, path: /search/, limit: 1/s}\n"), `rules[0] "s": path "/search/": outside the upstream's path "/v1"`},
+		"rule bad method":      {route("    limit: 1/s\n    rules:\n      - {name: s, method: 'G T', limit: 1/s}\n"), `"G T"`},
+		"rule bad limit":       {route("    limit: 1/s\n    rules:\n      - {name: s, path: /v1/x/, limit: 0/s}\n"), `rules[0] "s": limit: pace`},
+		"rule cost past burst": {route("    limit: 1/s\n    rules:\n      - {name: s, path: /v1/x/, limit: 2/s, cost: 5}\n"), "5"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			err := configError(tc.config)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// configError returns the error of config, checked and built.
+func configError(config string) error {
+	c, err := parseConfig([]byte(config))
+	if err != nil {
+		return err
+	}
+	if err := c.check(); err != nil {
+		return err
+	}
+	return buildError(c)
+}
+
+// buildError returns the error of building a server of c.
+func buildError(c *serveConfig) error {
+	s, err := newServer(context.Background(), c, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		return err
+	}
+	s.close()
+	return nil
+}
+
+func TestServeFlagErrors(t *testing.T) {
+	cases := map[string]string{
+		"-config x.yaml -limit 1/s":             "no other flag goes with it",
+		"-name a -upstream http://x -limit 1/y": `route "a": limit: pace: invalid limit "1/y"`,
+		"-limit 1/s":                            `upstream "": want an http or https URL`,
+		"-upstream http://x -limit 1/s extra":   "takes no arguments",
+	}
+	for args, want := range cases {
+		c, err := serveFlags(strings.Fields(args), io.Discard)
+		if err == nil {
+			err = buildError(c)
+		}
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("pace serve %s: got %v, want an error with %q", args, err, want)
+		}
+	}
+}
+
+// TestServeIsTransparent sends through pace serve what an upstream must
+// see unchanged: a request body as it comes, the client's credentials,
+// the path beneath the route's prefix; and returns what it answers: its
+// status, its headers, its body, a stream each event as it is written.
+func TestServeIsTransparent(t *testing.T) {
+	redisServer := redistest.Start(t)
+	bodyPart := make(chan string)
+	sent := make(chan struct{})
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen := fmt.Sprintf("%s %s auth=%q hop=%q pace=%q", r.Method, r.URL.RequestURI(), r.Header.Get("Authorization"), r.Header.Get("X-Hop"), r.Header.Get("X-Pace-Max-Wait"))
+		w.Header().Set("X-Seen", seen)
+		w.Header().Set("X-RateLimit-Remaining", "4999")
+		if r.URL.Path == "/v1/upload" { // the first part of the body comes before the client sends the second
+			part := make([]byte, 5)
+			io.ReadFull(r.Body, part)
+			bodyPart <- string(part)
+			rest, _ := io.ReadAll(r.Body)
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, "%s+%s", part, rest)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := range 3 {
+			fmt.Fprintf(w, "data: chunk %d\n\n", i)
+			w.(http.Flusher).Flush()
+			<-sent // the client has read it
+		}
+	}))
+	defer upstream.Close()
+	_, base := startServe(t, fmt.Sprintf("redis: redis://%s\nroutes:\n  - {name: api, path: /api/, upstream: '%s/v1', limit: 100/s}\n", redisServer.Addr, upstream.URL))
+
+	t.Run("stream", func(t *testing.T) {
+		req, _ := http.NewRequest("GET", base+"/api/events?x=1", nil)
+		req.Header.Set("Authorization", "Bearer client-token")
+		req.Header.Set("Connection", "X-Hop")
+		req.Header.Set("X-Hop", "dropped")
+		req.Header.Set("X-Pace-Max-Wait", "5s")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if want := `GET /v1/events?x=1 auth="Bearer client-token" hop="" pace=""`; resp.Header.Get("X-Seen") != want {
+			t.Errorf("the upstream saw %q, want %q", resp.Header.Get("X-Seen"), want)
+		}
+		if resp.Header.Get("X-RateLimit-Remaining") != "4999" {
+			t.Errorf("X-RateLimit-Remaining %q, want the upstream's 4999", resp.Header.Get("X-RateLimit-Remaining"))
+		}
+		lines := bufio.NewReader(resp.Body)
+		for i := range 3 {
+			line, err := lines.ReadString('\n')
+			if want := fmt.Sprintf("data: chunk %d\n", i); line != want || err != nil {
+				t.Fatalf("read %q, %v; want %q", line, err, want)
+			}
+			lines.ReadString('\n')
+			sent <- struct{}{} // the upstream writes the next only now: a buffered stream would never get here
+		}
+	})
+	t.Run("body", func(t *testing.T) {
+		reader, writer := io.Pipe()
+		go func() {
+			writer.Write([]byte("first"))
+			<-bodyPart // the upstream has read the first part
+			writer.Write([]byte("second"))
+			writer.Close()
+		}()
+		resp, err := http.Post(base+"/api/upload", "text/plain", reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusCreated || string(body) != "first+second" {
+			t.Errorf("got %d %q, want the upstream's 201 \"first+second\"", resp.StatusCode, body)
+		}
+	})
+}
+
+func TestServeReplacesTheClientsKey(t *testing.T) {
+	t.Setenv("PACE_TEST_KEY", "route-secret")
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "auth=%q api-key=%q", r.Header.Get("Authorization"), r.Header.Get("X-Api-Key"))
+	}))
+	defer upstream.Close()
+	redisServer := redistest.Start(t)
+	_, base := startServe(t, fmt.Sprintf("redis: redis://%s\nroutes:\n  - {name: a, path: /openai/, upstream: '%s', limit: 100/s, api_key_env: PACE_TEST_KEY}\n  - {name: b, path: /anthropic/, upstream: '%s', limit: 100/s, api_key_env: PACE_TEST_KEY, api_key_header: x-api-key}\n", redisServer.Addr, upstream.URL, upstream.URL))
+	for path, want := range map[string]string{
+		"/openai/x":    `auth="Bearer route-secret" api-key=""`,
+		"/anthropic/x": `auth="" api-key="route-secret"`,
+	} {
+		req, _ := http.NewRequest("GET", base+path, nil)
+		req.Header.Set("Authorization", "Bearer client-token")
+		req.Header.Set("X-Api-Key", "client-key")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(body) != want {
+			t.Errorf("%s: the upstream saw %s, want %s", path, body, want)
+		}
+	}
+}
+
+// TestServeRefusesAWaitPastItsDeadline asks for waits past the client's
+// deadline and the route's max_wait: each is a 429 at once whose
+// Retry-After is the wait, and books nothing, so a later request's wait is
+// the same.
+func TestServeRefusesAWaitPastItsDeadline(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer upstream.Close()
+	redisServer := redistest.Start(t)
+	_, base := startServe(t, fmt.Sprintf("redis: redis://%s\nroutes:\n  - {name: api, upstream: '%s', limit: 1/m, max_wait: 30s}\n", redisServer.Addr, upstream.URL))
+	get := func(header string) *http.Response {
+		req, _ := http.NewRequest("GET", base+"/", nil)
+		if header != "" {
+			req.Header.Set(maxWaitHeader, header)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	if resp := get(""); resp.StatusCode != http.StatusOK {
+		t.Fatalf("the first request: %d, want 200", resp.StatusCode)
+	}
+	for _, header := range []string{"100ms", "0.5", "", "100ms"} { // "": the route's max_wait of 30s
+		resp := get(header)
+		retry, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+		if resp.StatusCode != http.StatusTooManyRequests || retry < 59 || retry > 60 {
+			t.Errorf("%s %q: %d with Retry-After %q, want 429 with the wait of about 60 s, nothing booked", maxWaitHeader, header, resp.StatusCode, resp.Header.Get("Retry-After"))
+		}
+	}
+	if resp := get("soon"); resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("%s soon: %d, want 400", maxWaitHeader, resp.StatusCode)
+	}
+}
+
+// TestServeWaitEndpoint waits through the wait endpoint and through a Go
+// limiter on the same Redis and key: they share the bucket.
+func TestServeWaitEndpoint(t *testing.T) {
+	redisServer := redistest.Start(t)
+	_, base := startServe(t, fmt.Sprintf("redis: redis://%s\nroutes:\n  - {name: api, upstream: 'http://127.0.0.1:1', limit: 1/m burst 2}\n", redisServer.Addr))
+	post := func(body string) (int, map[string]any) {
+		resp, err := http.Post(base+waitPath, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var reply map[string]any
+		json.NewDecoder(resp.Body).Decode(&reply)
+		return resp.StatusCode, reply
+	}
+	if status, reply := post(`{"cost": 1}`); status != http.StatusOK || reply["key"] != "api|127.0.0.1:1" {
+		t.Fatalf("got %d %v, want 200 on the route's key", status, reply)
+	}
+	limiter, err := pace.NewRedis(redisServer.Client(t), pace.PerMinute(1).WithBurst(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer limiter.Close()
+	if err := limiter.Wait(context.Background(), "api|127.0.0.1:1", 1); err != nil {
+		t.Fatal(err)
+	}
+	if status, reply := post(`{"timeout_ms": 100}`); status != http.StatusTooManyRequests || reply["retry_after_ms"].(float64) < 59000 {
+		t.Errorf("after the Go limiter took the last token: %d %v, want 429 with a wait of about 60 s", status, reply)
+	}
+	for body, want := range map[string]string{
+		`{"cost": 1`:             "wait request",
+		`{"cost": 1, "kost": 2}`: `unknown field "kost"`,
+		`{"route": "other"}`:     `route "other": no such route`,
+		`{"timeout_ms": -1}`:     "timeout_ms -1",
+		`{"cost": 5}`:            "exceeds the burst 2",
+	} {
+		if status, reply := post(body); status/100 != 4 || !strings.Contains(fmt.Sprint(reply["error"]), want) {
+			t.Errorf("%s: %d %v, want a 4xx that says %q", body, status, reply, want)
+		}
+	}
+}
+
+// TestServeShutdown stops a server while one request is in flight and one
+// waits: the first ends with the upstream's answer, the second is a 503
+// and gives its token back.
+func TestServeShutdown(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-release
+		io.WriteString(w, "done")
+	}))
+	defer upstream.Close()
+	redisServer := redistest.Start(t)
+	s, base := startServe(t, fmt.Sprintf("redis: redis://%s\nroutes:\n  - {name: api, upstream: '%s', limit: 1/m burst 1, max_wait: 5m}\n", redisServer.Addr, upstream.URL))
+	results := make(chan string, 2)
+	get := func() {
+		resp, err := http.Get(base + "/")
+		if err != nil {
+			results <- err.Error()
+			return
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		results <- fmt.Sprintf("%d %s", resp.StatusCode, body)
+	}
+	go get()
+	<-arrived
+	go get()
+	limiter, err := pace.NewRedis(redisServer.Client(t), pace.PerMinute(1).WithBurst(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer limiter.Close()
+	waitedFor := func() time.Duration {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+		defer cancel()
+		var late *pace.DeadlineError
+		if err := limiter.Wait(ctx, "api|"+strings.TrimPrefix(upstream.URL, "http://"), 1); !errors.As(err, &late) {
+			t.Fatalf("got %v, want a DeadlineError", err)
+		}
+		return late.Delay
+	}
+	for waitedFor() < 90*time.Second { // the second request booked the next token
+		time.Sleep(10 * time.Millisecond)
+	}
+	done := make(chan error)
+	go func() { done <- s.shutdown() }()
+	if got := <-results; !strings.HasPrefix(got, "503 ") {
+		t.Errorf("the waiting request got %q, want a 503", got)
+	}
+	if d := waitedFor(); d > 61*time.Second {
+		t.Errorf("after the shutdown a new wait is %v, want the next token's (about 60 s): the waiting request's went back", d)
+	}
+	close(release)
+	if got := <-results; got != "200 done" {
+		t.Errorf("the request in flight got %q, want the upstream's 200 done", got)
+	}
+	if err := <-done; err != nil {
+		t.Errorf("shutdown: %v", err)
+	}
+}

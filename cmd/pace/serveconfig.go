@@ -1,0 +1,272 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/fleetpace/pace"
+)
+
+// A serveConfig is what pace serve is told, from its flags or its -config
+// file (YAML, with the field names below; an unknown field is an error).
+type serveConfig struct {
+	// Redis is the URL of the Redis the replicas share; empty: an embedded
+	// store, which paces this replica alone.
+	Redis string `yaml:"redis"`
+	// Prefix is the prefix of pace's keys (WithPrefix).
+	Prefix string `yaml:"prefix"`
+	// Listen is the address of the routes that name none, and of
+	// /healthz, /metrics and /pace/v1/wait.
+	Listen string `yaml:"listen"`
+	// Drain bounds how long a shutdown waits for requests in flight.
+	Drain  time.Duration `yaml:"drain"`
+	Routes []routeConfig `yaml:"routes"`
+}
+
+// A routeConfig is one upstream and how its requests are paced.
+type routeConfig struct {
+	// Name names the route in keys, metrics and the wait endpoint.
+	Name string `yaml:"name"`
+	// Listen, when set, gives the route an address of its own.
+	Listen string `yaml:"listen"`
+	// Path is the prefix of the paths the route takes on its address, cut
+	// off before the request goes upstream; "/" takes every path.
+	Path string `yaml:"path"`
+	// Upstream is the URL requests go to: scheme, host and a base path.
+	Upstream string `yaml:"upstream"`
+	// Limit, or Limits (named limits of an AllOf), in ParseLimit's text.
+	Limit  string            `yaml:"limit"`
+	Limits map[string]string `yaml:"limits"`
+	// InFlight caps the route's requests in flight (0: no cap), each
+	// slot a lease of Lease.
+	InFlight int           `yaml:"in_flight"`
+	Lease    time.Duration `yaml:"lease"`
+	// Costs is "openai" or "anthropic": each request's tokens estimated
+	// from its body, then settled from its usage.
+	Costs string `yaml:"costs"`
+	// MaxTokens is the estimate of a response's tokens when the request
+	// names no max_tokens.
+	MaxTokens int `yaml:"max_tokens"`
+	// KeyHeader gives each value of that header a bucket of its own.
+	KeyHeader string `yaml:"key_header"`
+	// ClassHeader is the request header that names a request's class
+	// (critical, default or batch).
+	ClassHeader string `yaml:"class_header"`
+	// MaxWait bounds a request's wait; past it, the answer is a 429.
+	MaxWait time.Duration `yaml:"max_wait"`
+	// APIKeyEnv names the environment variable whose value replaces the
+	// client's credentials, in APIKeyHeader (default Authorization, as a
+	// bearer token).
+	APIKeyEnv    string `yaml:"api_key_env"`
+	APIKeyHeader string `yaml:"api_key_header"`
+	// IgnoreCounters and IgnoreRefusals are Transport's.
+	IgnoreCounters bool `yaml:"ignore_counters"`
+	IgnoreRefusals bool `yaml:"ignore_refusals"`
+	// Rules, tried in order before the route's own limit, pace some of
+	// its requests otherwise.
+	Rules []ruleConfig `yaml:"rules"`
+}
+
+// A ruleConfig is a pace.Rule within a route, matched on the request as
+// the upstream gets it.
+type ruleConfig struct {
+	Name      string `yaml:"name"`
+	Path      string `yaml:"path"`
+	Method    string `yaml:"method"`
+	Limit     string `yaml:"limit"`
+	Cost      int    `yaml:"cost"`
+	KeyHeader string `yaml:"key_header"`
+	Unlimited bool   `yaml:"unlimited"`
+}
+
+// Defaults of what a configuration leaves out.
+const (
+	defaultListen    = "127.0.0.1:8080"
+	defaultDrain     = 30 * time.Second
+	defaultMaxWait   = 60 * time.Second
+	defaultMaxTokens = 4096
+	maxConfigSize    = 1 << 20
+)
+
+// readConfig reads the YAML file at path.
+func readConfig(path string) (*serveConfig, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxConfigSize {
+		return nil, fmt.Errorf("%s: %d bytes, more than %d", path, len(data), maxConfigSize)
+	}
+	c, err := parseConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// parseConfig reads a configuration and fills in its defaults.
+func parseConfig(data []byte) (*serveConfig, error) {
+	var c serveConfig
+	decoder := yaml.NewDecoder(bytes.NewReader(data))
+	decoder.KnownFields(true)
+	if err := decoder.Decode(&c); err != nil {
+		return nil, err
+	}
+	c.fill()
+	return &c, nil
+}
+
+// fill sets the defaults of what c leaves out.
+func (c *serveConfig) fill() {
+	if c.Listen == "" {
+		c.Listen = defaultListen
+	}
+	if c.Drain == 0 {
+		c.Drain = defaultDrain
+	}
+	if c.Prefix == "" {
+		c.Prefix = pace.DefaultPrefix
+	}
+	for i := range c.Routes {
+		r := &c.Routes[i]
+		if r.Listen == "" {
+			r.Listen = c.Listen
+		}
+		if r.Path == "" {
+			r.Path = "/"
+		}
+		if r.MaxWait == 0 {
+			r.MaxWait = defaultMaxWait
+		}
+		if r.MaxTokens == 0 {
+			r.MaxTokens = defaultMaxTokens
+		}
+		if r.APIKeyHeader == "" {
+			r.APIKeyHeader = "Authorization"
+		}
+	}
+}
+
+// check returns what is wrong with c, each error naming its field and
+// value, or nil.
+func (c *serveConfig) check() error {
+	var errs []error
+	if c.Drain < 0 {
+		errs = append(errs, fmt.Errorf("drain %v: want a positive duration", c.Drain))
+	}
+	if err := checkAddress("listen", c.Listen); err != nil {
+		errs = append(errs, err)
+	}
+	if len(c.Routes) == 0 {
+		errs = append(errs, errors.New("routes: want at least one route"))
+	}
+	seen := map[string]bool{}
+	places := map[string]string{} // listen address and path: the route there
+	for i, r := range c.Routes {
+		field := fmt.Sprintf("routes[%d]", i)
+		if r.Name != "" {
+			field = fmt.Sprintf("route %q", r.Name)
+		}
+		if seen[r.Name] && r.Name != "" {
+			errs = append(errs, fmt.Errorf("%s: name %q: another route has it", field, r.Name))
+		}
+		seen[r.Name] = true
+		place := r.Listen + " " + r.Path
+		if other, ok := places[place]; ok {
+			errs = append(errs, fmt.Errorf("%s: listen %s path %q: route %q takes every request there first, so this route can match none", field, r.Listen, r.Path, other))
+		}
+		places[place] = r.Name
+		for _, err := range r.check() {
+			errs = append(errs, fmt.Errorf("%s: %w", field, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// check returns what is wrong with r.
+func (r *routeConfig) check() []error {
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if r.Name == "" || strings.ContainsAny(r.Name, "|{}/ \t\r\n") {
+		add("name %q: want a name without spaces, bars, braces or slashes", r.Name)
+	}
+	if err := checkAddress("listen", r.Listen); err != nil {
+		errs = append(errs, err)
+	}
+	if !strings.HasPrefix(r.Path, "/") || strings.ContainsAny(r.Path, "?#") || r.Path == "/pace/" || strings.HasPrefix(r.Path, "/pace/v1/") || r.Path == "/healthz" || r.Path == "/metrics" {
+		add("path %q: want a path from its slash, without query, outside /pace/v1/, /healthz and /metrics", r.Path)
+	} else if !strings.HasSuffix(r.Path, "/") {
+		add("path %q: want a prefix that ends in a slash (%s/)", r.Path, r.Path)
+	}
+	if err := checkUpstream(r.Upstream); err != nil {
+		errs = append(errs, err)
+	}
+	if (r.Limit == "") == (len(r.Limits) == 0) {
+		add("limit %q, limits %v: want one of them", r.Limit, r.Limits)
+	}
+	if r.InFlight < 0 {
+		add("in_flight %d: want 0 (no cap) or more", r.InFlight)
+	}
+	if r.Lease != 0 && (r.Lease < 30*time.Millisecond || r.Lease > time.Hour) {
+		add("lease %v: want 30ms to 1h", r.Lease)
+	}
+	if r.MaxWait < 0 {
+		add("max_wait %v: want a positive duration", r.MaxWait)
+	}
+	if r.MaxTokens < 0 {
+		add("max_tokens %d: want a positive count", r.MaxTokens)
+	}
+	if !slices.Contains([]string{"", "openai", "anthropic"}, r.Costs) {
+		add("costs %q: want openai, anthropic or nothing", r.Costs)
+	}
+	for field, header := range map[string]string{"class_header": r.ClassHeader, "api_key_header": r.APIKeyHeader, "key_header": r.KeyHeader} {
+		if header != "" && !validHeaderName(header) {
+			add("%s %q: not a header name", field, header)
+		}
+	}
+	if r.APIKeyEnv != "" && os.Getenv(r.APIKeyEnv) == "" {
+		add("api_key_env %q: that variable is empty or unset", r.APIKeyEnv)
+	}
+	return errs
+}
+
+// checkAddress checks a listen address, HOST:PORT.
+func checkAddress(field, addr string) error {
+	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+		return fmt.Errorf("%s %q: want HOST:PORT", field, addr)
+	}
+	return nil
+}
+
+// checkUpstream checks an upstream's URL.
+func checkUpstream(raw string) error {
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		return fmt.Errorf("upstream %q: %w", raw, err)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return fmt.Errorf("upstream %q: want an http or https URL", raw)
+	case u.Host == "":
+		return fmt.Errorf("upstream %q: want a host", raw)
+	case u.RawQuery != "" || u.Fragment != "" || u.User != nil:
+		return fmt.Errorf("upstream %q: want no query, fragment or user", raw)
+	}
+	return nil
+}
+
+// validHeaderName reports whether name is an HTTP token.
+func validHeaderName(name string) bool {
+	return name != "" && strings.IndexFunc(name, func(c rune) bool {
+		return c <= ' ' || c >= 0x7f || strings.ContainsRune("\"(),/:;<=>?@[\\]{}", c)
+	}) < 0 && http.CanonicalHeaderKey(name) != ""
+}

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/fleetpace/pace"
+)
+
+// The limits a route's costs are counted under, by the API it speaks.
+var costLimits = map[string][]string{
+	"openai":    {"tokens"},          // total tokens, as OpenAI's TPM counts them
+	"anthropic": {"input", "output"}, // Anthropic's ITPM and OTPM, either or both
+}
+
+// maxEstimatedBody is how much of a request's body is read to estimate
+// its tokens; a longer one is estimated from its length alone, and all of
+// it is sent as it comes.
+const maxEstimatedBody = 1 << 20
+
+// bytesPerToken is the estimate of a prompt's tokens from its size: about
+// four bytes of English text a token, so that JSON's own bytes make the
+// estimate high, and the settlement gives the difference back.
+const bytesPerToken = 4
+
+// checkCostLimits says when c's costs name limits that its quota lacks.
+func checkCostLimits(c routeConfig, quota pace.AllOf) error {
+	if c.Costs == "" {
+		return nil
+	}
+	names := costLimits[c.Costs]
+	for _, name := range names {
+		if _, ok := c.Limits[name]; ok {
+			return nil
+		}
+	}
+	return fmt.Errorf("costs %q: want limits named %v, which it counts tokens under (have %v)", c.Costs, names, quota)
+}
+
+// settler returns the Settler of c's API's usage, under the limits of
+// its quota it counts.
+func settler(c routeConfig) pace.Settler {
+	if c.Costs == "openai" {
+		return pace.OpenAIUsage("tokens")
+	}
+	named := func(name string) string {
+		if _, ok := c.Limits[name]; ok {
+			return name
+		}
+		return ""
+	}
+	return pace.AnthropicUsage(named("input"), named("output"))
+}
+
+// A costsKey is the context key of a request's estimated costs.
+type costsKey struct{}
+
+// estimated is a Rule's Estimate: the costs withEstimate put on the
+// request's context.
+func estimated(req *http.Request) pace.Costs {
+	costs, _ := req.Context().Value(costsKey{}).(pace.Costs)
+	return costs
+}
+
+// withEstimate returns ctx with r's estimated costs: its prompt's tokens
+// from its body's size, and its response's from its max_tokens (or the
+// route's max_tokens), each at most its limit's burst. It reads the start
+// of r's body and puts it back.
+func withEstimate(ctx context.Context, r *http.Request, c routeConfig, bursts map[string]int) (context.Context, error) {
+	size, out := r.ContentLength, c.MaxTokens
+	if r.Body != nil && r.Body != http.NoBody {
+		head, err := io.ReadAll(io.LimitReader(r.Body, maxEstimatedBody+1))
+		if err != nil {
+			return nil, fmt.Errorf("request body: %w", err)
+		}
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(head), r.Body), r.Body}
+		if size < int64(len(head)) {
+			size = int64(len(head))
+		}
+		if len(head) <= maxEstimatedBody {
+			out = maxTokensOf(head, out)
+		}
+	}
+	prompt := int(min(size/bytesPerToken+1, 1<<30))
+	costs := pace.Costs{"tokens": prompt + out}
+	if c.Costs == "anthropic" {
+		costs = pace.Costs{"input": prompt, "output": out}
+	}
+	for name, cost := range costs {
+		if burst, ok := bursts[name]; ok {
+			costs[name] = min(cost, burst) // so that a long request waits for a full bucket, never fails
+		}
+	}
+	return context.WithValue(ctx, costsKey{}, costs), nil
+}
+
+// maxTokensOf returns the most tokens a request's body asks of the
+// response (max_tokens, max_completion_tokens or max_output_tokens), or
+// otherwise.
+func maxTokensOf(body []byte, otherwise int) int {
+	var asked struct {
+		MaxTokens           int `json:"max_tokens"`
+		MaxCompletionTokens int `json:"max_completion_tokens"`
+		MaxOutputTokens     int `json:"max_output_tokens"`
+	}
+	if json.Unmarshal(body, &asked) != nil {
+		return otherwise
+	}
+	for _, n := range []int{asked.MaxCompletionTokens, asked.MaxTokens, asked.MaxOutputTokens} {
+		if n > 0 {
+			return min(n, 1<<30)
+		}
+	}
+	return otherwise
+}

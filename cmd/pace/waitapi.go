@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/fleetpace/pace"
+)
+
+// waitPath is the wait endpoint's path: work that does not pass through
+// the proxy (a crawler's own downloads, a queue's tasks) waits there for
+// its turn under a route's quota.
+const waitPath = "/pace/v1/wait"
+
+// A waitRequest is the body of a POST to waitPath.
+type waitRequest struct {
+	// Route names the route whose limiter decides; it may be left out
+	// when the server has one route.
+	Route string `json:"route"`
+	// Key is the key to wait on; empty, the key of the requests the
+	// route proxies, so that both share one bucket.
+	Key string `json:"key"`
+	// Cost is what the work takes; 0 means 1.
+	Cost int `json:"cost"`
+	// TimeoutMS bounds the wait, in milliseconds, below the route's
+	// max_wait; 0 means the route's max_wait.
+	TimeoutMS int64 `json:"timeout_ms"`
+}
+
+// A waitReply is the wait endpoint's answer to a granted wait.
+type waitReply struct {
+	Key      string `json:"key"`
+	WaitedMS int64  `json:"waited_ms"`
+}
+
+// maxWaitBody bounds a wait request's body.
+const maxWaitBody = 64 << 10
+
+// waitHandler answers the wait endpoint for routes: 200 once granted, 429
+// with Retry-After when the wait would pass its timeout (booking nothing),
+// 400 for a bad request, 404 for an unknown route, 503 while shutting down.
+func waitHandler(routes []*route) http.HandlerFunc {
+	byName := map[string]*route{}
+	for _, rt := range routes {
+		byName[rt.config.Name] = rt
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req waitRequest
+		decoder := json.NewDecoder(io.LimitReader(r.Body, maxWaitBody))
+		decoder.DisallowUnknownFields()
+		if err := decoder.Decode(&req); err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Errorf("wait request: %w", err), 0)
+			return
+		}
+		if req.Route == "" && len(routes) == 1 {
+			req.Route = routes[0].config.Name
+		}
+		rt, ok := byName[req.Route]
+		if !ok {
+			writeError(w, http.StatusNotFound, fmt.Errorf("route %q: no such route", truncate(req.Route)), 0)
+			return
+		}
+		rt.serveWait(w, r, req)
+	}
+}
+
+// serveWait waits for req under the route's limit.
+func (rt *route) serveWait(w http.ResponseWriter, r *http.Request, req waitRequest) {
+	if req.Cost == 0 {
+		req.Cost = 1
+	}
+	if req.Key == "" {
+		req.Key = rt.key
+	}
+	if req.TimeoutMS < 0 {
+		writeError(w, http.StatusBadRequest, fmt.Errorf("timeout_ms %d: want 0 (the route's max_wait) or more", req.TimeoutMS), 0)
+		return
+	}
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	defer context.AfterFunc(rt.stopping, func() { cancel(errShuttingDown) })()
+	if req.TimeoutMS > 0 {
+		var cancelTimeout context.CancelFunc
+		ctx, cancelTimeout = context.WithTimeout(ctx, time.Duration(min(req.TimeoutMS, pace.MaxDelay.Milliseconds()))*time.Millisecond)
+		defer cancelTimeout()
+	}
+	start := time.Now()
+	err := rt.wait(ctx, req.Key, req.Cost)
+	var late *pace.DeadlineError
+	switch {
+	case err == nil:
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(waitReply{Key: req.Key, WaitedMS: time.Since(start).Milliseconds()})
+	case errors.As(err, &late):
+		writeError(w, http.StatusTooManyRequests, err, late.Delay)
+	case errors.Is(context.Cause(ctx), errShuttingDown):
+		writeError(w, http.StatusServiceUnavailable, errShuttingDown, time.Second)
+	case errors.Is(err, context.DeadlineExceeded):
+		writeError(w, http.StatusTooManyRequests, err, time.Second)
+	case r.Context().Err() != nil:
+		// The client left, and its tokens went back.
+	default:
+		writeError(w, http.StatusBadRequest, err, 0)
+	}
+}
+
+// wait waits for cost on key under the route's limit; under a cap in
+// flight, the work takes a slot for the wait alone, since pace cannot
+// see when it ends.
+func (rt *route) wait(ctx context.Context, key string, cost int) error {
+	if rt.config.InFlight == 0 {
+		return rt.limiter.Wait(ctx, key, cost)
+	}
+	slot, err := rt.limiter.Acquire(ctx, key, cost)
+	if err != nil {
+		return err
+	}
+	return slot.Release()
+}
