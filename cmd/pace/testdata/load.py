@@ -1,0 +1,44 @@
+"""Sends GET requests to the URLs given, from a number of threads, for a
+number of seconds, with the standard library alone, and prints one JSON
+line: the count of each status and the span of the run.
+
+    python3 load.py SECONDS THREADS URL [URL...]
+
+Thread i sends to URL i mod the count of URLs.
+"""
+import json
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+seconds, threads, urls = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+counts, lock = {}, threading.Lock()
+start = time.time()
+ends = []
+
+
+def send(url):
+    last = start
+    while time.time() < start + seconds:
+        try:
+            with urllib.request.urlopen(url, timeout=30) as resp:
+                resp.read()
+                status = resp.status
+        except urllib.error.HTTPError as err:
+            err.read()
+            status = err.code
+        last = time.time()
+        with lock:
+            counts[str(status)] = counts.get(str(status), 0) + 1
+    with lock:
+        ends.append(last)
+
+
+workers = [threading.Thread(target=send, args=(urls[i % len(urls)],)) for i in range(threads)]
+for w in workers:
+    w.start()
+for w in workers:
+    w.join()
+print(json.dumps({"counts": counts, "start": start, "end": max(ends)}))
