@@ -1,0 +1,79 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/fleetpace/pace/internal/redistest"
+)
+
+// TestServeWaitClients waits through the wait endpoint with the Python
+// and Node clients of examples/, at once: their grants together keep the
+// route's bound, and a wait past its timeout raises the language's
+// TooLong with the wait it would have had.
+func TestServeWaitClients(t *testing.T) {
+	redisServer := redistest.Start(t)
+	_, base := startServe(t, fmt.Sprintf("redis: redis://%s\nroutes:\n  - {name: work, upstream: 'http://127.0.0.1:1', limit: 10/s burst 2}\n  - {name: slow, path: /slow/, upstream: 'http://127.0.0.1:1', limit: 1/m burst 2}\n", redisServer.Addr))
+	commands := [][]string{
+		{"python3", "../../examples/python/pace_wait.py", base, "work", "12", "1"},
+		{"node", "../../examples/node/pace-wait.mjs", base, "work", "12", "1"},
+	}
+	var mu sync.Mutex
+	var grants []float64
+	var wg sync.WaitGroup
+	for _, args := range commands {
+		wg.Go(func() {
+			out, err := exec.Command(args[0], args[1:]...).Output()
+			if err != nil {
+				t.Errorf("%s: %v", strings.Join(args, " "), err)
+			}
+			lines := bufio.NewScanner(bytes.NewReader(out))
+			for lines.Scan() {
+				var line struct{ Granted float64 }
+				if json.Unmarshal(lines.Bytes(), &line) != nil || line.Granted == 0 {
+					t.Errorf("%s printed %q, want a grant", args[0], lines.Text())
+					continue
+				}
+				mu.Lock()
+				grants = append(grants, line.Granted)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(grants) != 24 {
+		t.Fatalf("%d grants, want 24", len(grants))
+	}
+	slices.Sort(grants)
+	for i := range grants {
+		for j := i; j < len(grants); j++ {
+			// one of slack: a grant's time is when its client read it
+			if bound := 2 + 10*(grants[j]-grants[i]) + 1; float64(j-i+1) > bound {
+				t.Fatalf("%d grants in %.3f s, want <= b + r*t + 1 = %.1f", j-i+1, grants[j]-grants[i], bound)
+			}
+		}
+	}
+	t.Logf("24 grants in %.2f s", grants[23]-grants[0])
+	if resp, err := http.Post(base+waitPath, "application/json", strings.NewReader(`{"route": "slow", "cost": 2}`)); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("taking the slow route's 2 tokens: %v %v", resp, err)
+	}
+	tooLong := map[string][]string{
+		"python3": {"-c", "import sys; sys.path.insert(0, '../../examples/python'); from pace_wait import wait, TooLong\ntry: wait(sys.argv[1], route='slow', timeout=0.01)\nexcept TooLong as e: print(e.retry_after)", base},
+		"node":    {"--input-type=module", "-e", "import { wait, TooLong } from '../../examples/node/pace-wait.mjs'; try { await wait(process.argv[1], { route: 'slow', timeout: 0.01 }) } catch (e) { if (e instanceof TooLong) console.log(e.retryAfter) }", base},
+	}
+	for command, args := range tooLong {
+		out, err := exec.Command(command, args...).CombinedOutput()
+		var retry float64
+		if _, serr := fmt.Sscan(string(out), &retry); err != nil || serr != nil || retry < 59 || retry > 60 {
+			t.Errorf("%s: %v %q, want the TooLong of a wait of about 60 s", command, err, out)
+		}
+	}
+}
