@@ -3,7 +3,7 @@
 # tested against a real Redis, and the refusals that steer it against real
 # rate limiters, and tests every module of the repository: the core with its
 # examples, and each module of its own beneath it (bench/, extra/...).
-.PHONY: test bench redis-server limiters
+.PHONY: test bench redis-server limiters clients
 
 MODULES := $(sort $(shell find . -name go.mod -not -path './.git/*' -exec dirname {} \;))
 
@@ -14,7 +14,7 @@ MODULES := $(sort $(shell find . -name go.mod -not -path './.git/*' -exec dirnam
 # as it is found, and fails its test.
 export GORACE ?= atexit_sleep_ms=0
 
-test: redis-server limiters
+test: redis-server limiters clients
 	test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt: the files above need formatting"; exit 1; }
 	# -p 1: one package at a time. The failover's logic is table-tested on a
 	# fake clock, but its end-to-end proofs (the fault fleets, the demo) run
@@ -56,3 +56,19 @@ limiters:
 		$$sudo apt-get install -y nginx-light haproxy || { $$sudo apt-get update && $$sudo apt-get install -y nginx-light haproxy; }; \
 	}
 	@PATH="$$PATH:/usr/sbin"; nginx -v && haproxy -v | head -1
+
+# The clients in other languages that cmd/pace's tests of pace serve run:
+# Python 3 (its standard library alone) from Debian's packages when it is
+# missing, and Node.js with npm, which install the openai package.
+clients:
+	@command -v python3 >/dev/null || { \
+		sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		$$sudo apt-get install -y python3-minimal || { $$sudo apt-get update && $$sudo apt-get install -y python3-minimal; }; \
+	}
+	@command -v node >/dev/null && command -v npm >/dev/null || { \
+		sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		$$sudo apt-get install -y nodejs npm || { $$sudo apt-get update && $$sudo apt-get install -y nodejs npm; }; \
+	}
+	@python3 --version && node --version

@@ -170,6 +170,7 @@ func TestServeReplicaKilled(t *testing.T) {
 	a.cmd.Process.Kill()
 	held := up.inFlight("a", killed) // each holds its slot: the replica frees one once its response ends
 	wg.Wait()
+	t.Logf("killed with %d requests at the upstream: at most %d in flight in all, %d of the others while leased, %d after", held, up.most(time.Time{}, time.Now(), ""), up.most(killed.Add(300*time.Millisecond), killed.Add(lease*2/3), "a"), up.most(killed.Add(lease+500*time.Millisecond), time.Now(), "a"))
 	if m := up.most(time.Time{}, time.Now(), ""); m > capacity {
 		t.Errorf("the upstream had %d requests in flight at once, want <= %d", m, capacity)
 	}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,7 +22,7 @@ import (
 
 // startServe starts pace serve in this process with the YAML config,
 // listening on a free loopback port, and returns its URL.
-func startServe(t *testing.T, config string) (*server, string) {
+func startServe(t testing.TB, config string) (*server, string) {
 	t.Helper()
 	c, err := parseConfig([]byte(config))
 	if err != nil {
@@ -371,5 +372,108 @@ func TestServeShutdown(t *testing.T) {
 	}
 	if err := <-done; err != nil {
 		t.Errorf("shutdown: %v", err)
+	}
+}
+
+// TestServeDocsConfig builds the configuration docs/serve.md shows.
+func TestServeDocsConfig(t *testing.T) {
+	page, err := os.ReadFile("../../docs/serve.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, found := strings.Cut(string(page), "```yaml\n")
+	config, _, closed := strings.Cut(rest, "```")
+	if !found || !closed {
+		t.Fatal("docs/serve.md shows no YAML block")
+	}
+	t.Setenv("PACE_DOC_OPENAI_KEY", "sk-doc")
+	t.Setenv("PACE_DOC_ANTHROPIC_KEY", "sk-ant-doc")
+	config = strings.Replace(config, "redis: redis://127.0.0.1:6379/0\n", "", 1) // the embedded store
+	if err := configError(config); err != nil {
+		t.Fatalf("docs/serve.md's configuration: %v", err)
+	}
+}
+
+func TestServeEstimates(t *testing.T) {
+	config := routeConfig{Costs: "openai", MaxTokens: 4096}
+	cases := map[string]struct {
+		body string
+		want pace.Costs
+	}{
+		"max_tokens":            {`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":100}`, pace.Costs{"tokens": 19 + 100}},
+		"max_completion_tokens": {`{"max_completion_tokens":50,"max_tokens":9}`, pace.Costs{"tokens": 11 + 50}},
+		"the route's":           {`{"model":"m"}`, pace.Costs{"tokens": 4 + 4096}},
+		"not JSON":              {`max_tokens=5`, pace.Costs{"tokens": 4 + 4096}},
+		"capped at the burst":   {`{"max_tokens":1000000000}`, pace.Costs{"tokens": 6000}},
+	}
+	for name, tc := range cases {
+		req := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(tc.body))
+		ctx, err := withEstimate(req.Context(), req, config, map[string]int{"tokens": 6000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := estimated(req.WithContext(ctx))
+		if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("%s: estimated %v, want %v", name, got, tc.want)
+		}
+		if body, _ := io.ReadAll(req.Body); string(body) != tc.body {
+			t.Errorf("%s: the body went on as %q, want it whole", name, body)
+		}
+	}
+}
+
+func FuzzEstimate(f *testing.F) {
+	f.Add(`{"max_tokens":100,"messages":[]}`, "2.5")
+	f.Add(`{"max_output_tokens":-1}`, "250ms")
+	f.Add(`{"max_tokens":1e99}`, "1e300")
+	f.Fuzz(func(t *testing.T, body, wait string) {
+		req := httptest.NewRequest("POST", "/", strings.NewReader(body))
+		ctx, err := withEstimate(req.Context(), req, routeConfig{Costs: "anthropic", MaxTokens: 10}, map[string]int{"input": 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, cost := range estimated(req.WithContext(ctx)) {
+			if cost < 0 || (name == "input" && cost > 1000) {
+				t.Fatalf("%s: %d", name, cost)
+			}
+		}
+		if d, err := parseWait(wait); err == nil && d < 0 {
+			t.Fatalf("parseWait(%q) = %v", wait, d)
+		}
+	})
+}
+
+// TestServeOperable asks /healthz and /metrics, and sends requests of
+// each class and of none.
+func TestServeOperable(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer upstream.Close()
+	redisServer := redistest.Start(t)
+	_, base := startServe(t, fmt.Sprintf("redis: redis://%s\nroutes:\n  - {name: api, path: /api/, upstream: '%s', limit: 100/s, class_header: X-Pace-Class}\n", redisServer.Addr, upstream.URL))
+	for class, want := range map[string]int{"": 200, "critical": 200, "Batch": 200, "default": 200, "urgent": 400} {
+		req, _ := http.NewRequest("GET", base+"/api/", nil)
+		req.Header.Set("X-Pace-Class", class)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("class %q: %d, want %d", class, resp.StatusCode, want)
+		}
+	}
+	for path, want := range map[string]string{
+		"/healthz": "ok\n",
+		"/metrics": `pace_decisions_total{otel_scope_name="github.com/fleetpace/pace",otel_scope_schema_url="",otel_scope_version="",pace_limiter="redis",pace_name="api",pace_result="granted"} 4`,
+	} {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(body), want) {
+			t.Errorf("%s: %q, want %q in it", path, body, want)
+		}
 	}
 }
