@@ -124,14 +124,15 @@ func newServer(ctx context.Context, c *serveConfig, logger *slog.Logger) (*serve
 	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
 	stopping, stop := context.WithCancel(context.WithoutCancel(ctx))
 	s.stop = stop
+	base := upstreamBase()
 	s.closeAll = func() {
+		base.CloseIdleConnections()
 		for _, rt := range s.routes {
 			rt.close()
 		}
 		meters.Shutdown(context.Background())
 		closeStore()
 	}
-	base := upstreamBase()
 	for _, rc := range c.Routes {
 		observer, err := paceotel.NewObserver(paceotel.WithName(rc.Name), paceotel.WithMeterProvider(meters))
 		if err != nil {
@@ -259,7 +260,7 @@ func (s *server) close() {
 // upstreamBase returns the transport to the upstreams: Go's default, with
 // the system's roots for TLS, and enough idle connections for thousands of
 // requests a second.
-func upstreamBase() http.RoundTripper {
+func upstreamBase() *http.Transport {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConns = 1024
 	t.MaxIdleConnsPerHost = 512

@@ -62,8 +62,13 @@ func TestServeWaitClients(t *testing.T) {
 		}
 	}
 	t.Logf("24 grants in %.2f s", grants[23]-grants[0])
-	if resp, err := http.Post(base+waitPath, "application/json", strings.NewReader(`{"route": "slow", "cost": 2}`)); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("taking the slow route's 2 tokens: %v %v", resp, err)
+	resp, err := http.Post(base+waitPath, "application/json", strings.NewReader(`{"route": "slow", "cost": 2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("taking the slow route's 2 tokens: %s", resp.Status)
 	}
 	tooLong := map[string][]string{
 		"python3": {"-c", "import sys; sys.path.insert(0, '../../examples/python'); from pace_wait import wait, TooLong\ntry: wait(sys.argv[1], route='slow', timeout=0.01)\nexcept TooLong as e: print(e.retry_after)", base},

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/fleetpace/pace"
 	"github.com/fleetpace/pace/internal/limitertest"
 	"github.com/fleetpace/pace/internal/redistest"
@@ -33,7 +35,13 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	http.DefaultClient.CloseIdleConnections() // the tests' clients keep theirs
+	if err := goleak.Find(); code == 0 && err != nil {
+		fmt.Fprintln(os.Stderr, "goroutines leaked:", err)
+		code = 1
+	}
+	os.Exit(code)
 }
 
 // A replica is a process of pace serve that a test started.
