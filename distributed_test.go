@@ -360,13 +360,15 @@ func (m *modelCheck) recover(step int) {
 }
 
 // probe drives a window of a key of its own into a probe (see spend in
-// internal/store/lua/sync.lua): readings of 100, then 99 left in a window of 600 ms (the
+// internal/store/lua/sync.lua): readings of 100, then 99 left in a window of 60 s (the
 // first steers the bucket, the second is the baseline of others'
 // spending), then, a request later, one of 1 left, which says that others
-// spend all of it. The readings' effect depends on the wall clock between
-// them (others' spending is units over time), and once in a cold make
-// test a key was not probed; so each of up to three keys of its own tries,
-// and the error says what the model held of the last.
+// spend all of it. Others' spending is told only by a request that waited
+// for its turn: the window is long enough that, spread over it, the 99
+// units leave 600 ms between turns, more than a step takes on a loaded
+// machine (in a window of 600 ms, 6 ms apart, a request of a cold make
+// test's once went at once, and no key was probed). Each of up to three keys
+// of its own tries, and the error says what the model held of the last.
 func (m *modelCheck) probe(step int) {
 	var state string
 	for _, key := range []string{"p", "p2", "p3"} {
@@ -390,7 +392,7 @@ func (m *modelCheck) probeKey(step int, key string) (bool, steerModel) {
 	}
 	probes := m.counts["sync-probe"]
 	for _, left := range []int64{100, 99, 1} {
-		st := store.Steer{Remaining: left, Reset: time.Duration(600*a) * time.Microsecond}
+		st := store.Steer{Remaining: left, Reset: time.Duration(60000*a) * time.Microsecond}
 		m.syncOne(step, r, a, burst, last, st, false)
 		m.reserveWith(step, store.Request{Key: key, Costs: uniform(1), Settled: true}, MaxDelay, 0)
 		last = m.bookings[len(m.bookings)-1]
