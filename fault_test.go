@@ -274,20 +274,15 @@ func checkWaits(t *testing.T, reports []fleetReport) {
 }
 
 // checkRecovery: every process fell back after the fault, went back to
-// Redis within the longest cool-down plus one probe (as long as 1.25 times
-// the longest call timeout of the process, measured) after Redis was back,
-// and the longest stall of its process, whose probe waits for the machine
-// as its requests do; and was granted by Redis afterwards. (A call can exceed its timeout on a
-// loaded machine and make a fallback of its own before the fault: it is
-// logged, and the bound counts it, see loneOutages.)
+// Redis from each outage that lasted past the fault's end (the fault's own,
+// and one that a call past its timeout on a loaded machine began later,
+// see loneOutages) within the longest cool-down plus one probe of the
+// later of the outage's start and Redis being back, and was granted by
+// Redis afterwards. (A fallback of its own before the fault is logged, and
+// the bound of the fallback rate counts it.)
 func (f faultRun) checkRecovery(t *testing.T) {
 	t.Helper()
 	for i, r := range f.reports {
-		var timeout time.Duration // the longest of the process's call timeouts: its probe's is one
-		for _, q := range r.Requests {
-			timeout = max(timeout, q.CallTimeout)
-		}
-		bound := DefaultMaxCooldown + timeout*5/4 + schedulingSlack
 		fell := f.faultFallback(r)
 		if fell < 0 {
 			t.Errorf("process %d did not fall back after the fault at %v (fallbacks %v)", i, f.broke, r.Fallbacks)
@@ -296,24 +291,50 @@ func (f faultRun) checkRecovery(t *testing.T) {
 		if fell > 0 {
 			t.Logf("process %d also fell back before the fault, at %v", i, r.Fallbacks[:fell])
 		}
-		since := f.healed
-		if f.answers {
-			since = r.Fallbacks[len(r.Fallbacks)-1]
-		}
-		back := slices.IndexFunc(r.Recovers, func(at time.Time) bool { return at.After(since) })
-		if back < 0 {
-			t.Errorf("process %d did not recover after its last fallback and Redis back (recoveries %v)", i, r.Recovers)
-			continue
-		}
-		after := max(r.Recovers[back].Sub(f.healed), 0)
-		t.Logf("process %d: fell back %v after the fault (a fleet of %d), recovered %v after Redis was back", i, r.Fallbacks[fell].Sub(f.broke), r.Sizes[fell], after)
-		if after > bound+r.Stall {
-			t.Errorf("process %d recovered %v after Redis was back, want within %v (the longest cool-down plus one probe) and its longest stall, %v", i, after, bound, r.Stall)
-		}
-		if redis := r.grants("redis"); len(redis) == 0 || redis[len(redis)-1].Before(r.Recovers[back]) {
-			t.Errorf("process %d: no grant by Redis after its recovery", i)
+		t.Logf("process %d: fell back %v after the fault (a fleet of %d)", i, r.Fallbacks[fell].Sub(f.broke), r.Sizes[fell])
+		back := f.checkReturns(t, i, r, r.Fallbacks[fell:])
+		if redis := r.grants("redis"); back.IsZero() || len(redis) == 0 || redis[len(redis)-1].Before(back) {
+			t.Errorf("process %d: no grant by Redis after its recovery (at %v)", i, back)
 		}
 	}
+}
+
+// checkReturns checks that r, process i, went back to Redis from each of
+// its outages (the times it fell back) that had not ended before Redis was
+// back, within the longest cool-down plus one probe (as long as 1.25 times
+// the longest call timeout of the process, measured) and the longest stall
+// of the process, whose probe waits for the machine as its requests do,
+// from the later of the outage's start and Redis being back; an outage
+// that began less than that before the process's last request may outlast
+// the run. It returns when r last went back to Redis.
+func (f faultRun) checkReturns(t *testing.T, i int, r fleetReport, outages []time.Time) (last time.Time) {
+	t.Helper()
+	var timeout time.Duration // the longest of the process's call timeouts: its probe's is one
+	var end time.Time
+	for _, q := range r.Requests {
+		timeout, end = max(timeout, q.CallTimeout), latest(end, q.End)
+	}
+	bound := DefaultMaxCooldown + timeout*5/4 + schedulingSlack + r.Stall
+	for _, began := range outages {
+		from := latest(began, f.healed)
+		back := slices.IndexFunc(r.Recovers, began.Before)
+		if back < 0 {
+			if end.Sub(from) > bound {
+				t.Errorf("process %d did not go back to Redis after its fallback at %v from the fault, %v before its last request ended (recoveries %v)", i, began.Sub(f.broke), end.Sub(from), r.Recovers)
+			}
+			continue
+		}
+		last = r.Recovers[back]
+		if last.Before(f.healed) {
+			continue // back on a Redis that answered slowly
+		}
+		after := last.Sub(from)
+		t.Logf("process %d went back to Redis %v after Redis was back and it had fallen back (at %v from the fault)", i, after, began.Sub(f.broke))
+		if after > bound {
+			t.Errorf("process %d went back to Redis %v after Redis was back and it had fallen back (at %v from the fault), want within %v (the longest cool-down plus one probe, and its longest stall, %v)", i, after, began.Sub(f.broke), bound, r.Stall)
+		}
+	}
+	return last
 }
 
 // checkFallbackRate: the local grants of all processes together came at
