@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -162,15 +164,22 @@ func TestServeReplicaKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	goClient := &http.Client{Transport: &pace.Transport{Rules: rules}}
-	ctx, cancel := context.WithTimeout(context.Background(), 5500*time.Millisecond)
-	defer cancel()
+	// The clients stop sending at until, and let each request they sent end:
+	// a request given up while the upstream still serves it would free its
+	// slot as the upstream counts it in flight.
+	until := time.Now().Add(5500 * time.Millisecond)
+	failed := make([]error, 18)
 	var wg sync.WaitGroup
-	for i := range 18 {
+	for i := range failed {
 		via, url, client := []string{"a", "b", "go"}[i%3], []string{a.URL, b.URL, upstream.URL}[i%3], goClient
 		if via != "go" {
 			client = http.DefaultClient
 		}
-		wg.Go(func() { keepSending(ctx, client, url, via) })
+		wg.Go(func() {
+			if err := keepSending(until, client, url, via); via != "a" {
+				failed[i] = err
+			}
+		})
 	}
 	time.Sleep(1500 * time.Millisecond)
 	up.waitFor("a", 1)
@@ -178,6 +187,9 @@ func TestServeReplicaKilled(t *testing.T) {
 	a.cmd.Process.Kill()
 	held := up.inFlight("a", killed) // each holds its slot: the replica frees one once its response ends
 	wg.Wait()
+	if err := errors.Join(failed...); err != nil {
+		t.Errorf("a request by the replica that lived or the Go process failed: %v", err)
+	}
 	t.Logf("killed with %d requests at the upstream: at most %d in flight in all, %d of the others while leased, %d after", held, up.most(time.Time{}, time.Now(), ""), up.most(killed.Add(300*time.Millisecond), killed.Add(lease*2/3), "a"), up.most(killed.Add(lease+500*time.Millisecond), time.Now(), "a"))
 	if m := up.most(time.Time{}, time.Now(), ""); m > capacity {
 		t.Errorf("the upstream had %d requests in flight at once, want <= %d", m, capacity)
@@ -190,15 +202,32 @@ func TestServeReplicaKilled(t *testing.T) {
 	}
 }
 
-// keepSending sends requests to url until ctx ends, saying it comes via.
-func keepSending(ctx context.Context, client *http.Client, url, via string) {
-	for ctx.Err() == nil {
+// keepSending sends requests to url, saying they come via, one after
+// another until until, and returns the first that failed. Each has until
+// ten seconds past until to end; after a failure, the next waits 10 ms.
+func keepSending(until time.Time, client *http.Client, url, via string) error {
+	ctx, cancel := context.WithDeadline(context.Background(), until.Add(10*time.Second))
+	defer cancel()
+	var first error
+	for time.Now().Before(until) {
 		req, _ := http.NewRequestWithContext(ctx, "GET", url+"/", nil)
 		req.Header.Set("X-Via", via)
-		if resp, err := client.Do(req); err == nil {
+		resp, err := client.Do(req)
+		if err == nil {
+			_, err = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK && err == nil {
+				err = fmt.Errorf("%s: %s", via, resp.Status)
+			}
+		}
+		if err != nil {
+			if first == nil {
+				first = err
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
 	}
+	return first
 }
 
 // concurrency is an upstream that holds each request 250 ms and keeps
