@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetpace/pace/internal/outage"
 	"github.com/fleetpace/pace/internal/pairs"
 	"github.com/fleetpace/pace/internal/redistest"
 	"golang.org/x/time/rate"
@@ -244,19 +245,21 @@ func maxExcess(grants []time.Time, rate float64, burst int) (float64, time.Time)
 	return best, at
 }
 
-// checkWaits: no request waited longer than two calls without an answer
-// (each at most 1.25 times the timeout its limiter's round trips set: the
-// breaker confirms an outage at the second) plus its own pacing delay,
-// until it left pace (for the upstream, through a Transport, or back from
-// Wait); but for the scheduling slack, and the longest stall of its process
-// (a sleep that overran by that much: the machine, not pace, kept it
-// waiting).
+// checkWaits: no request waited longer than outage.ConfirmRow calls without
+// an answer (its own third failure in a row confirms an outage, when others'
+// answers came between its failures; see internal/outage/breaker.go), each
+// at most 1.25 times the longest timeout its limiter's round trips set while
+// the request lived, plus its own pacing delay, until it left pace (for the
+// upstream, through a Transport, or back from Wait); but for the scheduling
+// slack, and the longest stall of its process (a sleep that overran by that
+// much: the machine, not pace, kept it waiting).
 func checkWaits(t *testing.T, reports []fleetReport) {
 	t.Helper()
 	var worst, stall, timeout time.Duration
 	for i, r := range reports {
 		stall = max(stall, r.Stall)
-		for _, q := range r.Requests {
+		timeouts := timeoutsDuring(r.Requests)
+		for j, q := range r.Requests {
 			timeout = max(timeout, q.CallTimeout)
 			left := q.Granted
 			if left.IsZero() {
@@ -264,13 +267,29 @@ func checkWaits(t *testing.T, reports []fleetReport) {
 			}
 			extra := left.Sub(q.Start) - q.Delay
 			worst = max(worst, extra)
-			if extra > 2*q.CallTimeout*5/4+schedulingSlack+r.Stall {
-				t.Errorf("process %d: a request left pace %v after its start, %v beyond its pacing delay of %v (limiter %q, error %q, call timeout %v; the process stalled up to %v); first booked %v after its start",
-					i, left.Sub(q.Start), extra, q.Delay, q.Limiter, q.Err, q.CallTimeout, r.Stall, q.Booked.Sub(q.Start))
+			if extra > outage.ConfirmRow*timeouts[j]*5/4+schedulingSlack+r.Stall {
+				t.Errorf("process %d: a request left pace %v after its start, %v beyond its pacing delay of %v (limiter %q, error %q, call timeout up to %v while it lived; the process stalled up to %v); first booked %v after its start",
+					i, left.Sub(q.Start), extra, q.Delay, q.Limiter, q.Err, timeouts[j], r.Stall, q.Booked.Sub(q.Start))
 			}
 		}
 	}
 	t.Logf("longest wait beyond a request's own pacing delay: %v; longest stall of a process: %v; longest call timeout: %v", worst, stall, timeout)
+}
+
+// timeoutsDuring returns, for each of a process's requests, the longest
+// call timeout of its limiter while the request lived: the longest that
+// any of the process's requests saw at its start or end, of those that
+// lived at the same time.
+func timeoutsDuring(requests []fleetRequest) []time.Duration {
+	timeouts := make([]time.Duration, len(requests))
+	for i, q := range requests {
+		for _, o := range requests {
+			if !o.Start.After(q.End) && !o.End.Before(q.Start) {
+				timeouts[i] = max(timeouts[i], o.CallTimeout)
+			}
+		}
+	}
+	return timeouts
 }
 
 // checkRecovery: every process fell back after the fault, went back to
