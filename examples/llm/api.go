@@ -67,6 +67,9 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	prompt, estimate := req.estimate()
+	// What the answer will use is settled as it is accepted, and counted
+	// then: an answer the end of the run cuts short has used its tokens too.
+	completion := max(1, int(float64(req.MaxTokens)*(0.3+0.7*rand.Float64())))
 	now := time.Now()
 	a.mu.Lock()
 	ok := a.requests.has(now, 1) && a.tokens.has(now, estimate)
@@ -76,6 +79,7 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.tokens.take(estimate)
 		if counted {
 			a.served++
+			a.tokensUsed += prompt + completion
 		}
 	} else if counted {
 		a.tooMany++
@@ -86,13 +90,9 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusTooManyRequests)
 		return
 	}
-	completion := max(1, int(float64(req.MaxTokens)*(0.3+0.7*rand.Float64())))
 	answer(w, req, prompt, completion, time.Duration(50+rand.IntN(100))*time.Millisecond)
 	a.mu.Lock()
 	a.tokens.give(time.Now(), estimate-prompt-completion) // the count corrected to what it used
-	if counted {
-		a.tokensUsed += prompt + completion
-	}
 	a.mu.Unlock()
 }
 
