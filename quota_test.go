@@ -66,8 +66,8 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 	var lastNow int64 // the latest Redis TIME seen
 	// The sequence runs 3,500 steps, and on until it has exercised every
 	// kind of decision as often as least says, up to 20,000: how many
-	// syncs apply depends on the timing of the steps (17 of 124 in 3,500
-	// steps of a cold make test; 48 to 66 on an idle machine).
+	// syncs apply depends on the timing of the steps (17 in 3,500 steps of
+	// a cold make test; 48 to 66 on an idle machine).
 	least := map[string]int{"granted": 100, "refused": 100, "refund-tail": 50, "refund-gap": 20, "refund-nothing": 5, "settle-up": 50, "settle-down": 50,
 		"sync-applied": 20, "sync-stale": 5, "rate-cut": 20, "rate-unchanged": 10}
 	step := 0
@@ -195,6 +195,9 @@ func exercised(counts, least map[string]int) bool {
 	return true
 }
 
+// syncQuota steers a random bucket of r's quota for key with a random
+// reading for the request booked as b, and the model's too, and fails the
+// test unless they agree. It returns what became of the reading.
 func syncQuota(t *testing.T, step int, r *Redis, key string, b store.Booking, model *bucketModel, rng *rand.Rand) string {
 	var buckets []int
 	for i, l := range r.limits {
