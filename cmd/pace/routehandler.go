@@ -24,7 +24,17 @@ const (
 )
 
 // ServeHTTP waits for the request's turn in pace, then proxies it.
+//
+// The upstream's answer may start while the body is still on its way up:
+// the transport sends the body and reads the answer at once, and reads the
+// body once more after its Content-Length to see it end. By default an
+// HTTP/1 server drains and closes a request's body as its handler starts
+// to answer, which cut that read short (the upstream's connection closed
+// after a stream's first event) or held the answer until the whole body
+// had come; full duplex keeps the body open until ServeHTTP returns
+// (HTTP/2 is full duplex always).
 func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	http.NewResponseController(w).EnableFullDuplex()
 	ctx, cancel, err := rt.waitContext(r)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err, 0)

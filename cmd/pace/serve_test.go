@@ -150,6 +150,16 @@ func TestServeIsTransparent(t *testing.T) {
 			fmt.Fprintf(w, "%s+%s", part, rest)
 			return
 		}
+		if r.URL.Path == "/v1/duplex" { // answers the first part before the client sends the second
+			http.NewResponseController(w).EnableFullDuplex()
+			part := make([]byte, 5)
+			io.ReadFull(r.Body, part)
+			fmt.Fprintf(w, "%s\n", part)
+			w.(http.Flusher).Flush()
+			rest, _ := io.ReadAll(r.Body)
+			fmt.Fprintf(w, "%s\n", rest)
+			return
+		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		for i := range 3 {
 			fmt.Fprintf(w, "data: chunk %d\n\n", i)
@@ -203,6 +213,39 @@ func TestServeIsTransparent(t *testing.T) {
 		body, _ := io.ReadAll(resp.Body)
 		if resp.StatusCode != http.StatusCreated || string(body) != "first+second" {
 			t.Errorf("got %d %q, want the upstream's 201 \"first+second\"", resp.StatusCode, body)
+		}
+	})
+	// The answer starts while the body still comes (and, as it did for a
+	// stream 1 run in 4, while the transport still reads the body's end):
+	// starting it must not close or drain the body the upstream reads.
+	t.Run("answered while the body comes", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		reader, writer := io.Pipe()
+		answered := make(chan struct{})
+		go func() {
+			writer.Write([]byte("first"))
+			select {
+			case <-answered:
+				writer.Write([]byte("second"))
+				writer.Close()
+			case <-ctx.Done(): // the client gives up only once its body ends
+				writer.CloseWithError(ctx.Err())
+			}
+		}()
+		req, _ := http.NewRequestWithContext(ctx, "POST", base+"/api/duplex", reader)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			close(answered)
+			t.Fatalf("no answer before the body's end: %v", err)
+		}
+		defer resp.Body.Close()
+		lines := bufio.NewReader(resp.Body)
+		first, err := lines.ReadString('\n')
+		close(answered)
+		second, err2 := lines.ReadString('\n')
+		if first != "first\n" || second != "second\n" || err != nil || err2 != nil {
+			t.Errorf("read %q (%v) then %q (%v), want the upstream's \"first\" as it answered, then \"second\"", first, err, second, err2)
 		}
 	})
 }
