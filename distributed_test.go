@@ -345,15 +345,14 @@ func (m *modelCheck) refusalOf(step int, bk modelBooking, served bool) {
 	}
 }
 
-// recover cuts the rate of a key of its own once, from its configured
-// rate, and books on it until its rate, back at the configured one, is
-// dropped: 1.66 s after the cut (0.5 s of climb to 97%, then 1.16 s of
-// probe), for 3 s at most.
+// recover opens the rate of a key of its own with one refusal, which cuts
+// nothing, and books on it until its rate, quiet for 5 s with no other
+// refusal, is dropped, for 3 s more at most.
 func (m *modelCheck) recover(step int) {
 	const key = "z"
 	m.reserveWith(step, store.Request{Key: key, Costs: uniform(1), Settled: true}, MaxDelay, 0)
 	m.refusalOf(step, m.bookings[len(m.bookings)-1], false)
-	time.Sleep(1600 * time.Millisecond)
+	time.Sleep(5 * time.Second)
 	for deadline := time.Now().Add(3 * time.Second); m.counts["rate-recovered"] == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		m.reserveWith(step, store.Request{Key: key, Costs: uniform(1), Settled: true}, MaxDelay, 0)
 	}

@@ -2,6 +2,7 @@ package pace
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -51,16 +52,13 @@ func sendFor(t *testing.T, lim Limiter, url string, goroutines int, d time.Durat
 // TestRefusalsSteerTheRate: a limiter configured at 100/s before an
 // upstream that enforces 50/s burst 5 strictly and says nothing but 429,
 // on Local and on Redis, 8 goroutines for 3 s. The refusals cut the key's
-// rate: within the first half second it converges (at most 12 refused),
-// and after it at most 8% of the requests are refused (a probe above a
-// limit with a burst of only 100 ms costs one: 4 to 7 in these 2.5 s, 8 in
-// a make test while builds ran beside it) and
-// the upstream serves at least 90% of its 50/s; the observer hears the
-// cuts. With IgnoreRefusals
-// nothing steers it, and about half the requests are refused to the end.
-// The four runs go at once: each sends about 60 requests a second, in this
-// process (beside a CPU hog, 4 to 7 refused of 126 to 130 after the first
-// half second, as when they ran one after another).
+// rate: within the first half second it converges (at most 12 refused; 6
+// to 7 measured), and after it at most 3% of the requests are refused
+// (none measured: the rate probes above what the upstream was found to
+// accept by 2% in 2.7 s) and the upstream serves at least 90% of its 50/s;
+// the observer hears the cuts. With IgnoreRefusals nothing steers it, and
+// about half the requests are refused to the end. The four runs go at
+// once: each sends about 60 requests a second, in this process.
 func TestRefusalsSteerTheRate(t *testing.T) {
 	c := newTestRedis(t)
 	for name, newLimiter := range map[string]func(Option) Limiter{
@@ -91,8 +89,8 @@ func TestRefusalsSteerTheRate(t *testing.T) {
 				switch {
 				case ignore && (cuts > 0 || refused < (served+refused)/3):
 					t.Errorf("ignored refusals: %d cuts and %d of %d refused; want none, and about half", cuts, refused, served+refused)
-				case !ignore && (cuts == 0 || first > 12 || refused*100 > 8*(served+refused) || float64(served) < 0.9*50*2.5):
-					t.Errorf("%d cuts, %d refused in the first 500 ms, then %d of %d refused, %d served; want some cuts, at most 12, at most 8%% and at least 90%% of 50/s",
+				case !ignore && (cuts == 0 || first > 12 || refused*100 > 3*(served+refused) || float64(served) < 0.9*50*2.5):
+					t.Errorf("%d cuts, %d refused in the first 500 ms, then %d of %d refused, %d served; want some cuts, at most 12, at most 3%% and at least 90%% of 50/s",
 						cuts, first, refused, served+refused, served)
 				}
 			})
@@ -102,8 +100,9 @@ func TestRefusalsSteerTheRate(t *testing.T) {
 
 // TestRefusalsExplainedDoNotCut: a 429 with Retry-After holds the key, and
 // one whose counters say nothing is left steers or holds it; neither cuts
-// its rate, on Local or Redis. A 429 whose counters say units are left is
-// not explained by them, and cuts it.
+// its rate, on Local or Redis, however many come. A 429 whose counters say
+// units are left is not explained by them: once a round of them is weighed
+// (100 ms, 10 requests at 100/s), the rate is cut.
 func TestRefusalsExplainedDoNotCut(t *testing.T) {
 	c := newTestRedis(t)
 	for name, header := range map[string][]string{
@@ -120,17 +119,26 @@ func TestRefusalsExplainedDoNotCut(t *testing.T) {
 		}))
 		t.Cleanup(api.Close)
 		for lname, lim := range map[string]func(Option) Limiter{
-			"redis": func(o Option) Limiter { return mustRedis(t, c, PerSecond(100), o, sharedOnly) },
-			"local": func(o Option) Limiter { return mustLocal(t, PerSecond(100), o) },
+			"redis": func(o Option) Limiter { return mustRedis(t, c, PerSecond(100).WithBurst(1), o, sharedOnly) },
+			"local": func(o Option) Limiter { return mustLocal(t, PerSecond(100).WithBurst(1), o) },
 		} {
 			t.Run(name+"/"+lname, func(t *testing.T) {
 				log := &eventLog{}
-				client := &http.Client{Transport: &Transport{Limiter: lim(WithObserver(log.observe))}}
-				resp, err := client.Get(api.URL)
-				if err != nil {
-					t.Fatal(err)
+				// Counters that say units are left would steer the bucket
+				// on Redis, and slow it as if others spent them.
+				client := &http.Client{Transport: &Transport{Limiter: lim(WithObserver(log.observe)), IgnoreCounters: true}}
+				for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
+					ctx, cancel := context.WithDeadline(context.Background(), end)
+					req, _ := http.NewRequestWithContext(ctx, http.MethodGet, api.URL, nil)
+					if resp, err := client.Do(req); err == nil {
+						resp.Body.Close()
+					} else if !errors.Is(err, context.DeadlineExceeded) {
+						t.Fatal(err)
+					} else {
+						time.Sleep(time.Until(end)) // held past the end
+					}
+					cancel()
 				}
-				resp.Body.Close()
 				cut := log.count(EventRate) > 0
 				if want := name == "units left: unsaid"; cut != want {
 					t.Errorf("the key's rate cut: %v, want %v", cut, want)
@@ -140,19 +148,20 @@ func TestRefusalsExplainedDoNotCut(t *testing.T) {
 	}
 }
 
-// TestACutTellsOneSuccess: one plain 429 before 8 goroutines of one
-// process, asleep in their bookings at 40/s. The cut wakes them; each gives
-// its booking back and books anew while the key's rate listens for a
-// success, and the process tells Redis of the first success alone: the
-// refused script runs twice, for the 429 and for one success, where it ran
-// once more for each request the cut woke.
+// TestACutTellsOneSuccess: two plain 429s in a row before 8 goroutines of
+// one process, asleep in their bookings at 40/s. The first opens the key's
+// rate and wakes them to book anew, evenly; the second, one request after,
+// halves the rate and wakes them again; each books anew while the key's
+// rate listens for a success, and the process tells Redis of the first
+// success alone: the refused script runs 3 times, for the 429s and for one
+// success, where it would run once more for each request the cut woke.
 func TestACutTellsOneSuccess(t *testing.T) {
 	c := newTestRedis(t)
 	runs := &refusedRuns{}
 	c.AddHook(runs)
 	var n atomic.Int64
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		if n.Add(1) == 10 {
+		if k := n.Add(1); k == 10 || k == 11 {
 			w.WriteHeader(http.StatusTooManyRequests)
 		}
 	}))
@@ -161,8 +170,8 @@ func TestACutTellsOneSuccess(t *testing.T) {
 	answers := sendFor(t, mustRedis(t, c, PerSecond(40).WithBurst(1), WithObserver(log.observe), sharedOnly), api.URL, 8, time.Second, false)
 	cuts, told := log.count(EventRate), runs.n.Load()
 	t.Logf("%d requests, %d cut, %d runs of the refused script", len(answers), cuts, told)
-	if cuts != 1 || told != 2 {
-		t.Errorf("%d cuts and %d runs of the refused script; want 1, and 2: the 429 and one success", cuts, told)
+	if cuts != 1 || told != 3 {
+		t.Errorf("%d cuts and %d runs of the refused script; want 1, and 3: the 429s and one success", cuts, told)
 	}
 }
 

@@ -306,14 +306,14 @@ func (loc *Local) reserve(key string, costs *store.LimitCosts, now, notBefore ti
 
 // underRate returns the earliest time from at that k's rate after refusals
 // lets a request of costs go, booked at now, and what the rate measures it
-// by (see rateUnits); note, if not nil, hears what it found of the rate.
+// by (see rateUnit); note, if not nil, hears what it found of the rate.
 func (loc *Local) underRate(k *localKey, costs *store.LimitCosts, now, at time.Time, note *rateNote) (time.Time, int64) {
 	us := now.UnixMicro()
 	if note != nil {
 		note.recovered, note.listening = k.rate.Recovered(us), k.rate.Listening()
 	}
-	unit, burst := rateUnits(loc.limits, costs, func(i int) int64 { return loc.intervals[i] })
-	return latest(at, time.UnixMicro(k.rate.Allow(us, at.UnixMicro(), unit, burst))), unit
+	unit := rateUnit(costs, len(loc.limits), func(i int) int64 { return loc.intervals[i] })
+	return latest(at, time.UnixMicro(k.rate.Allow(us, at.UnixMicro(), unit))), unit
 }
 
 // book books costs under every limit of k at once, at the first time from

@@ -39,7 +39,7 @@ func (m *bucketModel) reserve(key string, interval, burst, cost, budget, notBefo
 	s, arrival := m.steers[key], max(now+notBefore, m.holds[key])
 	var b store.Booking
 	rate, unit := m.keyRate(key, now, &b), cost*s.interval(interval)
-	arrival = rate.Allow(now, arrival, unit, burst*s.interval(interval))
+	arrival = rate.Allow(now, arrival, unit)
 	due := max(arrival, s.allow(m.tat[key], interval, burst, cost, arrival, now))
 	b.Delay, b.Now = store.Microseconds(due-now), now
 	b.Finishes[0] = s.finish(m.tat[key], interval, burst, cost, due, now)
@@ -86,10 +86,11 @@ func (m *bucketModel) rateOf(key string) *steer.Rate {
 // after a cut, or 0.
 func (m *bucketModel) refused(key string, b store.Booking, served bool, now int64) int64 {
 	k := m.rateOf(key)
-	switch {
-	case served:
+	if served {
 		k.Served(b.Now)
-	case k.Refused(now, b.Now):
+		return 0
+	}
+	if cut, _ := k.Refused(now, b.Now); cut {
 		return k.Bottom()
 	}
 	return 0
@@ -277,7 +278,7 @@ func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs
 	due := max(now+notBefore, m.buckets.holds[key])
 	var b store.Booking
 	rate := m.buckets.keyRate(key, now, &b)
-	unit, burst := m.rateUnits(keys, limits, costs)
+	unit := m.rateUnit(keys, limits, costs)
 	for i, l := range limits {
 		kind, a, b, cost := l[0], l[1], l[2], costs[i]
 		switch kind {
@@ -298,7 +299,7 @@ func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs
 			}
 		}
 	}
-	due = rate.Allow(now, due, unit, burst)
+	due = rate.Allow(now, due, unit)
 	windows := make([]int64, len(limits))
 	for moved := true; moved; {
 		moved = false
@@ -350,16 +351,15 @@ func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs
 	return reply
 }
 
-// rateUnits is what a key's rate measures a request of costs under limits
-// against (see rateUnits), as quota.lua takes it: a bucket's interval, the
+// rateUnit is what a key's rate measures a request of costs under limits
+// against (see rateUnit), as quota.lua takes it: a bucket's interval, the
 // learned one if any, and a window's length over its count.
-func (m *quotaModel) rateUnits(keys []string, limits [][3]int64, costs []int64) (unit, burst int64) {
+func (m *quotaModel) rateUnit(keys []string, limits [][3]int64, costs []int64) int64 {
 	var lc store.LimitCosts
-	ls := make([]Limit, len(limits))
-	for i, l := range limits {
-		lc[i], ls[i] = int(costs[i]), Limit{burst: int(l[2])}
+	for i := range limits {
+		lc[i] = int(costs[i])
 	}
-	return rateUnits(ls, &lc, func(i int) int64 {
+	return rateUnit(&lc, len(limits), func(i int) int64 {
 		if a, b := limits[i][1], limits[i][2]; limits[i][0] != 1 {
 			return int64(math.Ceil(float64(a) / float64(b)))
 		}

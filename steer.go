@@ -248,10 +248,13 @@ func (loc *Local) heed(ctx context.Context, key string, t ticket, w word, o Heed
 		shard.mu.Unlock()
 		return
 	}
-	cut, share := k.rate.Refused(now.UnixMicro(), t.start.UnixMicro()), k.rate.Bottom()
+	cut, wake := k.rate.Refused(now.UnixMicro(), t.start.UnixMicro())
+	share := k.rate.Bottom()
 	shard.mu.Unlock()
-	if cut {
+	if wake {
 		loc.retimes.Add(key, now.UnixMicro(), true, now) // its sleepers book anew
+	}
+	if cut {
 		reportRate(ctx, loc.config.observer, "local", key, share, w.status)
 	}
 }
@@ -341,25 +344,22 @@ func reportRate(ctx context.Context, o Observer, limiter, key string, share int6
 	o.emit(ctx, e)
 }
 
-// rateUnits returns, for a request of costs under limits, the time the
-// fastest limit it costs anything under takes to refill its cost (unit; 0
-// for a request that costs nothing), and the time the fastest limit takes
-// to refill its burst (burst), in µs: what a key's rate measures against.
-// per gives a limit's interval, by index: the one a bucket books at
-// (learned or steered), a window's length over its count.
-func rateUnits(limits []Limit, costs *store.LimitCosts, per func(i int) int64) (unit, burst int64) {
-	unit, burst = math.MaxInt64, math.MaxInt64
-	for i, l := range limits {
-		p := per(i)
+// rateUnit returns, for a request of costs, the time the fastest limit it
+// costs anything under takes to refill its cost, in µs (0 for a request
+// that costs nothing): what a key's rate measures against. per gives a
+// limit's interval, by index: the one a bucket books at (learned or
+// steered), a window's length over its count.
+func rateUnit(costs *store.LimitCosts, n int, per func(i int) int64) int64 {
+	unit := int64(math.MaxInt64)
+	for i := range n {
 		if costs[i] > 0 {
-			unit = min(unit, int64(costs[i])*p)
+			unit = min(unit, int64(costs[i])*per(i))
 		}
-		burst = min(burst, int64(l.burst)*p)
 	}
 	if unit == math.MaxInt64 {
-		unit = 0
+		return 0
 	}
-	return unit, burst
+	return unit
 }
 
 // sleepUnlessRetimed sleeps for delay, unless ctx ends first, or key is

@@ -366,13 +366,14 @@ func (c *counted) MaxCost() int { return c.inner.MaxCost() }
 // Redis limiter (a real redis-server) with a cap in flight gets what it gets
 // on the Redis itself: each request a slot and a grant (before, every
 // request failed: "take a slot with Acquire"), the upstream's counters
-// steer the key, and a refusal without a word cuts its rate.
+// steer the key, and refusals without a word, weighed over a round of
+// 100 ms, cut its rate.
 func TestTransportThroughADecorator(t *testing.T) {
 	log := &eventLog{}
 	r := mustRedis(t, newTestRedis(t), AllOf{Concurrent(2), PerSecond(100)}, WithFleetSize(1), WithObserver(log.observe))
 	var served atomic.Int64
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		if served.Add(1) == 4 {
+		if served.Add(1) >= 4 {
 			w.WriteHeader(http.StatusTooManyRequests)
 			return
 		}
@@ -383,18 +384,20 @@ func TestTransportThroughADecorator(t *testing.T) {
 	defer api.Close()
 	d := &counted{inner: r}
 	client := &http.Client{Transport: &Transport{Limiter: d}}
-	for i := range 6 {
+	sent := 0
+	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); sent++ {
 		resp, err := client.Get(api.URL)
 		if err != nil {
-			t.Fatalf("request %d: %v", i, err)
+			t.Fatalf("request %d: %v", sent, err)
 		}
 		resp.Body.Close()
+		time.Sleep(10 * time.Millisecond)
 	}
 	_, read := log.last(EventReading)
 	_, cut := log.last(EventRate)
 	_, slot := log.last(EventSlot)
-	if d.waits.Load() != 6 || !read || !cut || !slot {
-		t.Errorf("through the decorator: %d waits of 6, a reading heard %v, a rate cut %v, a slot taken %v; want all", d.waits.Load(), read, cut, slot)
+	if d.waits.Load() != int64(sent) || !read || !cut || !slot {
+		t.Errorf("through the decorator: %d waits of %d, a reading heard %v, a rate cut %v, a slot taken %v; want all", d.waits.Load(), sent, read, cut, slot)
 	}
 	if _, err := NewRules(Rule{Name: "big", Limiter: d, Cost: 101}); err == nil || !strings.Contains(err.Error(), "cost 101 exceeds the burst 100") {
 		t.Errorf("a Rule of cost 101 on the decorator of a burst of 100: %v, want refused up front", err)

@@ -278,16 +278,19 @@ func readString(ctx context.Context, pipe redis.Pipeliner, p *part, says func(te
 	}
 }
 
-// rateState reads a key's rate after refusals: "EDGE BOTTOM CUT HEARD
-// TAT", in parts per million of the configured rate and microseconds of
-// Redis's clock (see pace's internal/store/lua/rate.lua).
+// rateState reads a key's rate after refusals: "EDGE BOTTOM CUT ...", in
+// parts per million of the configured rate and microseconds of Redis's
+// clock (see pace's internal/store/lua/rate.lua).
 func rateState(text string, now time.Time) string {
 	var edge, bottom float64
 	var cut string
 	if _, err := fmt.Sscanf(text, "%f %f %s", &edge, &bottom, &cut); err != nil {
 		return strconv.Quote(text) + ", not pace's"
 	}
-	return fmt.Sprintf("cut to %.1f%% of the configured rate %s, climbing to 3%% below %.1f%%, where the upstream refused", bottom/1e4, since(cut, now), edge/1e4)
+	if bottom >= 1e6 {
+		return fmt.Sprintf("opened by a refusal %s: evenly at the configured rate, the refusals weighed", since(cut, now))
+	}
+	return fmt.Sprintf("cut to %.1f%% of the configured rate %s, climbing to %.1f%%, what the upstream was found to accept", bottom/1e4, since(cut, now), edge/1e4)
 }
 
 // readSlots plans the read of the slots of a cap in flight, its line or

@@ -60,8 +60,10 @@ func TestInspect(t *testing.T) {
 	defer slot.Release()
 	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTooManyRequests) }))
 	defer refusing.Close()
-	if resp, err := (&http.Client{Transport: &pace.Transport{Limiter: booked, Key: func(*http.Request) string { return "refused" }}}).Get(refusing.URL); err == nil {
-		resp.Body.Close()
+	for range 2 { // the first opens the key's rate, the second, one request after, halves it
+		if resp, err := (&http.Client{Transport: &pace.Transport{Limiter: booked, Key: func(*http.Request) string { return "refused" }}}).Get(refusing.URL); err == nil {
+			resp.Body.Close()
+		}
 	}
 	now, _ := c.Time(ctx).Result()
 	c.ZAdd(ctx, "pace:{fleet}#default", redis.Z{Score: float64(now.Add(-400 * time.Millisecond).UnixMicro()), Member: "host-a:1:aa"},
@@ -75,8 +77,8 @@ func TestInspect(t *testing.T) {
 	t.Logf("\n%s", report)
 	for _, want := range []string{
 		"pace:{api}", "bucket", "schedule booked until in 9", // a second ahead, less the time since
-		"pace:{held}#hold", "held until in 29.9",
-		"pace:{refused}#rate", "cut to 70.0% of the configured rate", "climbing to 3% below 100.0%",
+		"pace:{held}#hold", "held until in 2", // 30 s, less the time since
+		"pace:{refused}#rate", "cut to 50.0% of the configured rate", "what the upstream was found to accept",
 		"pace:{search}:5/m sliding", "sliding window", "3 grants kept, the oldest",
 		"pace:{tts}#slots:4 in flight", `slots of "4 in flight"`, "1 held, leases end in 2.9",
 		"pace:{fleet}#default", `2 members: "host-a:1:aa", last heartbeat 40`, `; "host-b:2:bb", last heartbeat 1.2`,

@@ -42,6 +42,7 @@ type config struct {
 	RetryAfter bool          // the built-in upstream answers one 429 with Retry-After: 1
 	Foreign    float64       // a foreign client's rate on the built-in upstream, without pace
 	Headers    string        // the dialect of the built-in upstream's counters
+	Slack      int           // tokens the built-in upstream's bucket holds beyond the limit's burst
 	// Concurrency caps the requests in flight in the whole fleet (0: no
 	// cap); the built-in upstream then takes Service to answer each.
 	Concurrency int
@@ -77,6 +78,7 @@ func main() {
 	flag.IntVar(&c.Concurrency, "concurrency", 0, "at most this many requests in flight in the whole fleet (the built-in upstream then takes 50 ms a request)")
 	flag.StringVar(&c.Metrics, "metrics", "", "each worker process serves its metrics (paceotel) as Prometheus text on this HOST:PORT, plus its index (PORT 0: any free port)")
 	flag.BoolVar(&c.Priority, "priority", false, "the workers send batch requests, and the first process sends 10 critical requests a second beside them")
+	flag.IntVar(&c.Slack, "slack", 1, "tokens the built-in upstream's bucket holds beyond the limit's burst (0: exactly the limit)")
 	flag.StringVar(&c.Headers, "headers", "openai", "the built-in upstream states its counters as github, ietf (a fixed window ten times as long as the run), openai (a token bucket) or \"\" (none) does")
 	flag.Parse()
 	exampleproc.Main("fleet", c.check, func() (summary, error) { return run(c) }, c.JSON, summary.print)
@@ -99,6 +101,8 @@ func (c config) check() error {
 		return fmt.Errorf("-kill-redis-at works on the embedded store only")
 	case (c.RetryAfter || c.Foreign != 0) && c.Target != "":
 		return fmt.Errorf("-retry-after and -foreign work with the built-in upstream only")
+	case c.Slack < 0 || (c.Slack != 1 && c.Target != ""):
+		return fmt.Errorf("-slack %d: want 0 or more, with the built-in upstream only", c.Slack)
 	case c.Concurrency < 0 || (c.Local && c.Concurrency > 0 && c.Concurrency < c.Procs):
 		return fmt.Errorf("-concurrency %d: want 0 (none) or more, and with -local at least one a process", c.Concurrency)
 	}

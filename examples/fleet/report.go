@@ -34,6 +34,9 @@ type summary struct {
 	ScriptCalls *float64  `json:"redis_calls_per_request"` // EVALSHA and EVAL round trips per request; null without Redis
 	SyncCalls   *float64  `json:"sync_calls_per_request"`  // of them, those that synced the upstream's counters
 	PerProcess  []process `json:"per_process"`
+	// TooManyLate counts the 429s to requests granted after the run's
+	// first second.
+	TooManyLate int `json:"too_many_requests_after_1s"`
 	// With -priority: the critical requests, and their waits.
 	Critical        int     `json:"critical_requests"`
 	CriticalWaitP50 float64 `json:"critical_wait_p50_ms"`
@@ -53,7 +56,7 @@ type process struct {
 
 // summarize sums up the workers' reports and what the built-in upstream
 // answered the foreign client.
-func summarize(c config, limit pace.Limit, reports []report, upstream quotaapi.Counts) summary {
+func summarize(c config, limit pace.Limit, start time.Time, reports []report, upstream quotaapi.Counts) summary {
 	s := summary{Limit: limit.String(), Mode: "shared through Redis", Processes: c.Procs, Workers: c.Procs * c.Workers,
 		Busy: c.Procs*c.Workers - c.Idle, Seconds: c.Duration.Seconds(), LimitRate: limit.Rate(),
 		Headers: c.Headers, ForeignRate: c.Foreign, ForeignOK: upstream.ForeignOK, Foreign429: upstream.ForeignRefused,
@@ -72,10 +75,10 @@ func summarize(c config, limit pace.Limit, reports []report, upstream quotaapi.C
 			s.MetricsURLs = append(s.MetricsURLs, r.MetricsURL)
 			s.MetricsDecisions += r.MetricsDecisions
 		}
-		waits := s.count(r.Requests)
+		waits := s.count(r.Requests, start)
 		s.PerProcess = append(s.PerProcess, process{Requests: len(r.Requests), WaitP50: percentile(waits, 0.50), WaitP99: percentile(waits, 0.99)})
 		if len(r.Critical) > 0 { // with -priority
-			waits := s.count(r.Critical)
+			waits := s.count(r.Critical, start)
 			s.Critical += len(r.Critical)
 			s.CriticalWaitP50, s.CriticalWaitMax = percentile(waits, 0.5), percentile(waits, 1)
 		}
@@ -93,8 +96,9 @@ func summarize(c config, limit pace.Limit, reports []report, upstream quotaapi.C
 	return s
 }
 
-// count counts requests and their answers, and returns their waits.
-func (s *summary) count(requests []request) []time.Duration {
+// count counts requests and their answers, and returns their waits; the
+// run started at start.
+func (s *summary) count(requests []request, start time.Time) []time.Duration {
 	var waits []time.Duration
 	for _, q := range requests {
 		s.Requests++
@@ -103,6 +107,9 @@ func (s *summary) count(requests []request) []time.Duration {
 			s.OK++
 		case 429:
 			s.TooMany++
+			if q.Granted.Sub(start) >= time.Second {
+				s.TooManyLate++
+			}
 		}
 		waits = append(waits, q.Wait)
 	}
@@ -122,7 +129,7 @@ func (s summary) print(w io.Writer) {
 	fmt.Fprintf(w, "fleet           %d processes, %d workers, %d busy, %.1fs\n", s.Processes, s.Workers, s.Busy, s.Seconds)
 	fmt.Fprintf(w, "achieved        %.1f/s: %d answered 200 of %d requests\n", s.Rate, s.OK, s.Requests)
 	fmt.Fprintf(w, "utilisation     %.1f%% of what the limit allows (burst + rate x time, less the foreign client's)\n", 100*s.Utilisation)
-	fmt.Fprintf(w, "429s            %d\n", s.TooMany)
+	fmt.Fprintf(w, "429s            %d, %d of them after the first second\n", s.TooMany, s.TooManyLate)
 	if s.ForeignRate > 0 {
 		fmt.Fprintf(w, "foreign client  %d answered 200 at %.4g/s, %d 429s\n", s.ForeignOK, s.ForeignRate, s.Foreign429)
 	}

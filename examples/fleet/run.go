@@ -71,7 +71,7 @@ func run(c config) (summary, error) {
 	if up != nil {
 		foreign = up.Counts()
 	}
-	return summarize(c, limit, reports, foreign), nil
+	return summarize(c, limit, start, reports, foreign), nil
 }
 
 // progress writes a line on stderr while the fleet runs, until done.

@@ -12,18 +12,19 @@ import (
 // startUpstream starts the built-in API of c's run, which starts at start.
 // It enforces the quota strictly and answers 429 beyond it: without
 // -headers or with -headers openai, a token bucket of the limit's rate and
-// burst, and one token of slack (the jitter between a grant in Redis and
-// the request's arrival here could otherwise cost one 429 at the very
-// start); with -headers github or ietf, a fixed window ten times as long as
-// the run (whole seconds), of the limit's rate times its length, from the
-// start on. With -headers, it
+// burst, and -slack tokens beyond it (by default one: the jitter between a
+// grant in Redis and the request's arrival here could otherwise cost a 429
+// at the very start; 0 is the strict bucket of the limit itself); with
+// -headers github or ietf, a fixed window ten times as long as the run
+// (whole seconds), of the limit's rate times its length, from the start
+// on. With -headers, it
 // states its counters in that dialect; with -retry-after, it answers one
 // 429 with Retry-After: 1, a third into the run; with -foreign, a foreign
 // client spends the same quota, without pace, from start on; with
 // -concurrency, it takes 50 ms to answer each request.
 func startUpstream(c config, limit pace.Limit, start time.Time) (*quotaapi.Server, error) {
 	dialect, _ := quotaapi.ParseDialect(c.Headers)
-	q := quotaapi.Config{Dialect: dialect, Rate: limit.Rate(), Burst: limit.Burst() + 1}
+	q := quotaapi.Config{Dialect: dialect, Rate: limit.Rate(), Burst: limit.Burst() + c.Slack}
 	if c.Concurrency > 0 {
 		q.Service = service
 	}

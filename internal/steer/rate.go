@@ -13,44 +13,55 @@ import (
 )
 
 // When the upstream refuses a request (a 429 or a 503) and neither a
-// Retry-After nor its counters say why, the configured limit is above what
-// the upstream accepts, whatever it says. Such a refusal steers the key's
-// rate for the whole fleet: in the script, on Redis's clock, beside the key
-// (its #rate), or in Local. A key's rate is a share of its configured rate,
-// in parts per million, which an extra bucket enforces on top of the
-// limits: it holds a request for the time the quota's fastest limit takes
-// to refill its cost, divided by the share, with a burst of that limit's,
-// 50 ms at most, and none while the rate climbs back after a cut.
+// Retry-After nor its counters say why, the configured limit may be above
+// what the upstream accepts, or the refusal may be noise: the jitter
+// between a grant and its arrival upstream, a burst at a limit that is
+// right. The key's rate weighs each refusal by the requests that went
+// without one, as DCTCP (RFC 8257) weighs its marks by the share of the
+// data they mark: in the script, on Redis's clock, beside the key (its
+// #rate), or in Local. A key's rate is a share of its configured rate, in
+// parts per million, which an extra bucket enforces on top of the limits,
+// without a burst: it holds a request for the time the quota's fastest
+// limit takes to refill its cost, divided by the share.
 //
-// The controller is CUBIC's, with what the upstream's memory asks for:
-//
-//   - A refusal of a request booked before the last cut has been reacted
-//     to already. Any other cuts the rate to cutTo (70%) of what it is
-//     now, and remembers where the upstream refused, the edge: the rate
-//     the refused request was booked at. The first refusal sets the edge;
-//     a later one lowers it to that rate, by keepAtLeast (30%) at most, once a
-//     request booked since the last cut has succeeded. Until then the
-//     upstream accepts nothing at all, and the rate says nothing of its
-//     limit: it is counting past refusals (HAProxy's http_req_rate) or is
-//     closed; the cut deepens, so that it can recover, and the edge stands.
-//   - From the cut, the rate climbs back to margin (3%) below the edge
-//     within Climb (500 ms), fast at first and slowly near the edge,
-//     then probes above it, slowly at first (2% after a second, 16% after
-//     two), until it is back at the configured rate, which it never passes:
-//     then the key's rate is gone.
+//   - The first refusal opens the key's rate, at the configured rate, and
+//     cuts nothing: from then on the requests go evenly, without the
+//     bursts the limits allow (the requests asleep in their bookings wake
+//     and book anew), and each is counted.
+//   - Any later refusal cuts the rate at once, by its weight: the share
+//     refused of the requests gone since the last refusal weighed (this
+//     one among them), half at most. A request is gone once the rate's
+//     bucket no longer holds it: a fleet that waits its turns has a queue
+//     booked ahead, not yet sent. One refusal after 150 requests at the
+//     right limit costs 0.7% of the rate, for a second or two; refusals one
+//     request apart (a limit twice too high) halve it. A refusal of a
+//     request booked before the last cut does not cut again: it is weighed
+//     with the next.
+//   - The edge is what the upstream was found to accept: the rate the
+//     refused request was booked at, less the refusal's weight; for a
+//     refusal in a climb, halfway from where the climb began, which the
+//     upstream accepted. Until a request booked since the last cut has
+//     succeeded, the upstream may accept nothing at all (HAProxy's
+//     http_req_rate counts past refusals, or it is closed): a refusal then
+//     only lowers the edge, and not when half or more were refused.
+//   - From a cut, the rate climbs back to the edge within Climb (500 ms),
+//     fast at first and slowly near the edge, then probes above it, slowly
+//     (2% after 2.7 s, 16% after 5.4 s), until it is back at the configured
+//     rate, which it never passes; quiet (5 s) after its last refusal, the
+//     key's rate is gone.
 //   - The rate is never below Floor (1%) of the configured rate.
 //
-// Requests booked before a cut and still asleep wake and book anew, at the
-// new rate. The observer hears each cut and the recovery (EventRate).
+// Requests booked before a cut of wakeCut (1/8) or more, and still asleep,
+// wake and book anew, at the new rate; a smaller cut leaves them be. The
+// observer hears each cut and the recovery (EventRate).
 const (
-	Full        = 1_000_000 // the configured rate, in parts per million
-	cutTo       = 700_000
-	keepAtLeast = 700_000
-	margin      = 30_000
-	Floor       = 10_000
-	Climb       = 500_000   // µs
-	probe       = 3_700_000 // µs: beyond the edge, the rate doubles in this long
-	maxBurst    = 50_000    // µs: the most the key's rate lets go at once
+	Full    = 1_000_000 // the configured rate, in parts per million
+	maxCut  = 500_000
+	wakeCut = 125_000
+	Floor   = 10_000
+	Climb   = 500_000    // µs
+	probe   = 10_000_000 // µs: beyond the edge, the rate doubles in this long
+	quiet   = 5_000_000  // µs
 )
 
 // Rate is a key's rate after refusals, in whole microseconds and parts
@@ -58,16 +69,20 @@ const (
 // tests hold the two to each other. The zero Rate is no rate: the
 // configured one.
 type Rate struct {
-	on     bool
-	edge   int64 // the rate at which the upstream refused
-	bottom int64 // the rate the last cut left
-	cut    int64 // when the last cut was
-	heard  bool  // a request booked since the cut succeeded
-	tat    int64 // the schedule of the rate's bucket
+	on      bool
+	edge    int64 // the rate the upstream was found to accept
+	bottom  int64 // the rate the last cut left
+	cut     int64 // when the last refusal was weighed, or opened the rate
+	heard   bool  // a request booked since the cut succeeded
+	tat     int64 // the schedule of the rate's bucket
+	step    int64 // what the last request booked added to it
+	booked  int64 // the requests booked since the rate opened
+	gone    int64 // of them, those gone when the last refusal was weighed
+	refused int64 // the refusals heard since, of requests booked before it
 }
 
-// On reports whether the key is under a rate: a refusal cut it, and it has
-// not recovered.
+// On reports whether the key is under a rate: a refusal opened it, and it
+// is not gone.
 func (k *Rate) On() bool { return k.on }
 
 // Bottom returns the share the last cut left, in parts per million.
@@ -78,14 +93,11 @@ func (k *Rate) Share(now int64) int64 {
 	if !k.on {
 		return Full
 	}
-	top := k.edge - floorDiv(k.edge*margin, Full)
 	s := now - k.cut
 	if s < Climb {
-		d, x := top-k.bottom, Climb-s
-		d = cube(d, x, Climb)
-		return min(top-d, Full)
+		return min(k.edge-cube(k.edge-k.bottom, Climb-s, Climb), Full)
 	}
-	return min(top+cube(top, min(s-Climb, 5*probe), probe), Full)
+	return min(k.edge+cube(k.edge, min(s-Climb, 5*probe), probe), Full)
 }
 
 // cube is v*(x/y)^3, rounded down at each of three steps, each exact in
@@ -106,35 +118,38 @@ func interval(unit, s int64) int64 {
 }
 
 // Allow returns the earliest time, at or after at, that the key's rate
-// lets a request that takes unit µs go, booked at now; burst is the time
-// the quota's fastest limit takes to refill its burst. During the climb
-// there is no burst, and the first request after the cut waits an
-// interval: the upstream has just refused, and has none to give; and in a
-// storm of refusals, each cut would otherwise let one go at once.
-func (k *Rate) Allow(now, at, unit, burst int64) int64 {
-	s := k.Share(now)
-	if s >= Full || unit <= 0 {
+// lets a request that takes unit µs go, booked at now. The rate's bucket
+// has no burst: a burst after a spell below the rate, or the bursts the
+// limits allow, is what a strict upstream refuses first. During the climb
+// the first request after the cut waits an interval: the upstream has just
+// refused, and has none to give; and in a storm of refusals, each cut
+// would otherwise let one go at once.
+func (k *Rate) Allow(now, at, unit int64) int64 {
+	if !k.on || unit <= 0 {
 		return at
 	}
-	i := interval(unit, s)
-	tat, b := k.tat, int64(math.Max(float64(i), math.Min(math.Ceil(float64(burst)*Full/float64(s)), maxBurst)))
+	tat := k.tat
 	if now-k.cut < Climb {
-		tat, b = max(tat, k.cut+i), i
+		tat = max(tat, k.cut+interval(unit, k.Share(now)))
 	}
-	return max(at, tat+i-b)
+	return max(at, tat)
 }
 
-// Book books a request that takes unit µs, booked at now, at due.
+// Book books a request that takes unit µs, booked at now, at due, and
+// counts it.
 func (k *Rate) Book(now, due, unit int64) {
-	if s := k.Share(now); s < Full && unit > 0 {
-		k.tat = max(k.tat, due) + interval(unit, s)
+	if !k.on || unit <= 0 {
+		return
 	}
+	k.booked, k.step = k.booked+1, interval(unit, k.Share(now))
+	k.tat = max(k.tat, due) + k.step
 }
 
-// Recovered reports whether the key is back at its configured rate at now,
-// and if so forgets its rate.
+// Recovered reports whether the key's rate is gone at now, and if so
+// forgets it: back at the configured rate, quiet after its last refusal;
+// or its time is up, as its key's in Redis.
 func (k *Rate) Recovered(now int64) bool {
-	if !k.on || k.Share(now) < Full {
+	if !k.on || now < max(k.cut+Climb+5*probe, k.tat) && (k.Share(now) < Full || now-k.cut < quiet) {
 		return false
 	}
 	*k = Rate{}
@@ -142,23 +157,48 @@ func (k *Rate) Recovered(now int64) bool {
 }
 
 // Refused takes the refusal of a request booked at decided, at now, and
-// reports whether it cut the rate.
-func (k *Rate) Refused(now, decided int64) bool {
-	if k.on && decided < k.cut {
-		return false
+// reports whether it cut the rate, and whether the requests asleep in
+// their bookings wake to book anew: after a cut deep enough, or when the
+// refusal opens the rate.
+func (k *Rate) Refused(now, decided int64) (cut, wake bool) {
+	if !k.on {
+		*k = Rate{on: true, edge: Full, bottom: Full, cut: now, tat: now}
+		return false, true // the sleepers book anew, evenly, and their refusals are weighed
 	}
+	if decided < k.cut {
+		k.refused++ // weighed with the next refusal
+		return false, false
+	}
+	gone := k.goneBy(now)
 	at, current := k.Share(decided), k.Share(now)
-	switch {
-	case !k.on:
-		k.edge = at
-	case k.heard:
-		k.edge = max(at, floorDiv(k.edge*keepAtLeast, Full))
+	weight := min(floorDiv((k.refused+1)*Full, max(gone-k.gone, k.refused)+1), maxCut)
+	if k.heard || weight < maxCut {
+		edge := at - floorDiv(at*weight, Full)
+		switch {
+		case !k.heard:
+			edge = min(edge, k.edge)
+		case decided-k.cut < Climb && edge > k.bottom:
+			edge = k.bottom + (edge-k.bottom)/2 // the climb went past the upstream's limit
+		}
+		k.edge = max(edge, Floor)
 	}
-	k.edge = max(k.edge, Floor)
-	top := k.edge - floorDiv(k.edge*margin, Full)
-	k.bottom = max(min(floorDiv(current*cutTo, Full), top), Floor)
-	k.on, k.cut, k.heard, k.tat = true, now, false, now
-	return true
+	k.bottom = max(min(current-floorDiv(current*weight, Full), k.edge), Floor)
+	k.cut, k.heard, k.refused = now, false, 0
+	if wake = current-k.bottom >= floorDiv(current*wakeCut, Full); wake {
+		k.tat = now // the sleepers book anew from now, counted anew
+	}
+	k.gone = k.goneBy(now)
+	return true, wake
+}
+
+// goneBy is how many of the requests booked have gone by now: all but
+// those due after now, which the rate's bucket holds (the last one due
+// ends its schedule a step later).
+func (k *Rate) goneBy(now int64) int64 {
+	if k.tat <= now+k.step || k.step <= 0 {
+		return k.booked
+	}
+	return max(k.booked-int64(math.Ceil(float64(k.tat-now)/float64(k.step)))+1, 0)
 }
 
 // Served takes the success of a request booked at decided.

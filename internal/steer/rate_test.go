@@ -5,108 +5,167 @@ import (
 )
 
 // TestKeyRate: the controller of a key's rate after refusals, on a plain
-// clock in microseconds. Each row plays a sequence of refusals and
-// successes and checks the share of the configured rate at some times.
+// clock in microseconds. Each row plays bookings (of 1 ms at the
+// configured rate, each due when booked), refusals and successes from
+// t = 0, the first refusal, and checks the cuts, the wakes, and the share
+// of the configured rate at some times.
 func TestKeyRate(t *testing.T) {
 	const s = 1_000_000 // a second, in µs
 	type check struct {
-		at   int64 // µs after the first refusal
-		want int64 // ppm, or (-1) within 1% of the next field
-		near int64
+		at          int64 // µs
+		least, most int64 // ppm
 	}
+	exactly := func(at, share int64) check { return check{at, share, share} }
 	for name, tc := range map[string]struct {
-		play   func(k *Rate) // from t = 0, the first refusal
-		checks []check
+		play        func(k *Rate) (cuts, wakes int)
+		cuts, wakes int
+		checks      []check
+		goneBy      int64 // when the rate is gone at the latest (0: not checked), and not a µs before
 	}{
-		"a first refusal cuts to 70%, climbs to 97% within 500 ms, probes above, and recovers": {
-			play: func(k *Rate) { k.Refused(0, 0) },
-			checks: []check{
-				{0, 700_000, 0}, {250_000, -1, 932_000}, {500_000, 970_000, 0},
-				{500_000 + s, -1, 989_000}, // +2% after a second of probe
-				{500_000 + 1_160_000, -1, 999_800},
-				{500_000 + 1_162_000, 1_000_000, 0}, // 970000 * (1 + (1.162/3.7)^3) >= 10^6
+		"a lone refusal opens the rate, cuts nothing, wakes the sleepers to book evenly, and is gone when quiet": {
+			play:  func(k *Rate) (int, int) { return tally(k.Refused(0, 0)) },
+			wakes: 1, checks: []check{exactly(0, Full), exactly(s, Full)}, goneBy: quiet,
+		},
+		"a refusal after 150 requests gone cuts by 1/151, wakes no one, and the rate probes back": {
+			play: func(k *Rate) (int, int) {
+				c, w := tally(k.Refused(0, 0))
+				book(k, 1, 150, 6_000)
+				c2, w2 := tally(k.Refused(s, 990_000))
+				return c + c2, w + w2
 			},
+			cuts: 1, wakes: 1, // the opening's
+			checks: []check{exactly(s, Full-Full/151), exactly(s+Climb, Full-Full/151), {s + Climb + 2_700_000, Full, Full}},
+			goneBy: s + quiet,
 		},
-		"a refusal of a request booked before the cut changes nothing": {
-			play:   func(k *Rate) { k.Refused(0, 0); k.Refused(1000, -5) },
-			checks: []check{{1000, -1, 700_000}, {500_000, 970_000, 0}},
-		},
-		"with no success heard, refusals deepen the cut and keep the edge (the upstream's memory)": {
-			play: func(k *Rate) {
+		"refusals one request apart halve the rate and wake the sleepers; none heard to succeed, the rate climbs back to the edge": {
+			play: func(k *Rate) (int, int) {
 				k.Refused(0, 0)
-				k.Refused(10_000, 5_000) // booked after the cut, at 71.6% 10 ms into the climb: cut to 70% of it
-				k.Refused(20_000, 15_000)
+				book(k, 1, 1, 0)
+				return tally(k.Refused(10_000, 1))
 			},
-			// 0.7 * (970000 - 468881 * (490/500)^3) = 370083: the second cut, 10 ms into its climb, cut again
-			checks: []check{{20_000, 370_083, 0}, {520_000, 970_000, 0}},
+			cuts: 1, wakes: 1, checks: []check{exactly(10_000, 500_000), exactly(10_000+Climb, Full)},
 		},
-		"after a success, a refusal lowers the edge to the rate it was booked at, by 30% at most": {
-			play: func(k *Rate) {
+		"a refusal of a request booked before the cut does not cut again: it is weighed with the next": {
+			play: func(k *Rate) (int, int) {
 				k.Refused(0, 0)
-				k.Served(100_000)
-				k.Refused(300_000, 250_000) // booked 250 ms into the climb, at 970000 - 270000/8: the edge
+				book(k, 1, 10, 1000)
+				c, w := tally(k.Refused(20_000, 5))   // 1 of 11: to 909091
+				c2, w2 := tally(k.Refused(21_000, 6)) // booked before the cut
+				book(k, 30_001, 10, 1000)
+				c3, w3 := tally(k.Refused(60_000, 30_005)) // 2 of 11
+				return c + c2 + c3, w + w2 + w3
 			},
-			checks: []check{{800_000, 908_163, 0}}, // 3% below 936250
+			cuts: 2, wakes: 1, // the second cut, by 2/11 of 909091, wakes
+			checks: []check{exactly(60_000, 909_091-909_091*181_818/Full), exactly(60_000+Climb, 909_091-909_091*181_818/Full)},
 		},
-		"after a success, a refusal booked far below the edge lowers it by 30% only": {
-			play: func(k *Rate) {
+		"with no success heard, refusals of all (HAProxy's memory) cut again, and the edge stands": {
+			play: func(k *Rate) (int, int) {
 				k.Refused(0, 0)
-				k.Served(1)
-				k.Refused(1_000, 1)
+				book(k, 1, 1, 0)
+				c, w := tally(k.Refused(10_000, 1)) // to 50%
+				for range 9 {
+					k.Refused(11_000, 5_000) // booked before the cut
+				}
+				c2, w2 := tally(k.Refused(20_000, 15_000)) // 10 refused, none gone
+				return c + c2, w + w2
 			},
-			checks: []check{{501_000, -1, 679_000}}, // 3% below 70%
+			cuts: 2, wakes: 2, checks: []check{exactly(20_000, 264_702), exactly(20_000+Climb, Full)}, // half of 52.9%, 10 ms into the climb
+		},
+		"after a success, a refusal in the climb sets the edge halfway from where the climb began": {
+			play: func(k *Rate) (int, int) {
+				k.Refused(0, 0)
+				book(k, 1, 1, 0)
+				k.Refused(10_000, 1)
+				for range 9 {
+					k.Refused(11_000, 5_000)
+				}
+				k.Refused(20_000, 15_000) // to 26.5%, the edge 100%
+				k.Served(20_001)
+				book(k, 20_001, 20, 2000)
+				return tally(k.Refused(120_000, 60_000)) // booked at 42.7%: 1 of 21 refused, 40.7% found; halfway from 26.5%: 33.6%
+			},
+			cuts: 1, wakes: 1,
+			checks: []check{{120_000 + Climb, 330_000, 340_000}},
 		},
 		"the rate never falls below 1% of the configured one": {
-			play: func(k *Rate) {
-				for i := range int64(40) {
-					k.Refused(i, i)
+			play: func(k *Rate) (int, int) {
+				k.Refused(0, 0)
+				cuts := 0
+				for i := int64(1); i <= 12; i++ {
+					book(k, i*1000, 1, 0)
+					c, _ := tally(k.Refused(i*1000+500, i*1000))
+					cuts += c
 				}
+				return cuts, 0
 			},
-			checks: []check{{39, Floor, 0}},
+			cuts: 12, checks: []check{exactly(12_500, Floor)},
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var k Rate
-			tc.play(&k)
+			cuts, wakes := tc.play(&k)
+			if cuts != tc.cuts || wakes != tc.wakes {
+				t.Errorf("%d cuts, %d wakes; want %d and %d", cuts, wakes, tc.cuts, tc.wakes)
+			}
 			for _, c := range tc.checks {
-				got := k.Share(c.at)
-				if c.want >= 0 && got != c.want || c.want < 0 && (got < c.near*99/100 || got > c.near*101/100) {
-					t.Errorf("share at %d µs: %d ppm, want %d (or within 1%% of %d)", c.at, got, c.want, c.near)
+				if got := k.Share(c.at); got < c.least || got > c.most {
+					t.Errorf("share at %d µs: %d ppm, want %d to %d", c.at, got, c.least, c.most)
 				}
+			}
+			if tc.goneBy > 0 && (k.Recovered(tc.goneBy-1) || !k.Recovered(tc.goneBy)) {
+				t.Errorf("the rate is not gone at %d µs, or gone a µs before", tc.goneBy)
 			}
 		})
 	}
 }
 
-// TestKeyRateBucket: under a rate of 50% of 1000/s (1 ms a unit), with a
-// burst of 50 ms, requests go 2 ms apart: during the climb without a
-// burst, the first an interval after the cut; after it, after a burst of
-// 25. No burst of the configured limit's (1 s) lets more through.
+// book books n requests of 1 ms at the configured rate on k, from at on,
+// gap apart, each due when booked.
+func book(k *Rate, at, n, gap int64) {
+	for i := range n {
+		k.Book(at+i*gap, at+i*gap, 1000)
+	}
+}
+
+// tally counts one Refused's cut and wake.
+func tally(cut, wake bool) (cuts, wakes int) {
+	if cut {
+		cuts = 1
+	}
+	if wake {
+		wakes = 1
+	}
+	return cuts, wakes
+}
+
+// TestKeyRateBucket: under a rate of 50% of 1000/s (1 ms a unit), requests
+// go 2 ms apart, without a burst: during the climb, the first an interval
+// after the cut; after it, the first at once.
 func TestKeyRateBucket(t *testing.T) {
 	for name, tc := range map[string]struct {
 		now          int64 // µs after the cut, at a share of 50%
 		first, burst int64 // when the first goes, after now; how many go then
 	}{
 		"during the climb": {0, 2000, 1},
-		"after it":         {Climb, 0, 25},
+		"after it":         {Climb, 0, 1},
 	} {
 		t.Run(name, func(t *testing.T) {
 			k := Rate{on: true, edge: Full, bottom: 500_000}
-			if tc.now > 0 { // the climb done: its top at 50%
-				k.edge = 515_465
+			if tc.now > 0 { // the climb done: at the edge, 50%
+				k.edge = 500_000
 			}
 			if got := k.Share(tc.now); got < 499_990 || got > 500_010 {
 				t.Fatalf("share %d, want 500000", got)
 			}
 			for i := range int64(40) {
-				due := k.Allow(tc.now, tc.now, 1000, 1_000_000)
+				due := k.Allow(tc.now, tc.now, 1000)
 				k.Book(tc.now, due, 1000)
 				want := tc.now + tc.first + max(i-tc.burst+1, 0)*2000
 				if d := due - want; d < -2 || d > 2 { // the share's rounding
 					t.Fatalf("request %d went at +%d µs, want +%d", i, due-tc.now, want-tc.now)
 				}
 			}
-			if got := k.Allow(tc.now, tc.now, 0, 1_000_000); got != tc.now {
+			if got := k.Allow(tc.now, tc.now, 0); got != tc.now {
 				t.Errorf("a request that costs nothing waits until +%d µs, want none", got-tc.now)
 			}
 		})

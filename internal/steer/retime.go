@@ -85,23 +85,29 @@ func (r *Retimes) After(key string, booked int64) error {
 // key's rate listened for one (see Rate.Listening), is news to Redis:
 // unless the refused script would ignore it (a booking before the latest
 // cut this process heard of), or this process has told it of a success
-// since that cut already. Each request a cut woke books anew while the
-// rate listens: without this, each of them would tell. A success told is
-// noted at once, so that the others of its cut stay silent while it is
-// told.
+// since that cut already, of a request booked less than tellAgain before.
+// Each request a cut woke books anew while the rate listens: without this,
+// each of them would tell. A cut too small to wake the sleepers is told to
+// no process: a request booked tellAgain after the last success told,
+// while the rate listens, says there was one. A success told is noted at
+// once, so that the others of its cut stay silent while it is told.
 func (r *Retimes) News(key string, booked int64, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	cut, known := r.cuts.Get(key)
-	if !known {
-		return true // the cut came before this process listened, or its message was lost
+	if known && booked < cut {
+		return false
 	}
-	if told, ok := r.told.Get(key); booked < cut || ok && told >= cut {
+	if told, ok := r.told.Get(key); ok && (!known || told >= cut) && booked < told+tellAgain.Microseconds() {
 		return false
 	}
 	r.told.Note(key, booked, now.Add(time.Minute), now)
 	return true
 }
+
+// tellAgain is how long after a success it told of a process tells Redis
+// of another, while the key's rate listens, if it heard of no cut since.
+const tellAgain = time.Second
 
 // ParseMessage reads what the sync and refused scripts publish on a
 // retime: the key, a newline, "retime" or "rate" (cut says which) and its

@@ -36,7 +36,7 @@ local kinds, as, bs, costs, stored, steers = {}, {}, {}, {}, {}, {}
 local due = now + tonumber(ARGV[2])
 local held = time(n + 1, read(n + 1, 'GET'))
 if held and held > due then due = held end
-local unit, burst = nil, nil -- see rate.lua
+local unit = nil -- see rate.lua
 
 -- Every bucket and sliding window allows any time from a threshold on.
 for i = 1, n do
@@ -57,15 +57,14 @@ for i = 1, n do
   local per = math.ceil(a / b) -- a unit's time: a window's length over its count
   if kind == 1 then per = interval(steers[i], a) end
   if cost > 0 and (not unit or cost * per < unit) then unit = cost * per end
-  if not burst or b * per < burst then burst = b * per end
 end
 
 local rate, recovered, listening = read_rate(n + 2), 0, 0
-if rate and rate_share(rate, now) >= rate_full then
+if rate and rate_recovered(rate, now) then
   rate, recovered = nil, 1 -- dropped below, once every key is read
 end
 if rate then
-  due = rate_allow(rate, due, unit or 0, burst)
+  due = rate_allow(rate, due, unit or 0)
   if not rate.heard then listening = 1 end
 end
 

@@ -1,34 +1,47 @@
 -- Follows common.lua in the scripts that book (reserve.lua, quota.lua) and
 -- in refused.lua: a key's rate after refusals the upstream gave without
 -- saying why (see internal/steer, whose Rate is the same in Go). It is kept
--- at the key's #rate as five whole numbers, "EDGE BOTTOM CUT HEARD TAT": the
--- rate at which the upstream refused and the rate the last cut left, in
--- parts per million of the configured rate; when the last cut was; 1 once a
--- request booked since succeeded, else 0; and the schedule of the rate's
--- bucket. Every step below is exact in Lua's numbers, so that Go agrees.
-local rate_full, rate_cut, rate_keep, rate_margin, rate_floor = 1000000, 700000, 700000, 30000, 10000
-local rate_climb, rate_probe, rate_burst = 500000, 3700000, 50000
+-- at the key's #rate as nine whole numbers, "EDGE BOTTOM CUT HEARD TAT
+-- STEP BOOKED GONE REFUSED": the rate the upstream was found to accept and the
+-- rate the last cut left, in parts per million of the configured rate;
+-- when the last refusal was weighed (or opened the rate); 1 once a request
+-- booked since succeeded, else 0; the schedule of the rate's bucket, and
+-- what the last request booked added to it; the requests booked since the
+-- rate opened, and of them those gone when the last refusal was weighed;
+-- and the refusals heard since, of requests booked before it.
+-- Every step below is exact in Lua's numbers, so that Go agrees.
+local rate_full, rate_max_cut, rate_wake_cut, rate_floor = 1000000, 500000, 125000, 10000
+local rate_climb, rate_probe, rate_quiet = 500000, 10000000, 5000000
 
--- read_rate reads the key's rate at KEYS[i]: nil when there is none.
+-- read_rate reads the key's rate at KEYS[i]: nil when there is none. A
+-- rate of five numbers, as pace wrote it before it weighed refusals, has
+-- counted none.
 local function read_rate(i)
   local v = read(i, 'GET')
   if not v then return nil end
   local f = {}
   for field in string.gmatch(v, '%S+') do f[#f + 1] = field end
-  if #f ~= 5 then
+  if #f ~= 5 and #f ~= 9 then
     foreign(i, 'holds a value that is not a whole number')
   end
   return {edge = number(i, f[1], rate_full, 1), bottom = number(i, f[2], rate_full, 1), cut = time(i, f[3]),
-    heard = number(i, f[4], 1) == 1, tat = time(i, f[5])}
+    heard = number(i, f[4], 1) == 1, tat = time(i, f[5]), step = number(i, f[6] or '0', max_refill),
+    booked = number(i, f[7] or '0', 2^53), gone = number(i, f[8] or '0', 2^53), refused = number(i, f[9] or '0', 2^53)}
 end
 
--- write_rate sets the key's rate at key to r, until it is back at the
--- configured rate (or its bucket's schedule ends, if later).
+-- rate_expiry is when r is gone at the latest: back at the configured rate,
+-- its bucket's schedule over.
+local function rate_expiry(r)
+  return math.max(r.cut + rate_climb + 5 * rate_probe, r.tat)
+end
+
+-- write_rate sets the key's rate at key to r, until its expiry.
 local function write_rate(key, r)
   local heard = 0
   if r.heard then heard = 1 end
-  redis.call('SET', key, string.format('%d %d %d %d %d', r.edge, r.bottom, r.cut, heard, r.tat),
-    'PXAT', ms_expiry(math.max(r.cut + rate_climb + 5 * rate_probe, r.tat)))
+  redis.call('SET', key, string.format('%d %d %d %d %d %d %d %d %d', r.edge, r.bottom, r.cut, heard, r.tat, r.step, r.booked, r.gone,
+    r.refused),
+    'PXAT', ms_expiry(rate_expiry(r)))
 end
 
 -- cube is v*(x/y)^3, rounded down at each of three steps.
@@ -38,15 +51,20 @@ local function cube(v, x, y)
 end
 
 -- rate_share is the share of the configured rate the key goes at, at t,
--- under r: the climb from the cut to 3% below the edge, then the probe.
+-- under r: the climb from the cut to the edge, then the probe.
 local function rate_share(r, t)
   if not r then return rate_full end
-  local top = r.edge - math.floor(r.edge * rate_margin / rate_full)
   local s = t - r.cut
   if s < rate_climb then
-    return math.min(top - cube(top - r.bottom, rate_climb - s, rate_climb), rate_full)
+    return math.min(r.edge - cube(r.edge - r.bottom, rate_climb - s, rate_climb), rate_full)
   end
-  return math.min(top + cube(top, math.min(s - rate_climb, 5 * rate_probe), rate_probe), rate_full)
+  return math.min(r.edge + cube(r.edge, math.min(s - rate_climb, 5 * rate_probe), rate_probe), rate_full)
+end
+
+-- rate_recovered reports whether r is gone at t, to be dropped: back at
+-- the configured rate, quiet after its last refusal; or at its expiry.
+local function rate_recovered(r, t)
+  return t >= rate_expiry(r) or rate_share(r, t) >= rate_full and t - r.cut >= rate_quiet
 end
 
 -- rate_interval is the time r's bucket takes, at share s, for a request
@@ -56,24 +74,29 @@ local function rate_interval(unit, s)
 end
 
 -- rate_allow is the earliest time, at or after at, that r lets a request
--- that takes unit µs go; burst is the time the quota's fastest limit takes
--- to refill its burst. During the climb there is no burst, and the first
--- request after the cut waits an interval.
-local function rate_allow(r, at, unit, burst)
-  local s = rate_share(r, now)
-  if s >= rate_full or unit <= 0 then return at end
-  local i = rate_interval(unit, s)
-  local tat, b = r.tat, math.max(i, math.min(math.ceil(burst * rate_full / s), rate_burst))
+-- that takes unit µs go: r's bucket has no burst, and during the climb the
+-- first request after the cut waits an interval.
+local function rate_allow(r, at, unit)
+  if unit <= 0 then return at end
+  local tat = r.tat
   if now - r.cut < rate_climb then
-    tat, b = math.max(tat, r.cut + i), i
+    tat = math.max(tat, r.cut + rate_interval(unit, rate_share(r, now)))
   end
-  return math.max(at, tat + i - b)
+  return math.max(at, tat)
 end
 
--- rate_book books a request that takes unit µs at due in r's bucket.
+-- rate_book books a request that takes unit µs at due in r's bucket, and
+-- counts it.
 local function rate_book(r, due, unit)
-  local s = rate_share(r, now)
-  if s < rate_full and unit > 0 then
-    r.tat = math.max(r.tat, due) + rate_interval(unit, s)
-  end
+  if unit <= 0 then return end
+  r.booked, r.step = r.booked + 1, rate_interval(unit, rate_share(r, now))
+  r.tat = math.max(r.tat, due) + r.step
+end
+
+-- rate_gone is how many of the requests booked have gone by now: all but
+-- those due after now, which r's bucket holds (the last one due ends its
+-- schedule a step later).
+local function rate_gone(r)
+  if r.tat <= now + r.step or r.step <= 0 then return r.booked end
+  return math.max(r.booked - math.ceil((r.tat - now) / r.step) + 1, 0)
 end

@@ -3,12 +3,17 @@
 -- explain it), or served it while the key's rate listens for a success
 -- (see internal/steer/rate.go for the controller, and rate.lua).
 --
--- A refusal of a request booked before the last cut changes nothing: the
--- cut reacted to it already. Any other cuts the key's rate, and the
--- requests booked until now, asleep in any process, give their bookings
--- back and book anew at the new rate (the fleet hears "KEY\nrate NOW" on
--- the channel of holds). A success of a request booked since the last cut
--- says that the upstream accepts again: a later refusal may lower the edge.
+-- The first refusal opens the key's rate, cuts nothing, and wakes the
+-- requests booked until now, asleep in any process: they give their
+-- bookings back and book anew, evenly (the fleet hears "KEY\nrate NOW" on
+-- the channel of holds). A refusal of a request booked before the last cut
+-- does not cut again: it is weighed with the next. Any other cuts the rate
+-- by its weight, the share refused of the requests gone since the last
+-- refusal weighed (booked, and no longer held by the rate's bucket) and
+-- this one, half at most; a cut of an eighth or
+-- more wakes the sleepers too. A success of a request booked since the
+-- last cut says that the upstream accepts again: a later cut may lower the
+-- edge.
 --
 -- KEYS[1]  the key's rate
 -- ARGV[1]  "refused" or "served"
@@ -17,6 +22,7 @@
 --
 -- Returns {now, share}: the share of its configured rate the key goes at
 -- after a cut, in parts per million; 0 when nothing was cut.
+
 local r = read_rate(1)
 local decided = tonumber(ARGV[2])
 if ARGV[1] == 'served' then
@@ -26,20 +32,38 @@ if ARGV[1] == 'served' then
   end
   return {now, 0}
 end
-if r and decided < r.cut then
+if not r then
+  write_rate(KEYS[1], {edge = rate_full, bottom = rate_full, cut = now, heard = false, tat = now, step = 0, booked = 0, gone = 0, refused = 0})
+  redis.call('PUBLISH', ARGV[3], ARGV[4] .. '\nrate ' .. string.format('%d', now))
+  return {now, 0}
+end
+if decided < r.cut then
+  r.refused = r.refused + 1 -- weighed with the next refusal
+  write_rate(KEYS[1], r)
   return {now, 0}
 end
 
+local gone = rate_gone(r)
 local at, current = rate_share(r, decided), rate_share(r, now)
-if not r then
-  r = {edge = at}
-elseif r.heard then
-  r.edge = math.max(at, math.floor(r.edge * rate_keep / rate_full))
+local weight = math.min(math.floor((r.refused + 1) * rate_full / (math.max(gone - r.gone, r.refused) + 1)), rate_max_cut)
+if r.heard or weight < rate_max_cut then
+  local edge = at - math.floor(at * weight / rate_full)
+  if not r.heard then
+    edge = math.min(edge, r.edge)
+  elseif decided - r.cut < rate_climb and edge > r.bottom then
+    edge = r.bottom + math.floor((edge - r.bottom) / 2) -- the climb went past the upstream's limit
+  end
+  r.edge = math.max(edge, rate_floor)
 end
-r.edge = math.max(r.edge, rate_floor)
-local top = r.edge - math.floor(r.edge * rate_margin / rate_full)
-r.bottom = math.max(math.min(math.floor(current * rate_cut / rate_full), top), rate_floor)
-r.cut, r.heard, r.tat = now, false, now
+r.bottom = math.max(math.min(current - math.floor(current * weight / rate_full), r.edge), rate_floor)
+r.cut, r.heard, r.refused = now, false, 0
+local wake = current - r.bottom >= math.floor(current * rate_wake_cut / rate_full)
+if wake then
+  r.tat = now -- the sleepers book anew from now, counted anew
+end
+r.gone = rate_gone(r)
 write_rate(KEYS[1], r)
-redis.call('PUBLISH', ARGV[3], ARGV[4] .. '\nrate ' .. string.format('%d', now))
+if wake then
+  redis.call('PUBLISH', ARGV[3], ARGV[4] .. '\nrate ' .. string.format('%d', now))
+end
 return {now, r.bottom}

@@ -8,7 +8,8 @@
 --          microseconds of Redis's clock; the bucket is full when TAT <= now
 -- KEYS[2]  the key's hold (see hold.lua): no request goes before it ends
 -- KEYS[3]  the key's rate after refusals (see rate.lua), which holds the
---          request too; dropped once the key is back at its configured rate
+--          request too; dropped once the key is back at its configured rate,
+--          a round after its cut
 -- ARGV[1]  interval: microseconds one token adds to the schedule
 -- ARGV[2]  burst: how many tokens the bucket holds
 -- ARGV[3]  cost: how many tokens the caller wants
@@ -31,13 +32,13 @@ local stored, steer = read_bucket(1)
 local held = time(2, read(2, 'GET'))
 if held and held > arrival then arrival = held end
 local rate, recovered = read_rate(3), 0
-if rate and rate_share(rate, now) >= rate_full then
+if rate and rate_recovered(rate, now) then
   redis.call('DEL', KEYS[3])
   rate, recovered = nil, 1
 end
 local unit, listening = cost * interval(steer, a), 0
 if rate then
-  arrival = rate_allow(rate, arrival, unit, b * interval(steer, a))
+  arrival = rate_allow(rate, arrival, unit)
   if not rate.heard then listening = 1 end
 end
 
