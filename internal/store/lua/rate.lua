@@ -1,17 +1,18 @@
 -- Follows common.lua in the scripts that book (reserve.lua, quota.lua) and
 -- in refused.lua: a key's rate after refusals the upstream gave without
 -- saying why (see internal/steer, whose Rate is the same in Go). It is kept
--- at the key's #rate as nine whole numbers, "EDGE BOTTOM CUT HEARD TAT
--- STEP BOOKED GONE REFUSED": the rate the upstream was found to accept and the
+-- at the key's #rate as ten whole numbers, "EDGE BOTTOM CUT HEARD TAT
+-- STEP BOOKED GONE REFUSED SURE": the rate the upstream was found to accept and the
 -- rate the last cut left, in parts per million of the configured rate;
 -- when the last refusal was weighed (or opened the rate); 1 once a request
 -- booked since succeeded, else 0; the schedule of the rate's bucket, and
 -- what the last request booked added to it; the requests booked since the
 -- rate opened, and of them those gone when the last refusal was weighed;
--- and the refusals heard since, of requests booked before it.
+-- the refusals heard since, of requests booked before it; and 1 when the
+-- edge was set after a success, else 0.
 -- Every step below is exact in Lua's numbers, so that Go agrees.
 local rate_full, rate_max_cut, rate_wake_cut, rate_floor = 1000000, 500000, 125000, 10000
-local rate_climb, rate_probe, rate_quiet = 500000, 10000000, 5000000
+local rate_climb, rate_probe, rate_guess, rate_quiet = 500000, 10000000, 4000000, 5000000
 
 -- read_rate reads the key's rate at KEYS[i]: nil when there is none. A
 -- rate of five numbers, as pace wrote it before it weighed refusals, has
@@ -21,12 +22,13 @@ local function read_rate(i)
   if not v then return nil end
   local f = {}
   for field in string.gmatch(v, '%S+') do f[#f + 1] = field end
-  if #f ~= 5 and #f ~= 9 then
+  if #f ~= 5 and #f ~= 10 then
     foreign(i, 'holds a value that is not a whole number')
   end
   return {edge = number(i, f[1], rate_full, 1), bottom = number(i, f[2], rate_full, 1), cut = time(i, f[3]),
     heard = number(i, f[4], 1) == 1, tat = time(i, f[5]), step = number(i, f[6] or '0', max_refill),
-    booked = number(i, f[7] or '0', 2^53), gone = number(i, f[8] or '0', 2^53), refused = number(i, f[9] or '0', 2^53)}
+    booked = number(i, f[7] or '0', 2^53), gone = number(i, f[8] or '0', 2^53), refused = number(i, f[9] or '0', 2^53),
+    sure = number(i, f[10] or '0', 1) == 1}
 end
 
 -- rate_expiry is when r is gone at the latest: back at the configured rate,
@@ -37,10 +39,11 @@ end
 
 -- write_rate sets the key's rate at key to r, until its expiry.
 local function write_rate(key, r)
-  local heard = 0
+  local heard, sure = 0, 0
   if r.heard then heard = 1 end
-  redis.call('SET', key, string.format('%d %d %d %d %d %d %d %d %d', r.edge, r.bottom, r.cut, heard, r.tat, r.step, r.booked, r.gone,
-    r.refused),
+  if r.sure then sure = 1 end
+  redis.call('SET', key, string.format('%d %d %d %d %d %d %d %d %d %d', r.edge, r.bottom, r.cut, heard, r.tat, r.step, r.booked, r.gone,
+    r.refused, sure),
     'PXAT', ms_expiry(rate_expiry(r)))
 end
 
@@ -58,7 +61,9 @@ local function rate_share(r, t)
   if s < rate_climb then
     return math.min(r.edge - cube(r.edge - r.bottom, rate_climb - s, rate_climb), rate_full)
   end
-  return math.min(r.edge + cube(r.edge, math.min(s - rate_climb, 5 * rate_probe), rate_probe), rate_full)
+  local p = rate_guess
+  if r.sure then p = rate_probe end
+  return math.min(r.edge + cube(r.edge, math.min(s - rate_climb, 5 * p), p), rate_full)
 end
 
 -- rate_recovered reports whether r is gone at t, to be dropped: back at

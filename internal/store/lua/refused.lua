@@ -33,7 +33,7 @@ if ARGV[1] == 'served' then
   return {now, 0}
 end
 if not r then
-  write_rate(KEYS[1], {edge = rate_full, bottom = rate_full, cut = now, heard = false, tat = now, step = 0, booked = 0, gone = 0, refused = 0})
+  write_rate(KEYS[1], {edge = rate_full, bottom = rate_full, cut = now, heard = false, tat = now, step = 0, booked = 0, gone = 0, refused = 0, sure = false})
   redis.call('PUBLISH', ARGV[3], ARGV[4] .. '\nrate ' .. string.format('%d', now))
   return {now, 0}
 end
@@ -48,6 +48,7 @@ local at, current = rate_share(r, decided), rate_share(r, now)
 local weight = math.min(math.floor((r.refused + 1) * rate_full / (math.max(gone - r.gone, r.refused) + 1)), rate_max_cut)
 if r.heard or weight < rate_max_cut then
   local edge = at - math.floor(at * weight / rate_full)
+  r.sure = r.heard
   if not r.heard then
     edge = math.min(edge, r.edge)
   elseif decided - r.cut < rate_climb and edge > r.bottom then
