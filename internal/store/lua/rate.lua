@@ -1,16 +1,16 @@
 -- Follows common.lua in the scripts that book (reserve.lua, quota.lua) and
 -- in refused.lua: a key's rate after refusals the upstream gave without
 -- saying why (see internal/steer, whose Rate is the same in Go). It is kept
--- at the key's #rate as ten whole numbers, "EDGE BOTTOM CUT HEARD TAT
--- STEP BOOKED GONE REFUSED SURE": the rate the upstream was found to accept and the
--- rate the last cut left, in parts per million of the configured rate;
+-- at the key's #rate as ten whole numbers, "EDGE BOTTOM CUT HEARD TAT STEP
+-- BOOKED GONE REFUSED SURE": the rate the upstream was found to accept and
+-- the rate the last cut left, in parts per million of the configured rate;
 -- when the last refusal was weighed (or opened the rate); 1 once a request
 -- booked since succeeded, else 0; the schedule of the rate's bucket, and
 -- what the last request booked added to it; the requests booked since the
 -- rate opened, and of them those gone when the last refusal was weighed;
 -- the refusals heard since, of requests booked before it; and 1 when the
--- edge was set after a success, else 0.
--- Every step below is exact in Lua's numbers, so that Go agrees.
+-- edge was set after a success, else 0. Every step below is exact in Lua's
+-- numbers, so that Go agrees.
 local rate_full, rate_max_cut, rate_wake_cut, rate_floor = 1000000, 500000, 125000, 10000
 local rate_climb, rate_probe, rate_guess, rate_quiet = 500000, 10000000, 4000000, 5000000
 
