@@ -216,14 +216,14 @@ func TestDemoAgainstRealLimiters(t *testing.T) {
 // by 30%). At a burst of 1 the upstream refuses any request that arrives
 // a microsecond sooner after the last than the limit's interval, and Go's
 // timers wake up to a millisecond late: where nothing steers, 37% are
-// refused and 63% served; the rate settles where few are refused, at 50%
-// of b + r*t or more (52.9% to 78.0% measured), with at most 2% refused
-// after the first second.
+// refused and 63% served; the rate settles where few are refused, at 40%
+// of b + r*t or more (52.9% to 78.0% measured, 50.5% to 52.5% beside a CPU
+// hog), with at most 2% refused after the first second.
 func TestDemoMatchedStrict(t *testing.T) {
 	for _, tc := range []struct {
 		burst           int
 		served, refused float64
-	}{{1, 0.50, 0.02}, {5, 0.98, 0.003}, {10, 0.98, 0.003}} {
+	}{{1, 0.40, 0.02}, {5, 0.98, 0.003}, {10, 0.98, 0.003}} {
 		t.Run(fmt.Sprintf("burst %d", tc.burst), func(t *testing.T) {
 			pairs.Run(t)
 			srv := redistest.Start(t)
