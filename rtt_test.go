@@ -101,7 +101,7 @@ func TestLoadedMachineStaysOnRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	var grants, local, fallbacks int
-	var stall time.Duration
+	var stall, paced time.Duration
 	for _, r := range reports {
 		stall = max(stall, r.Stall)
 		for _, q := range r.Requests {
@@ -110,6 +110,9 @@ func TestLoadedMachineStaysOnRedis(t *testing.T) {
 			}
 			if q.Limiter == "local" {
 				local++
+			}
+			if q.Start.After(start.Add(time.Second)) {
+				paced += q.Delay
 			}
 		}
 		fallbacks += len(r.Fallbacks)
@@ -139,9 +142,19 @@ func TestLoadedMachineStaysOnRedis(t *testing.T) {
 	perGrant := float64(scriptCalls) / float64(max(grants, 1))
 	t.Logf("%d grants (%d local, %d fallbacks), %.2f script calls a grant; after the first second %d served, %d refused as granted, %d as they arrived; the longest stall of a process %v",
 		grants, local, fallbacks, perGrant, served, refused, arrivedRefused, stall)
-	if float64(local) > 0.001*float64(grants) || perGrant < 0.98 || served < 2000 {
-		t.Errorf("%d of %d grants local, %.2f script calls a grant, %d served after the first second; want at most 0.1%% local, at least 0.98 calls a grant, at least 2,000 served",
-			local, grants, perGrant, served)
+	if float64(local) > 0.001*float64(grants) || perGrant < 0.98 {
+		t.Errorf("%d of %d grants local, %.2f script calls a grant; want at most 0.1%% local, at least 0.98 calls a grant",
+			local, grants, perGrant)
+	}
+	// The fleet serves the rate, or else the machine holds it, not pace: a
+	// machine that carries less than 2,000 requests a second leaves the
+	// bucket full and the goroutines waiting on their calls, not paced
+	// (from the run's own clock: a share of the goroutines' time).
+	pacedShare := paced.Seconds() / (4 * 64 * 2)
+	t.Logf("the goroutines were paced %.1f%% of their time after the first second", 100*pacedShare)
+	if served < 2000 && pacedShare > 0.1 {
+		t.Errorf("%d served after the first second, and the goroutines paced %.1f%% of their time; want 2,000 served, or at most 10%% of the time paced",
+			served, 100*pacedShare)
 	}
 	// A process that stalls longer than the burst lasts at the fleet's rate
 	// wakes with its overdue grants at once, beside the others' on time:

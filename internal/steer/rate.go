@@ -36,7 +36,9 @@ import (
 //     right limit costs 0.7% of the rate, for a second or two; refusals one
 //     request apart (a limit twice too high) halve it. A refusal of a
 //     request booked before the last cut does not cut again: it is weighed
-//     with the next.
+//     with the next. One booked before the rate opened is not weighed at
+//     all: it went in a burst the limits allow (the fleet's start, a
+//     machine that stalled a process), which the even rate ends.
 //   - The edge is what the upstream was found to accept: the rate the
 //     refused request was booked at, less the refusal's weight; for a
 //     refusal in a climb, halfway from where the climb began, which the
@@ -174,7 +176,9 @@ func (k *Rate) Refused(now, decided int64) (cut, wake bool) {
 		return false, true // the sleepers book anew, evenly, and their refusals are weighed
 	}
 	if decided < k.cut {
-		k.refused++ // weighed with the next refusal
+		if k.bottom < Full {
+			k.refused++ // weighed with the next refusal
+		} // else booked before the rate opened: refused in the bursts the limits allow, which the even rate ends
 		return false, false
 	}
 	gone := k.goneBy(now)

@@ -58,6 +58,19 @@ func TestKeyRate(t *testing.T) {
 			cuts: 2, wakes: 1, // the second cut, by 2/11 of 909091, wakes
 			checks: []check{exactly(60_000, 909_091-909_091*181_818/Full), exactly(60_000+Climb, 909_091-909_091*181_818/Full)},
 		},
+		"refusals of requests booked before the rate opened (a burst at the start, a process that stalled) are not weighed": {
+			play: func(k *Rate) (int, int) {
+				c, w := tally(k.Refused(100_000, 90_000))
+				for i := range int64(40) {
+					k.Refused(100_000+i*100, 95_000) // the rest of the burst
+				}
+				book(k, 100_001, 150, 1000)
+				c2, w2 := tally(k.Refused(260_000, 200_000)) // 1 of the 150 gone since, and this one
+				return c + c2, w + w2
+			},
+			cuts: 1, wakes: 1, // the opening's
+			checks: []check{exactly(260_000, Full-Full/151)},
+		},
 		"with no success heard, refusals of all (HAProxy's memory) cut again, and the edge stands": {
 			play: func(k *Rate) (int, int) {
 				k.Refused(0, 0)

@@ -7,11 +7,12 @@
 -- requests booked until now, asleep in any process: they give their
 -- bookings back and book anew, evenly (the fleet hears "KEY\nrate NOW" on
 -- the channel of holds). A refusal of a request booked before the last cut
--- does not cut again: it is weighed with the next. Any other cuts the rate
--- by its weight, the share refused of the requests gone since the last
--- refusal weighed (booked, and no longer held by the rate's bucket) and
--- this one, half at most; a cut of an eighth or
--- more wakes the sleepers too. A success of a request booked since the
+-- does not cut again: it is weighed with the next (one booked before the
+-- rate opened is not weighed: it went in a burst the limits allow). Any
+-- other cuts the rate by its weight, the share refused of the requests
+-- gone since the last refusal weighed (booked, and no longer held by the
+-- rate's bucket) and this one, half at most; a cut of an eighth or more
+-- wakes the sleepers too. A success of a request booked since the
 -- last cut says that the upstream accepts again: a later cut may lower the
 -- edge.
 --
@@ -38,8 +39,10 @@ if not r then
   return {now, 0}
 end
 if decided < r.cut then
-  r.refused = r.refused + 1 -- weighed with the next refusal
-  write_rate(KEYS[1], r)
+  if r.bottom < rate_full then
+    r.refused = r.refused + 1 -- weighed with the next refusal
+    write_rate(KEYS[1], r)
+  end -- else booked before the rate opened: refused in a burst the limits allow
   return {now, 0}
 end
 
