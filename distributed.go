@@ -73,6 +73,7 @@ var (
 // fake.
 type sharedStore interface {
 	Reserve(ctx context.Context, q store.Request, budget, notBefore time.Duration) (store.Booking, error)
+	NewCall() uint64
 	Refund(ctx context.Context, key string, b store.Booking) ([store.MaxLimits]store.RefundResult, int64, error)
 	Settle(ctx context.Context, key string, b store.Booking, actual store.LimitCosts) (settled bool, now int64, err error)
 	Sync(ctx context.Context, key string, b store.Booking, steers []store.Steer, refused bool, channel string) (store.SyncReply, error)

@@ -33,9 +33,11 @@ type fakeStore struct {
 	failNext        int              // reserves that fail with errConnRefused before the store answers again
 	failTakes       time.Duration    // how long each failing reserve takes, on the clock, as a call that times out
 	bookThenFail    int              // reserves that book, then fail as a call that timed out after Redis ran it
+	records         map[uint64]int64 // the bookings ahead, by call → when each is due, as lua/record.lua keeps them
 	answers         atomic.Uint64    // reserves answered, as the caller counts them
 	during          func()           // when set, runs once inside the next reserve, as another goroutine's failure would
 	reserves        int
+	calls           uint64
 	refunds         int
 	syncs           int
 	slotHolders     map[string]bool // ids holding a slot
@@ -43,7 +45,14 @@ type fakeStore struct {
 }
 
 func newFakeStore(clock *fakeClock, l Limit) *fakeStore {
-	return &fakeStore{clock: clock, interval: l.intervalMicros(), burst: int64(l.burst), model: newBucketModel(), holds: map[string]int64{}}
+	return &fakeStore{clock: clock, interval: l.intervalMicros(), burst: int64(l.burst), model: newBucketModel(), holds: map[string]int64{}, records: map[uint64]int64{}}
+}
+
+func (s *fakeStore) NewCall() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls++
+	return s.calls
 }
 
 func (s *fakeStore) Reserve(_ context.Context, q store.Request, budget, notBefore time.Duration) (store.Booking, error) {
@@ -61,7 +70,15 @@ func (s *fakeStore) Reserve(_ context.Context, q store.Request, budget, notBefor
 		return store.Booking{}, cmp.Or(s.down, errConnRefused)
 	}
 	now := s.now().UnixMicro()
-	b := s.model.reserve(key, s.interval, s.burst, int64(costs[0]), budget.Microseconds(), notBefore.Microseconds(), now, has(q.Estimated, 0))
+	b, recorded := store.Booking{Granted: true, Now: now}, false
+	if due, ok := s.records[q.Call]; ok && q.Call != 0 {
+		b.Delay, recorded = store.Microseconds(max(due-now, 0)), true
+	} else {
+		b = s.model.reserve(key, s.interval, s.burst, int64(costs[0]), budget.Microseconds(), notBefore.Microseconds(), now, has(q.Estimated, 0))
+	}
+	if b.Granted && b.Delay > 0 && !recorded {
+		s.records[q.Call] = b.Due()
+	}
 	b.Costs = costs
 	if s.bookThenFail > 0 {
 		s.bookThenFail--

@@ -540,3 +540,49 @@ func testFaultPolicies(t *testing.T) {
 		})
 	}
 }
+
+// TestLostReplyBooksOnce: a booking ahead whose reply a proxy before Redis
+// swallowed (Redis ran the script; its answer never came) is booked once.
+// At 1/s burst 1, after the burst, the waiter's booking is for a second in;
+// the waiter asks again with its id and finds it, or leaves before it asks
+// again and gives it back; either way, once it has left, the next request
+// waits its own interval at most (before, the first booking stayed, no
+// one's, and the next request waited behind it: 1.9 s).
+func TestLostReplyBooksOnce(t *testing.T) {
+	besideOthers(t)
+	for name, leaveAfter := range map[string]time.Duration{"the waiter asks again, then leaves": 0, "the waiter leaves before it asks again": 10 * time.Millisecond} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			srv := redistest.Start(t)
+			proxy := redistest.StartProxy(t, srv.Addr)
+			observe, booked := waitsOn("k")
+			r := mustRedis(t, redistest.ClientOf(t, proxy.Addr), PerSecond(1).WithBurst(1), WithFleetSize(1), WithObserver(observe))
+			if err := r.Wait(ctx, "k", 1); err != nil { // the burst
+				t.Fatal(err)
+			}
+			<-booked
+			proxy.SwallowReplies(1)
+			wctx, leave := context.WithCancel(ctx)
+			left := make(chan error)
+			go func() { left <- r.Wait(wctx, "k", 1) }()
+			if leaveAfter > 0 {
+				time.Sleep(leaveAfter) // its call under way, its reply to be swallowed
+			} else if e := <-booked; e.Delay < time.Second/2 { // asked again, and answered
+				t.Fatalf("the waiter was booked %v ahead; want a second at most", e.Delay)
+			}
+			leave()
+			if err := <-left; err == nil {
+				t.Fatal("the waiter was granted at once; want it booked a second in")
+			}
+			start := time.Now()
+			if err := r.Wait(ctx, "k", 1); err != nil {
+				t.Fatal(err)
+			}
+			took := time.Since(start)
+			t.Logf("the next request waited %v", took)
+			if took > time.Second {
+				t.Errorf("the next request waited %v; want a second at most", took)
+			}
+		})
+	}
+}

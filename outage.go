@@ -45,16 +45,33 @@ func (p FailurePolicy) String() string {
 var ErrUnavailable = errors.New("pace: Redis unavailable")
 
 // decideAsking decides q as decide does, from now on, and asks Redis again
-// after a failure the breaker did not confirm.
+// after a failure the breaker did not confirm, for the booking of the same
+// id: one that Redis made, whose answer was lost, is found, not made twice.
+// A caller that leaves after its call expired gives back what that call
+// may have booked.
 func (r *Redis) decideAsking(ctx context.Context, q request) (ticket, error) {
+	q.Call = r.store.NewCall()
 	for {
 		t, err := r.decide(ctx, q, r.now())
 		if !errors.Is(err, errUnconfirmed) {
 			return t, err
 		}
 		if q.failures++; ctx.Err() != nil {
+			if store.IsExpiry(err) {
+				r.forget(context.WithoutCancel(ctx), q.Request)
+			}
 			return ticket{}, fmt.Errorf("pace: key %s: %w", store.QuoteKey(q.Key), context.Cause(ctx))
 		}
+	}
+}
+
+// forget gives back the booking of q, whose call expired, if Redis made it
+// (its call's record says; a booking due at once has none, and is spent),
+// as a caller that leaves gives back what it booked: in one more call.
+func (r *Redis) forget(ctx context.Context, q store.Request) {
+	b, err := r.store.Reserve(ctx, q, -time.Microsecond, 0) // within no budget: it finds the booking, or books nothing
+	if err == nil && b.Granted {
+		r.store.Refund(ctx, q.Key, b)
 	}
 }
 

@@ -16,13 +16,30 @@ import (
 
 // TestSlowLinkIsNotAnOutage: three limiters of 100/s burst 5 on one key,
 // with default options, 4 goroutines each for 4 s; one reaches Redis
-// through 40 ms of latency each way (a Redis in another zone). A Redis
-// that answers in 80 ms is slow, not away: no limiter falls back, and the
-// fleet's busiest second holds b + r (and 5%).
+// through 40 ms of latency each way (a Redis in another zone), from the
+// start, or from a second in, after its call timeout was learned on a
+// round trip of a millisecond or less (a failover to another zone, a
+// congested path): its calls then expire, and each expiry doubles the
+// timeout until the next answers. A Redis that answers in 80 ms is slow,
+// not away: no limiter falls back, and the fleet's busiest second holds
+// b + r (and 5%).
 func TestSlowLinkIsNotAnOutage(t *testing.T) {
+	for name, jumpAt := range map[string]time.Duration{"from the start": 0, "a jump after a second": time.Second} {
+		t.Run(name, func(t *testing.T) { checkSlowLink(t, jumpAt) })
+	}
+}
+
+// checkSlowLink runs TestSlowLinkIsNotAnOutage with the latency set at
+// jumpAt.
+func checkSlowLink(t *testing.T, jumpAt time.Duration) {
 	srv := redistest.Start(t)
 	proxy := redistest.StartProxy(t, srv.Addr)
-	proxy.SetLatency(40 * time.Millisecond)
+	if jumpAt == 0 {
+		proxy.SetLatency(40 * time.Millisecond)
+	} else {
+		jump := time.AfterFunc(jumpAt, func() { proxy.SetLatency(40 * time.Millisecond) })
+		t.Cleanup(func() { jump.Stop() })
+	}
 	var mu sync.Mutex
 	var grants []time.Time
 	fallbacks := 0

@@ -113,6 +113,17 @@ func TestWaitLoop(t *testing.T) {
 				t.Errorf("the next caller: %v after %v; want the time after both bookings, 100 ms in", err, took)
 			}
 		}},
+		{"a booking ahead whose answer was lost: asked again with its id, it is found, not booked twice", tenPerSecond, 1, func(t *testing.T, f *failoverTest) {
+			f.start(ctx, "k").end() // the burst
+			f.store.bookThenFail, f.store.failTakes = 1, DefaultCallTimeout
+			err, took := f.start(ctx, "k").end()
+			if err != nil || took != 100*time.Millisecond || f.store.reserves != 3 {
+				t.Fatalf("%v after %v, %d reserves; want the first booking's time, 100 ms in, in 3 calls", err, took, f.store.reserves)
+			}
+			if err, took := f.start(ctx, "k").end(); err != nil || took != 100*time.Millisecond {
+				t.Errorf("the next caller: %v after %v; want its own interval, 100 ms", err, took)
+			}
+		}},
 		{"returning: the outage's share paces each request first, then Redis books it for then", PerSecond(100).WithBurst(10), 2, func(t *testing.T, f *failoverTest) {
 			f.store.down = errConnRefused
 			f.start(ctx, "trigger").end()

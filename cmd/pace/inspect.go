@@ -56,9 +56,9 @@ func inspect(ctx context.Context, w io.Writer, c redis.UniversalClient, prefix s
 		parts = append(parts, read...)
 	}
 	if asJSON {
-		return writeJSON(w, now, countSettled(parts))
+		return writeJSON(w, now, countMarks(parts))
 	}
-	write(w, now, countSettled(parts))
+	write(w, now, countMarks(parts))
 	return nil
 }
 
@@ -240,7 +240,10 @@ func plan(ctx context.Context, pipe redis.Pipeliner, p *part, typ string, known 
 			return n.Err()
 		}
 	case strings.HasPrefix(suffix, "#settled:"):
-		p.kind, p.state = "settled", "a settled reservation's mark"
+		p.kind, p.state = "settled", "a "+marks["settled"].one
+		return nil
+	case strings.HasPrefix(suffix, "#call:"):
+		p.kind, p.state = "call", "a "+marks["call"].one
 		return nil
 	case strings.HasPrefix(suffix, "#slots:"), strings.HasPrefix(suffix, "#waiters:"), strings.HasPrefix(suffix, "#line:"):
 		want = "zset"
@@ -350,18 +353,26 @@ func since(text string, now time.Time) string {
 	return "in " + d.String()
 }
 
-// countSettled replaces the marks of settled reservations, one Redis key
-// each, by one line per key that counts them.
-func countSettled(parts []part) []part {
+// marks are the kinds of keys pace keeps one of per request, which inspect
+// counts: what one is and what several are.
+var marks = map[string]struct{ one, several string }{
+	"settled": {"settled reservation's mark", "settled reservations' marks"},
+	"call":    {"booking's call record, kept until it is due", "bookings' call records, each kept until it is due"},
+}
+
+// countMarks replaces the marks of one kind beneath a key, one Redis key
+// each, by one line that counts them.
+func countMarks(parts []part) []part {
 	var out []part
 	for _, p := range parts {
-		if last := len(out) - 1; p.kind == "settled" && last >= 0 && out[last].kind == "settled" && out[last].tag == p.tag {
+		m, isMark := marks[p.kind]
+		if last := len(out) - 1; isMark && last >= 0 && out[last].kind == p.kind && out[last].tag == p.tag {
 			out[last].count++
-			out[last].state = fmt.Sprintf("%d settled reservations' marks", out[last].count)
+			out[last].state = fmt.Sprintf("%d %s", out[last].count, m.several)
 			continue
 		}
-		if p.kind == "settled" {
-			p.count, p.redis, p.state = 1, p.redis[:len(p.redis)-len(p.suffix)]+"#settled:*", "1 settled reservation's mark"
+		if isMark {
+			p.count, p.redis, p.state = 1, p.redis[:len(p.redis)-len(p.suffix)]+p.suffix[:strings.Index(p.suffix, ":")+1]+"*", "1 "+m.one
 		}
 		out = append(out, p)
 	}

@@ -10,12 +10,17 @@ import (
 // script, or a pause of this process, after which every call it had under
 // way times out at once, though Redis answered them all. An outage begun on
 // that puts the process's local share on top of what the rest of the fleet
-// books in Redis. So a failure opens the breaker only when a call that
+// books in Redis. So an error opens the breaker only when a call that
 // began after the first failure of its row (with no answer between them)
 // fails too: once it took half a call timeout or more (Redis silent for
 // that long again), or at the second such call (an error that comes at
-// once, such as OOM). Until then, the request that met the failure asks Redis again,
-// within its deadline; its own ConfirmRow-th failure in a row confirms the
+// once, such as OOM). An expiry (store.IsExpiry: Redis did not answer in
+// time) doubles the call timeout, as TCP's timer backs off, and
+// never opens the breaker early: a Redis whose round trips jumped past the
+// timeout (a failover to another zone, a congested path) answers the next
+// call, or one after, which a new connection's handshake may need. Until
+// then, the request that met the failure asks Redis again, within
+// its deadline; its own ConfirmRow-th failure in a row confirms the
 // outage, so that it never asks without end (a cluster whose other nodes
 // answer breaks every row). Its fields but answers are the failover's,
 // under its lock.
@@ -30,13 +35,24 @@ type breaker struct {
 }
 
 // ConfirmRow is how many failures in a row of one request confirm an
-// outage.
+// outage; one more when the last is an expiry, so that a request's calls
+// wait 1, 2, 4 and 8 times the timeout before a Redis that answers is
+// taken for away: a new connection's handshake takes two round trips or
+// three more than a call on an open one.
 const ConfirmRow = 3
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
 
 // confirms records the failure at now of a call that began at began, its
 // caller's failures-th in a row, and reports whether it confirms an
-// outage; timeout is the call timeout.
-func (b *breaker) confirms(now, began time.Time, timeout time.Duration, failures int) bool {
+// outage; timeout is the call timeout, and expired says that the failure
+// was an expiry.
+func (b *breaker) confirms(now, began time.Time, timeout time.Duration, failures int, expired bool) bool {
 	var answers uint64
 	if b.answers != nil {
 		answers = b.answers.Load()
@@ -46,7 +62,8 @@ func (b *breaker) confirms(now, began time.Time, timeout time.Duration, failures
 	} else if !began.Before(b.rowSince) {
 		b.retried++
 	}
-	if failures < ConfirmRow && b.retried < 2 && (b.retried == 0 || now.Sub(b.rowSince) < timeout/2) {
+	early := !expired && (b.retried >= 2 || b.retried == 1 && now.Sub(b.rowSince) >= timeout/2)
+	if failures < ConfirmRow+btoi(expired) && !early {
 		return false
 	}
 	b.rowSince = time.Time{}

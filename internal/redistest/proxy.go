@@ -10,11 +10,13 @@ import (
 
 // Proxy is a TCP proxy on loopback that forwards to a target address and
 // can hold every chunk of data for a set latency, in both directions: a slow
-// network between a client and Redis.
+// network between a client and Redis; or swallow Redis's replies: lost
+// answers.
 type Proxy struct {
 	Addr    string // where clients connect
 	target  string
 	latency atomic.Int64 // nanoseconds
+	swallow atomic.Int64 // replies to drop
 	ln      net.Listener
 	wg      sync.WaitGroup
 	mu      sync.Mutex
@@ -38,6 +40,11 @@ func StartProxy(tb testing.TB, target string) *Proxy {
 // SetLatency makes the proxy hold each chunk for d before passing it on.
 func (p *Proxy) SetLatency(d time.Duration) { p.latency.Store(int64(d)) }
 
+// SwallowReplies makes the proxy drop the next n chunks that Redis sends:
+// for a client that sends one command at a time on a connection, n replies
+// lost after Redis ran their commands.
+func (p *Proxy) SwallowReplies(n int) { p.swallow.Store(int64(n)) }
+
 func (p *Proxy) accept() {
 	defer p.wg.Done()
 	for {
@@ -54,8 +61,8 @@ func (p *Proxy) accept() {
 			return
 		}
 		p.wg.Add(2)
-		go p.pipe(server, client)
-		go p.pipe(client, server)
+		go p.pipe(server, client, nil)
+		go p.pipe(client, server, &p.swallow)
 	}
 }
 
@@ -76,8 +83,9 @@ func (p *Proxy) track(conns ...net.Conn) bool {
 	return true
 }
 
-// pipe copies from src to dst, holding each chunk for the latency.
-func (p *Proxy) pipe(dst, src net.Conn) {
+// pipe copies from src to dst, holding each chunk for the latency, and
+// drops chunks while swallow, if not nil, counts any down.
+func (p *Proxy) pipe(dst, src net.Conn, swallow *atomic.Int64) {
 	defer p.wg.Done()
 	defer p.untrack(dst, src)
 	buf := make([]byte, 32*1024)
@@ -86,6 +94,9 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 		if n > 0 {
 			if d := time.Duration(p.latency.Load()); d > 0 {
 				time.Sleep(d)
+			}
+			if swallow != nil && swallow.Add(-1) >= 0 {
+				continue
 			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return

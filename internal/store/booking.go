@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -11,14 +12,16 @@ import (
 
 // Request is what a booking needs of a request: its key, its cost under
 // each limit, whether it will be settled and which of its costs are
-// estimates, and whether it is the failover's probe, whose call may answer
-// late (see Caller.RunLong).
+// estimates, whether it is the failover's probe, whose call may answer
+// late (see Caller.RunLong), and the number of its booking's call (see
+// Reserve; 0 for a new one).
 type Request struct {
 	Key       string
 	Costs     LimitCosts
 	Settled   bool
 	Estimated LimitSet
 	Probe     bool
+	Call      uint64
 }
 
 // Booking is what the reserve script decided.
@@ -30,7 +33,7 @@ type Booking struct {
 	Booked    [MaxLimits]int64 // each steered bucket's count of units booked after the booking (else 0)
 	Listening bool             // the key's rate listens for a success (see internal/steer)
 	Recovered bool             // the key's rate was dropped, back at the configured one
-	ID        string           // the request's id: its grants in sliding windows, its settlement
+	ID        string           // the booking's id: its call's record, its grants in sliding windows, its settlement
 	Costs     LimitCosts
 	Estimated LimitSet // the limits whose costs are a reservation's estimates
 }
@@ -40,16 +43,21 @@ func (b Booking) Due() int64 { return b.Now + b.Delay.Microseconds() }
 
 // Reserve runs the reserve script once: it books request q under every
 // limit, for a caller who cannot go sooner than notBefore from now, unless
-// the wait would exceed budget. A booking to be settled needs an id; one in
-// a sliding window always has one.
+// the wait would exceed budget. Its call is q's, or a new one: a call whose
+// answer was lost, asked again under its number, gets what it booked (see
+// lua/record.lua), and books nothing twice.
 func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.Duration) (Booking, error) {
 	key, costs := q.Key, q.Costs
 	b := Booking{Costs: costs, Estimated: q.Estimated}
 	n := len(s.limits)
-	keys := s.bookingKeys(key)
-	if q.Settled || s.sliding {
-		b.ID = s.member + ":" + strconv.FormatUint(s.requestIDs.Add(1), 10)
+	call := q.Call
+	if call == 0 {
+		call = s.NewCall()
 	}
+	keys := s.bookingKeys(key)
+	base := keys[0][:len(s.prefix)+len(key)+len("{}")]
+	record := s.recordKey(base, call)
+	keys, b.ID = append(keys, record), record[len(base)+len(callSuffix):]
 	var reply [5 + 2*MaxLimits]int64
 	var cmd *redis.Cmd
 	budgetArg := maxDelayArg // a caller without a deadline: boxed once
@@ -83,6 +91,24 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 	copy(b.Booked[:], reply[3+n:3+2*n])
 	b.Listening, b.Recovered = reply[3+2*n] == 1, reply[4+2*n] == 1
 	return b, nil
+}
+
+// NewCall returns the number of a new booking's call: with the member, its
+// id, unique in the fleet.
+func (s *Store) NewCall() uint64 { return s.requestIDs.Add(1) }
+
+// recordKey returns the key of the record of call, beneath base (the key's
+// prefix and hash tag): its text ends with the booking's id, member:call.
+func (s *Store) recordKey(base string, call uint64) string {
+	var digits [20]byte
+	var text strings.Builder
+	text.Grow(len(base) + len(callSuffix) + len(s.member) + 1 + len(digits))
+	text.WriteString(base)
+	text.WriteString(callSuffix)
+	text.WriteString(s.member)
+	text.WriteByte(':')
+	text.Write(strconv.AppendUint(digits[:0], call, 10))
+	return text.String()
 }
 
 // RefundResult says what the refund script did with a booking under one

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -38,6 +39,7 @@ type sharedDeadline struct {
 	cancel  context.CancelFunc // left to the context's own timer, which ends it at the deadline
 	renewAt time.Time
 	timeout time.Duration
+	backoff uint32 // the round trips' backoff when it was set
 }
 
 // NewCaller returns the caller of client, whose calls get at least floor.
@@ -47,7 +49,10 @@ func NewCaller(client redis.Scripter, floor time.Duration) *Caller {
 
 // Timeout is the timeout of a call that begins now, as the round trips
 // set it.
-func (c *Caller) Timeout() time.Duration { return c.trips.timeout() }
+func (c *Caller) Timeout() time.Duration {
+	timeout, _ := c.trips.timeout()
+	return timeout
+}
 
 // appliesContextDeadlines reports whether client bounds its socket I/O by a
 // context's deadline.
@@ -76,26 +81,69 @@ func (c callContext) Value(key any) any { return c.values.Value(key) }
 
 // context returns the context of a call that begins now, and its deadline's.
 func (c *Caller) context(ctx context.Context, now time.Time) (context.Context, *sharedDeadline) {
-	d, timeout := c.deadline.Load(), c.trips.timeout()
-	// Renewed when due, or when the round trips cut the timeout by more than
-	// a quarter (as from the ceiling to the first answer's).
-	if d == nil || !now.Before(d.renewAt) || d.timeout > timeout+timeout/4 {
+	d := c.deadline.Load()
+	timeout, backoff := c.trips.timeout()
+	// Renewed when due, when the round trips cut the timeout by more than
+	// a quarter (as from the ceiling to the first answer's), or when it
+	// backed off.
+	if d == nil || !now.Before(d.renewAt) || d.timeout > timeout+timeout/4 || d.backoff != backoff {
 		dctx, cancel := context.WithDeadline(context.Background(), now.Add(timeout+timeout/4))
-		d = &sharedDeadline{ctx: dctx, cancel: cancel, renewAt: now.Add(timeout / 4), timeout: timeout}
+		d = &sharedDeadline{ctx: dctx, cancel: cancel, renewAt: now.Add(timeout / 4), timeout: timeout, backoff: backoff}
 		c.deadline.Store(d)
 	}
 	return callContext{Context: d.ctx, values: ctx}, d
 }
 
-// done takes the outcome of a call that began at start: its round trip,
-// when Redis answered, and an answer without an error.
-func (c *Caller) done(start time.Time, err error) {
-	if err == nil {
+// done takes the outcome of a call under ctx that began at start, with a
+// timeout of backoff, and returns its error: its round trip,
+// when Redis answered, and an answer without an error; its expiry, which
+// backs the timeout off, when Redis, reachable, did not answer in time (see
+// IsExpiry).
+func (c *Caller) done(ctx context.Context, start time.Time, backoff uint32, err error) error {
+	switch {
+	case err == nil:
 		c.Answers.Add(1)
-	}
-	if err == nil || isRedisError(err) {
 		c.trips.answered(time.Since(start))
+	case isRedisError(err):
+		c.trips.answered(time.Since(start))
+	case ctx.Err() != nil && !c.refused():
+		c.trips.expired(backoff)
+		return expiry{err}
 	}
+	return err
+}
+
+// refused reports whether Redis refuses a new connection now, when the
+// client says where it is: a call that expired then waited for the
+// connections go-redis redials until the deadline (and says only that it
+// passed), not for an answer.
+func (c *Caller) refused() bool {
+	client, ok := c.client.(*redis.Client)
+	if !ok {
+		return false
+	}
+	o := client.Options()
+	ctx, cancel := context.WithTimeout(context.Background(), c.trips.floor)
+	defer cancel()
+	conn, err := o.Dialer(ctx, o.Network, o.Addr)
+	if err == nil {
+		conn.Close()
+	}
+	return errors.Is(err, syscall.ECONNREFUSED)
+}
+
+// An expiry is the error of a call that Redis, reachable, did not answer
+// within its timeout: a Redis slower than the timeout, or one gone silent.
+type expiry struct{ err error }
+
+func (e expiry) Error() string { return e.err.Error() }
+func (e expiry) Unwrap() error { return e.err }
+
+// IsExpiry reports whether err is a call's expiry: Redis, reachable, did
+// not answer within the call's timeout. The next call waits twice as long.
+func IsExpiry(err error) bool {
+	var e expiry
+	return errors.As(err, &e)
 }
 
 // isRedisError reports whether err is an error that Redis answered with.
@@ -122,7 +170,11 @@ func (c *Caller) Run(ctx context.Context, script *redis.Script, keys []string, a
 			cmd.SetErr(d.timedOut())
 		}
 	}
-	c.done(start, cmd.Err())
+	if err := cmd.Err(); err != nil {
+		cmd.SetErr(c.done(cctx, start, d.backoff, err))
+	} else {
+		c.done(cctx, start, d.backoff, nil)
+	}
 	return cmd
 }
 
@@ -154,13 +206,13 @@ func (c *Caller) RunWithin(ctx context.Context, script *redis.Script, keys []str
 // cool-down.
 func (c *Caller) RunLong(ctx context.Context, late func(*redis.Cmd), script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	start := time.Now()
-	timeout := c.trips.timeout()
+	timeout, backoff := c.trips.timeout()
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(maxCallTimeout, timeout+timeout/4))
 	done, abandoned := make(chan *redis.Cmd), make(chan struct{})
 	go func() {
 		defer cancel()
 		cmd := script.Run(lctx, c.client, keys, args...)
-		c.done(start, cmd.Err())
+		c.done(lctx, start, backoff, cmd.Err())
 		select {
 		case done <- cmd:
 		case <-abandoned:
@@ -188,8 +240,7 @@ func (c *Caller) Pipeline(ctx context.Context, p redis.Pipeliner) ([]redis.Cmder
 	start := time.Now()
 	cctx, d := c.context(ctx, start)
 	cmds, err := c.exec(cctx, d, p)
-	c.done(start, err)
-	return cmds, err
+	return cmds, c.done(cctx, start, d.backoff, err)
 }
 
 // exec runs p within cctx, whose deadline is d's.

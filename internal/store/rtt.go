@@ -21,33 +21,58 @@ const maxCallTimeout = time.Second
 // Until a first call answers, the timeout is the ceiling: a distant Redis
 // is not taken for a lost one before it has been heard. A call that times
 // out is no sample (as Karn's algorithm has it): it says nothing of the
-// round trip. It is safe for concurrent use.
+// round trip; but it doubles the timeout, up to the ceiling, as each
+// expiry of TCP's timer does (RFC 6298, 5.5), so that a Redis whose round
+// trips jump (a failover to another zone, a congested path) is waited for
+// by the next call instead of taken for lost call after call. The first
+// answer after sets the timeout from its round trip alone. The calls that
+// expire together, under one timeout, double it once. It is safe for
+// concurrent use.
 type roundTrips struct {
 	floor time.Duration
 	// measured packs the smoothed round trip (high 32 bits) and its mean
 	// deviation (low 32 bits), in microseconds; zero until the first answer.
 	measured atomic.Uint64
+	// backoff is how many times the timeout has doubled since the last
+	// answer.
+	backoff atomic.Uint32
 }
 
-// timeout returns the timeout of a call that begins now.
-func (r *roundTrips) timeout() time.Duration {
-	ceiling := max(maxCallTimeout, r.floor)
+// maxBackoff bounds the doublings: 2^10 times the least timeout is past
+// any ceiling.
+const maxBackoff = 10
+
+// timeout returns the timeout of a call that begins now, and its backoff
+// (see expired).
+func (r *roundTrips) timeout() (time.Duration, uint32) {
+	ceiling, backoff := max(maxCallTimeout, r.floor), r.backoff.Load()
 	m := r.measured.Load()
 	if m == 0 {
-		return ceiling
+		return ceiling, backoff
 	}
 	srtt, rttvar := time.Duration(m>>32)*time.Microsecond, time.Duration(uint32(m))*time.Microsecond
-	return min(3*srtt+max(r.floor, 4*rttvar), ceiling)
+	return min((3*srtt+max(r.floor, 4*rttvar))<<backoff, ceiling), backoff
+}
+
+// expired takes the expiry of a call whose timeout had backoff: the first
+// of the calls under that timeout doubles it.
+func (r *roundTrips) expired(backoff uint32) {
+	if backoff < maxBackoff {
+		r.backoff.CompareAndSwap(backoff, backoff+1)
+	}
 }
 
 // answered takes the round trip of a call that Redis answered, with a
-// reply or an error of its own.
+// reply or an error of its own. The first after an expiry starts the
+// measurement anew, as the first of all does (RFC 6298, 5.7): the round
+// trips smoothed before the expiry are of another link.
 func (r *roundTrips) answered(rtt time.Duration) {
+	anew := r.backoff.Load() != 0 && r.backoff.Swap(0) != 0
 	sample := uint64(min(max(rtt, time.Microsecond), maxCallTimeout) / time.Microsecond)
 	for {
 		old := r.measured.Load()
 		next := sample<<32 | sample/2 // the first: its deviation half of it
-		if old != 0 {
+		if old != 0 && !anew {
 			srtt, rttvar := old>>32, uint64(uint32(old))
 			dev := max(srtt, sample) - min(srtt, sample)
 			rttvar = (3*rttvar + dev) / 4 // β = 1/4

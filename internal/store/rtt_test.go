@@ -34,13 +34,53 @@ func TestRoundTripsSetTheTimeout(t *testing.T) {
 		}, 150 * ms, 260 * ms},
 		"a sample beyond the ceiling counts as the ceiling": {50 * ms, func(r *roundTrips) { r.answered(time.Hour) }, time.Second, time.Second},
 		"a floor above the ceiling: the floor":              {5 * time.Second, func(r *roundTrips) { r.answered(ms) }, 5 * time.Second, 5 * time.Second},
+		"learned on loopback, then two expiries: doubled twice": {50 * ms, func(r *roundTrips) {
+			for range 20 {
+				r.answered(100 * time.Microsecond)
+			}
+			expire(r, 1)
+			expire(r, 1)
+		}, 200 * ms, 204 * ms},
+		"calls that expire together, under one timeout, double it once": {50 * ms, func(r *roundTrips) {
+			for range 20 {
+				r.answered(100 * time.Microsecond)
+			}
+			expire(r, 16)
+		}, 100 * ms, 102 * ms},
+		"expiries back off up to the ceiling": {50 * ms, func(r *roundTrips) {
+			r.answered(ms)
+			for range 12 {
+				expire(r, 1)
+			}
+		}, time.Second, time.Second},
+		"the first answer after expiries sets it from its round trip alone, as the first of all": {50 * ms, func(r *roundTrips) {
+			for range 20 {
+				r.answered(100 * time.Microsecond)
+			}
+			expire(r, 1)
+			expire(r, 1)
+			r.answered(80 * ms) // 3 x 80 ms + 4 x 40 ms
+		}, 400 * ms, 400 * ms},
+		"the answers after it smooth as before": {50 * ms, func(r *roundTrips) {
+			expire(r, 1)
+			r.answered(80 * ms)
+			r.answered(80 * ms) // the deviation falls to 30 ms
+		}, 360 * ms, 360 * ms},
 	} {
 		t.Run(name, func(t *testing.T) {
 			r := &roundTrips{floor: tc.floor}
 			tc.play(r)
-			if got := r.timeout(); got < tc.least || got > tc.most {
+			if got, _ := r.timeout(); got < tc.least || got > tc.most {
 				t.Errorf("timeout %v, want %v to %v", got, tc.least, tc.most)
 			}
 		})
+	}
+}
+
+// expire has n calls expire under the timeout they began with.
+func expire(r *roundTrips, n int) {
+	_, backoff := r.timeout()
+	for range n {
+		r.expired(backoff)
 	}
 }

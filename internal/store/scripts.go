@@ -45,6 +45,8 @@ var (
 	slotsSource string
 	//go:embed lua/line.lua
 	lineSource string
+	//go:embed lua/record.lua
+	recordSource string
 	//go:embed lua/rate.lua
 	rateSource string
 	//go:embed lua/refused.lua
@@ -54,8 +56,8 @@ var (
 	//go:embed lua/check.lua
 	checkSource string
 
-	reserveScript = newScript(rateSource, reserveSource)
-	quotaScript   = newScript(rateSource, quotaSource)
+	reserveScript = newScript(rateSource, recordSource, reserveSource)
+	quotaScript   = newScript(rateSource, recordSource, quotaSource)
 	refusedScript = newScript(rateSource, refusedSource)
 	refundScript  = newScript(bookingSource, refundSource)
 	holdScript    = newScript(holdSource)

@@ -72,6 +72,7 @@ const (
 	holdSuffix      = "#hold"
 	settledSuffix   = "#settled:"
 	rateSuffix      = "#rate"     // the key's rate after refusals
+	callSuffix      = "#call:"    // the record of a booking's call
 	SlotsSuffix     = "#slots:"   // the holders of a cap's slots
 	LineSuffix      = "#line:"    // its line of waiters
 	WaitersSuffix   = "#waiters:" // their leases

@@ -2,15 +2,16 @@
 -- of them or, when the wait would exceed the caller's budget, none, and
 -- returns the exact wait.
 --
--- KEYS[i]   limit i's key, for i = 1 .. #KEYS - 2: a bucket's schedule (a
+-- KEYS[i]   limit i's key, for i = 1 .. #KEYS - 3: a bucket's schedule (a
 --           string: its theoretical arrival time, TAT), a sliding window's
 --           grants (a sorted set of their times, a member a unit), or a fixed
 --           window's counts (a hash, by window)
--- KEYS[#KEYS - 1]  the key's hold (see hold.lua): no request goes before it
+-- KEYS[#KEYS - 2]  the key's hold (see hold.lua): no request goes before it
 --           ends
--- KEYS[#KEYS]  the key's rate after refusals (see rate.lua), which holds the
---           request too: by the time the fastest limit the request costs
---           anything under takes to refill its cost
+-- KEYS[#KEYS - 1]  the key's rate after refusals (see rate.lua), which
+--           holds the request too: by the time the fastest limit the request
+--           costs anything under takes to refill its cost
+-- KEYS[#KEYS]  the record of the call (see record.lua)
 -- ARGV[1]   budget: the longest wait the caller accepts, in microseconds
 -- ARGV[2]   not before: the caller cannot go sooner than this many
 --           microseconds from now
@@ -31,7 +32,9 @@
 -- 1 when the key's rate listens for a success, and 1 when the key's rate was
 -- dropped, back at the configured one. reserve.lua is the same for one
 -- bucket.
-local n = #KEYS - 2
+local again = recorded(#KEYS)
+if again then return again end
+local n = #KEYS - 3
 local kinds, as, bs, costs, stored, steers = {}, {}, {}, {}, {}, {}
 local due = now + tonumber(ARGV[2])
 local held = time(n + 1, read(n + 1, 'GET'))
@@ -154,4 +157,4 @@ for i = 1, n do
     end
   end
 end
-return reply
+return record(n + 3, reply)

@@ -10,6 +10,7 @@
 -- KEYS[3]  the key's rate after refusals (see rate.lua), which holds the
 --          request too; dropped once the key is back at its configured rate,
 --          a round after its cut
+-- KEYS[4]  the record of the call (see record.lua)
 -- ARGV[1]  interval: microseconds one token adds to the schedule
 -- ARGV[2]  burst: how many tokens the bucket holds
 -- ARGV[3]  cost: how many tokens the caller wants
@@ -26,6 +27,8 @@
 -- when the key's rate listens for a success (see refused.lua), and 1 when
 -- the key's rate was dropped, back at the configured one. All are whole
 -- numbers, which Redis replies exactly.
+local again = recorded(4)
+if again then return again end
 local a, b, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local arrival = now + tonumber(ARGV[5])
 local stored, steer = read_bucket(1)
@@ -60,7 +63,7 @@ if steer then -- the upstream's counters steer it: the general way
   move_ceiling(steer, a, known(tonumber(ARGV[6]), 1, cost), due)
   write_bucket(KEYS[1], finish, steer)
   book(due)
-  return {1, due - now, now, finish, booked, listening, recovered}
+  return record(4, {1, due - now, now, finish, booked, listening, recovered})
 end
 
 local tat = arrival
@@ -82,4 +85,4 @@ else
   redis.call('SET', KEYS[1], string.format('%d', finish), 'PXAT', full_expiry(finish))
 end
 book(now + delay)
-return {1, delay, now, finish, 0, listening, recovered}
+return record(4, {1, delay, now, finish, 0, listening, recovered})
