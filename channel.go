@@ -96,5 +96,6 @@ func (r *Redis) Close() error {
 		r.stopListening()
 	}
 	r.listening.Wait()
+	r.failover.Close()
 	return nil
 }

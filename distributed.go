@@ -41,6 +41,7 @@ import (
 type Redis struct {
 	namedLimits
 	id       string // names this limiter's requests in Redis (see newLimiterID)
+	shareKey string // names its fleet and quota among the process's outage limiters
 	client   redis.Scripter
 	costCap  int // the smallest burst or window count of the limits: the most a request may cost under every limit
 	config   redisConfig
@@ -100,6 +101,7 @@ func NewRedis(client redis.Scripter, q Quota, opts ...RedisOption) (*Redis, erro
 		return nil, err
 	}
 	r.client = client
+	r.shareKey = shareKey(client, r.config.prefix, r.config.fleetName, r.limits)
 	r.calls = store.NewCaller(client, r.config.callTimeout)
 	r.failover.CountAnswers(&r.calls.Answers)
 	r.store = store.New(r.calls, r.config.prefix, r.id, storeLimits(r.limits))
@@ -129,7 +131,9 @@ func newRedis(q Quota, now func() time.Time, opts ...RedisOption) (*Redis, error
 		MinCooldown:  r.config.minCooldown,
 		MaxCooldown:  r.config.maxCooldown,
 		NewLocal:     r.outageLimiter,
+		Release:      r.releaseOutage,
 	})
+	r.shareKey = r.id // a test's fakes: its own
 	return r, nil
 }
 

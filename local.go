@@ -7,6 +7,7 @@ import (
 	"hash/maphash"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fleetpace/pace/internal/steer"
@@ -34,9 +35,10 @@ type Local struct {
 	// emptyAt, if set, is when the buckets of keys met later were empty, or,
 	// for the keys in floors, the later time there: a Redis limiter's
 	// outage starts so, lest each process burst its share on top of what
-	// Redis granted just before. floors is not changed after creation.
+	// Redis granted just before. A map in floors is not changed once
+	// stored (see addFloors).
 	emptyAt time.Time
-	floors  map[string]time.Time
+	floors  atomic.Pointer[map[string]time.Time]
 	refill  time.Duration // the longest an empty bucket takes to fill
 	seed    maphash.Seed
 	shards  [localShards]localShard
@@ -452,7 +454,7 @@ func (s *localShard) limiter(loc *Local, key string, now time.Time) *localKey {
 	if !ok {
 		k = &localKey{lims: make([]*rate.Limiter, len(loc.limits))}
 		if !loc.emptyAt.IsZero() {
-			k.last = latest(loc.emptyAt, loc.floors[key])
+			k.last = latest(loc.emptyAt, (*loc.floors.Load())[key])
 		}
 		for i, l := range loc.limits {
 			k.lims[i] = rate.NewLimiter(rate.Limit(l.Rate()), l.burst)

@@ -233,24 +233,6 @@ func (r *Redis) shared(ctx context.Context, key string, retry bool, call func() 
 // its failure confirmed an outage.
 var errAway = errors.New("pace: Redis is away")
 
-// outageLimiter returns the local limiter for an outage that begins at
-// since: under each limit, this process's share of it (a window taken as a
-// bucket that never allows more), each key's buckets empty at since, or at
-// its time in floors (the end of what Redis had booked of the key, or of its
-// hold) if that is later, since Redis may have granted the whole burst and
-// booked callers who still wait.
-func (r *Redis) outageLimiter(since time.Time, floors map[string]time.Time) *Local {
-	var shares []Limit
-	for _, l := range r.limits {
-		shares = append(shares, l.asBucket().share(r.fleet.Size()))
-	}
-	named := newNamedLimits(shares)
-	named.names = r.names // the quota's: the shares' texts differ
-	loc := newLocal(named, r.config.commonConfig, r.now)
-	loc.emptyAt, loc.floors = since, floors
-	return loc
-}
-
 // What a process granted alone during an outage, booked on the shared keys
 // once it is back on Redis: the others may have spent the whole limit in
 // Redis meanwhile, and an hourly or daily quota would otherwise lose its

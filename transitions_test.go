@@ -2,6 +2,7 @@ package pace
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/fleetpace/pace/internal/redistest"
 	"github.com/fleetpace/pace/internal/store"
+	"github.com/redis/go-redis/v9"
 )
 
 // Transitions against a real redis-server, killed or restarted by the test,
@@ -252,5 +254,84 @@ func TestFleetStartedTogether(t *testing.T) {
 		if n := r.fleet.Size(); n != 3 {
 			t.Errorf("member %d counts a fleet of %d 60 ms after the start, want 3", i, n)
 		}
+	}
+}
+
+// TestOutageSharesTheProcessShare: three limiters of one process pace one
+// key at 100/s burst 5 (a fleet of one), 4 goroutines each, through clients
+// of their own, while Redis fails: killed 1 s into a run of 5 s and
+// restarted, empty, 2 s later; or, under a Sentinel, its master killed 2 s
+// into a run of 10 s, the replica promoted. During the outage the three
+// share the process's share, one fallback bucket, so the run grants at
+// most b + r*t, and b more after (Redis's bucket full again), with no
+// second above 2 x (b + r) (before, each limiter paced at the share: under
+// the Sentinel failover, 1,523 grants in 10 s, 254-300 a second).
+func TestOutageSharesTheProcessShare(t *testing.T) {
+	besideOthers(t)
+	t.Run("killed and restarted", func(t *testing.T) {
+		srv := redistest.Start(t)
+		checkOutageShare(t, 5*time.Second, func() *redis.Client { return redistest.ClientOf(t, srv.Addr) }, func() {
+			time.Sleep(time.Second)
+			srv.Kill()
+			time.Sleep(2 * time.Second)
+			srv.Restart()
+		})
+	})
+	t.Run("a Sentinel failover", func(t *testing.T) {
+		s := redistest.StartSentinel(t)
+		checkOutageShare(t, 10*time.Second, func() *redis.Client { return s.Client(t) }, func() {
+			time.Sleep(2 * time.Second)
+			s.Master.Kill()
+		})
+	})
+}
+
+// checkOutageShare runs TestOutageSharesTheProcessShare for run on clients
+// from client, calling fault at the start.
+func checkOutageShare(t *testing.T, run time.Duration, client func() *redis.Client, fault func()) {
+	const rate, burst = 100, 5
+	var mu sync.Mutex
+	var grants []time.Time
+	var local int
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range 3 {
+		r := mustRedis(t, client(), PerSecond(rate).WithBurst(burst), WithFleetSize(1))
+		for range 4 {
+			wg.Go(func() {
+				for {
+					ctx, cancel := context.WithDeadline(context.Background(), start.Add(run))
+					g, err := r.WaitGrant(ctx, "k", 1)
+					cancel()
+					if err != nil {
+						return
+					}
+					mu.Lock()
+					grants = append(grants, time.Now())
+					if g.t.limiter == "local" {
+						local++
+					}
+					mu.Unlock()
+				}
+			})
+		}
+	}
+	fault()
+	wg.Wait()
+	slices.SortFunc(grants, time.Time.Compare)
+	busiest := 0
+	for i, j := 0, 0; j < len(grants); j++ {
+		for grants[j].Sub(grants[i]) >= time.Second {
+			i++
+		}
+		busiest = max(busiest, j-i+1)
+	}
+	bound := burst + rate*run.Seconds() + burst
+	t.Logf("%d grants in %v, %d local (b + r*t + b = %.0f); the busiest second %d", len(grants), run, local, bound, busiest)
+	if local == 0 {
+		t.Fatal("no grant was local: the outage was not met")
+	}
+	if float64(len(grants)) > bound || busiest > 2*(burst+rate) {
+		t.Errorf("%d grants, the busiest second %d; want at most %.0f, and %d", len(grants), busiest, bound, 2*(burst+rate))
 	}
 }

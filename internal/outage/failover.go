@@ -28,6 +28,9 @@ type Config[L comparable] struct {
 	// since: each key's bucket empty at since, or at its time in floors if
 	// later.
 	NewLocal func(since time.Time, floors map[string]time.Time) L
+	// Release, if set, is told of each local limiter NewLocal returned once
+	// the failover no longer uses it.
+	Release func(L)
 }
 
 // ReturnWindow is how long a process that is back on Redis keeps its outage's
@@ -69,6 +72,7 @@ type Failover[L comparable] struct {
 	probing    bool      // a probe is under way
 	cause      error     // the last failure
 	local      L         // the outage's local limiter, from the outage to the end of returning
+	released   bool      // Config.Release was told of local
 	schedules  scheduleTable
 	// debts are what the outage's local limiter granted alone, owed (see
 	// pace.Redis.repay) once returning ends.
@@ -138,7 +142,7 @@ func (f *Failover[L]) Route(now time.Time) (Route, L, error) {
 	switch {
 	case f.Mode() == Returning && !now.Before(f.returnEnds):
 		f.current.Store(uint32(Shared))
-		f.local = zero[L]()
+		f.drop()
 		if owed := f.debts.close(); len(owed) > 0 {
 			f.owed.Store(&owed)
 		}
@@ -205,13 +209,36 @@ func (f *Failover[L]) Fail(now time.Time, call Failure, timeout time.Duration) (
 	}
 	// Each outage, also one that begins while returning from the last, has
 	// a limiter of its own, at the share of the fleet's size now.
-	f.since, f.local = now, zero[L]()
+	f.since = now
+	f.drop()
 	if f.config.PacesLocally {
 		f.local = f.config.NewLocal(now, f.schedules.floors(now))
 		f.debts.open()
 	}
 	f.current.Store(uint32(Outage))
 	return true, true, f.local
+}
+
+// Close releases the outage's local limiter, if any (Config.Release): the
+// limiter is done with. It goes on deciding by it, should it be asked.
+func (f *Failover[L]) Close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.release()
+}
+
+// drop lets go of the outage's local limiter, if any.
+func (f *Failover[L]) drop() {
+	f.release()
+	f.local, f.released = zero[L](), false
+}
+
+// release tells Config.Release of the outage's local limiter, once.
+func (f *Failover[L]) release() {
+	if f.local != zero[L]() && f.config.Release != nil && !f.released {
+		f.config.Release(f.local)
+		f.released = true
+	}
 }
 
 // Recover records the probe that succeeded at now, when a call's timeout

@@ -49,3 +49,37 @@ func TestFailoverCooldowns(t *testing.T) {
 		t.Errorf("after recovery under a policy that does not pace locally: route %v, mode %v; want ViaRedis, shared (nothing to gate)", r, f.Mode())
 	}
 }
+
+// TestFailoverReleasesItsLocal: each local limiter NewLocal returned is
+// released once, when its outage's return ends, when a new outage begins
+// before, or when the failover is closed.
+func TestFailoverReleasesItsLocal(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	made, released := 0, map[*int]int{}
+	f := New(Config[*int]{PacesLocally: true, MinCooldown: time.Millisecond, MaxCooldown: time.Millisecond,
+		NewLocal: func(time.Time, map[string]time.Time) *int { made++; return new(int) },
+		Release:  func(l *int) { released[l]++ }})
+	fail := func() { f.Fail(now, Failure{Began: now, Failures: ConfirmRow, Err: errConnRefused}, time.Second) }
+	fail()
+	_, first, _ := f.Route(now)
+	fail() // a new outage while the first lasts: no new local
+	now = now.Add(time.Second)
+	f.Route(now) // the probe
+	f.Recover(now, time.Millisecond)
+	f.Route(now.Add(time.Second)) // the return ends
+	if made != 1 || released[first] != 1 {
+		t.Fatalf("%d locals made, the first released %d times; want 1 and 1", made, released[first])
+	}
+	now = now.Add(2 * time.Second)
+	fail()
+	_, second, _ := f.Route(now)
+	f.Close()
+	f.Close()
+	now = now.Add(time.Second)
+	f.Route(now)
+	f.Recover(now, time.Millisecond)
+	f.Route(now.Add(time.Second))
+	if made != 2 || released[second] != 1 {
+		t.Errorf("%d locals made, the second released %d times; want 2 and 1 (closed, then its return ended)", made, released[second])
+	}
+}

@@ -92,7 +92,8 @@ func (s *Server) start(bin string) (log string, ok bool) {
 	s.cmd = cmd
 	s.mu.Unlock()
 
-	// redis-server says when it is ready; its log also tells why it is not.
+	// redis-server says when it is ready (a Sentinel, when it watches its
+	// master); its log also tells why it is not.
 	ready, exited := make(chan struct{}), make(chan struct{})
 	var text strings.Builder // written before ready or exited is closed
 	go func() {
@@ -102,7 +103,7 @@ func (s *Server) start(bin string) (log string, ok bool) {
 		for scanner.Scan() {
 			if waiting {
 				text.WriteString(scanner.Text() + "\n")
-				if strings.Contains(scanner.Text(), "Ready to accept connections") {
+				if line := scanner.Text(); strings.Contains(line, "Ready to accept connections") || strings.Contains(line, "+monitor master") {
 					waiting = false
 					close(ready)
 				}
