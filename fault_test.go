@@ -580,8 +580,8 @@ func TestLostReplyBooksOnce(t *testing.T) {
 			}
 			took := time.Since(start)
 			t.Logf("the next request waited %v", took)
-			if took > time.Second {
-				t.Errorf("the next request waited %v; want a second at most", took)
+			if took > time.Second+schedulingSlack {
+				t.Errorf("the next request waited %v; want a second at most (and %v)", took, schedulingSlack)
 			}
 		})
 	}
