@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fleetpace/pace/internal/exampletest"
 	"github.com/fleetpace/pace/internal/limitertest"
@@ -202,6 +203,35 @@ func TestDemoAgainstRealLimiters(t *testing.T) {
 				t.Errorf("served %.1f%%, refused %.1f%%; want at least %.0f%% and at most %.1f%%", 100*served, 100*refused, 100*tc.served, 100*tc.refused)
 			}
 		})
+	}
+}
+
+// TestDemoAgainstALimitHalved: the fleet, 4 processes of 4 workers for 8 s
+// with default options, paced at 200/s burst 10, before nginx at 200r/s
+// burst 10, which is reloaded at 100r/s 3 s after the demo is launched, 2
+// to 3 s into its run (nginx's new workers take the requests within
+// milliseconds; the fleet's machine carries about 200 requests a second,
+// so the halving is of that). From the run's fifth second on, 2 s and more
+// after the change, the fleet is served 95% of the new rate at least, and
+// 2% of its requests are refused at most (97.3% to 97.7%, 0.3% to 1.3%).
+func TestDemoAgainstALimitHalved(t *testing.T) {
+	const before, after = 200, 100
+	pairs.Run(t)
+	srv := redistest.Start(t)
+	nginx := limitertest.StartNginx(t, before, 10)
+	exampletest.Build(t)
+	halve := time.AfterFunc(3*time.Second, func() { nginx.SetRate(after) })
+	defer halve.Stop()
+	s := demo(t, "-redis", "redis://"+srv.Addr+"/0", "-target", nginx.URL, "-procs", "4", "-workers", "4", "-duration", "8s", "-limit", fmt.Sprintf("%d/s burst 10", before))
+	var ok, refused int
+	for _, sec := range s.PerSecond[min(5, len(s.PerSecond)):] {
+		ok, refused = ok+sec.OK, refused+sec.TooMany
+	}
+	seconds := float64(len(s.PerSecond) - 5)
+	t.Logf("per second: %+v; from the fifth: %d served (%.1f%% of %d/s), %d refused (%.1f%%)",
+		s.PerSecond, ok, 100*float64(ok)/(after*seconds), after, refused, 100*float64(refused)/float64(max(ok+refused, 1)))
+	if seconds < 3 || float64(ok) < 0.95*after*seconds || float64(refused) > 0.02*float64(ok+refused) {
+		t.Errorf("from the fifth second: %d served in %.0f s, %d refused; want 95%% of %d/s at least, 2%% refused at most", ok, seconds, refused, after)
 	}
 }
 

@@ -37,6 +37,9 @@ type summary struct {
 	// TooManyLate counts the 429s to requests granted after the run's
 	// first second.
 	TooManyLate int `json:"too_many_requests_after_1s"`
+	// PerSecond counts the answers to the requests granted in each second
+	// of the run.
+	PerSecond []second `json:"per_second"`
 	// With -priority: the critical requests, and their waits.
 	Critical        int     `json:"critical_requests"`
 	CriticalWaitP50 float64 `json:"critical_wait_p50_ms"`
@@ -96,18 +99,30 @@ func summarize(c config, limit pace.Limit, start time.Time, reports []report, up
 	return s
 }
 
+// second counts the answers to the requests granted in one second.
+type second struct {
+	OK      int `json:"ok"`
+	TooMany int `json:"too_many_requests"`
+}
+
 // count counts requests and their answers, and returns their waits; the
 // run started at start.
 func (s *summary) count(requests []request, start time.Time) []time.Duration {
 	var waits []time.Duration
 	for _, q := range requests {
 		s.Requests++
+		at := max(int(q.Granted.Sub(start)/time.Second), 0)
+		for len(s.PerSecond) <= at {
+			s.PerSecond = append(s.PerSecond, second{})
+		}
 		switch q.Status {
 		case 200:
 			s.OK++
+			s.PerSecond[at].OK++
 		case 429:
 			s.TooMany++
-			if q.Granted.Sub(start) >= time.Second {
+			s.PerSecond[at].TooMany++
+			if at >= 1 {
 				s.TooManyLate++
 			}
 		}

@@ -19,9 +19,9 @@ var (
 	buildErr  error
 )
 
-// RunJSON builds the example in the test's directory, once, runs it with
-// -json and args, and returns what it printed, decoded into T.
-func RunJSON[T any](t *testing.T, args ...string) T {
+// Build builds the example in the test's directory, once: a test that
+// times something from before RunJSON runs it builds it first.
+func Build(t *testing.T) {
 	t.Helper()
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "pace-example")
@@ -38,6 +38,13 @@ func RunJSON[T any](t *testing.T, args ...string) T {
 	if buildErr != nil {
 		t.Fatalf("building the example: %v", buildErr)
 	}
+}
+
+// RunJSON builds the example in the test's directory, once, runs it with
+// -json and args, and returns what it printed, decoded into T.
+func RunJSON[T any](t *testing.T, args ...string) T {
+	t.Helper()
+	Build(t)
 	out, err := exec.Command(binary, append([]string{"-json"}, args...)...).Output()
 	if err != nil {
 		t.Fatalf("%s: %v", strings.Join(args, " "), err)

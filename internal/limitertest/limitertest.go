@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,14 +23,49 @@ import (
 // the test ends. It returns the URL.
 func Nginx(tb testing.TB, rate, burst int) string {
 	tb.Helper()
-	dir := workDir(tb, "nginx")
-	if err := os.WriteFile(filepath.Join(dir, "index.html"), []byte("ok\n"), 0o644); err != nil {
+	return StartNginx(tb, rate, burst).URL
+}
+
+// NginxServer is an nginx that StartNginx started: SetRate reloads it at
+// another rate.
+type NginxServer struct {
+	URL         string
+	tb          testing.TB
+	dir         string
+	port, burst int
+	cmd         *exec.Cmd
+}
+
+// StartNginx starts nginx as Nginx does, and returns it.
+func StartNginx(tb testing.TB, rate, burst int) *NginxServer {
+	tb.Helper()
+	n := &NginxServer{tb: tb, dir: workDir(tb, "nginx"), port: loopback.FreePort(tb), burst: burst}
+	if err := os.WriteFile(filepath.Join(n.dir, "index.html"), []byte("ok\n"), 0o644); err != nil {
 		tb.Fatal(err)
 	}
-	port := loopback.FreePort(tb)
+	n.URL = fmt.Sprintf("http://127.0.0.1:%d/", n.port)
+	n.cmd = run(tb, "nginx", n.dir, n.conf(rate), n.port, "-p", n.dir, "-c", filepath.Join(n.dir, "limiter.conf"))
+	return n
+}
+
+// SetRate rewrites nginx's configuration at rate a second, and has it
+// reload it (SIGHUP): new workers take the requests from then on, within
+// a few milliseconds.
+func (n *NginxServer) SetRate(rate int) {
+	if err := os.WriteFile(filepath.Join(n.dir, "limiter.conf"), []byte(n.conf(rate)), 0o644); err != nil {
+		n.tb.Error(err)
+		return
+	}
+	if err := n.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		n.tb.Errorf("limitertest: reloading nginx: %v", err)
+	}
+}
+
+// conf is nginx's configuration at rate a second.
+func (n *NginxServer) conf(rate int) string {
 	// A "return" would answer in the rewrite phase, before limit_req: the
 	// file goes through it.
-	conf := fmt.Sprintf(`worker_processes 1;
+	return fmt.Sprintf(`worker_processes 1;
 daemon off;
 error_log %[1]s/error.log;
 pid %[1]s/nginx.pid;
@@ -53,9 +89,7 @@ http {
     }
   }
 }
-`, dir, port, rate, burst)
-	run(tb, "nginx", dir, conf, port, "-p", dir, "-c", filepath.Join(dir, "limiter.conf"))
-	return fmt.Sprintf("http://127.0.0.1:%d/", port)
+`, n.dir, n.port, rate, n.burst)
 }
 
 // HAProxy starts HAProxy on a free loopback port, denying with a 429 the
@@ -94,7 +128,7 @@ var packages = map[string]string{"nginx": "nginx-light", "haproxy": "haproxy"}
 // run writes conf to dir, runs the program name with args, waits until it
 // accepts connections on port (a connection is no request: neither limiter
 // counts it), and stops it when the test ends.
-func run(tb testing.TB, name, dir, conf string, port int, args ...string) {
+func run(tb testing.TB, name, dir, conf string, port int, args ...string) *exec.Cmd {
 	tb.Helper()
 	if err := os.WriteFile(filepath.Join(dir, "limiter.conf"), []byte(conf), 0o644); err != nil {
 		tb.Fatal(err)
@@ -133,7 +167,7 @@ func run(tb testing.TB, name, dir, conf string, port int, args ...string) {
 		conn, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
 			conn.Close()
-			return
+			return cmd
 		}
 		if time.Now().After(deadline) {
 			tb.Fatalf("limitertest: %s did not accept connections on %s within %v: %v", name, addr, startTimeout, err)
