@@ -96,7 +96,7 @@ func (s *fakeStore) Refused(_ context.Context, key string, b store.Booking, serv
 		return 0, 0, s.down
 	}
 	now := s.now().UnixMicro()
-	return s.model.refused(key, b, served, now), now, nil
+	return s.model.refused(key, b, served, now, s.burst), now, nil
 }
 
 func (s *fakeStore) Refund(_ context.Context, key string, b store.Booking) ([store.MaxLimits]store.RefundResult, int64, error) {

@@ -36,9 +36,11 @@ import (
 //     right limit costs 0.7% of the rate, for a second or two; refusals one
 //     request apart (a limit twice too high) halve it. A refusal of a
 //     request booked before the last cut does not cut again: it is weighed
-//     with the next. One booked before the rate opened is not weighed at
-//     all: it went in a burst the limits allow (the fleet's start, a
-//     machine that stalled a process), which the even rate ends.
+//     with the next. As many refusals of requests booked before the rate
+//     opened as the quota's burst weigh nothing: they went in a burst the
+//     limits allow (the fleet's start, a process the machine stalled, whose
+//     overdue requests arrive at once), which the even rate ends; more,
+//     and the limit is wrong.
 //   - The edge is what the upstream was found to accept: the rate the
 //     refused request was booked at, less the refusal's weight; for a
 //     refusal in a climb, halfway from where the climb began, which the
@@ -84,7 +86,7 @@ type Rate struct {
 	step    int64 // what the last request booked added to it
 	booked  int64 // the requests booked since the rate opened
 	gone    int64 // of them, those gone when the last refusal was weighed
-	refused int64 // the refusals heard since, of requests booked before it
+	refused int64 // the refusals heard since, of requests booked before it; less the burst before the first cut
 }
 
 // On reports whether the key is under a rate: a refusal opened it, and it
@@ -169,21 +171,21 @@ func (k *Rate) Recovered(now int64) bool {
 // Refused takes the refusal of a request booked at decided, at now, and
 // reports whether it cut the rate, and whether the requests asleep in
 // their bookings wake to book anew: after a cut deep enough, or when the
-// refusal opens the rate.
-func (k *Rate) Refused(now, decided int64) (cut, wake bool) {
+// refusal opens the rate. burst is the quota's smallest: as many refusals
+// of requests booked before the rate opened weigh nothing.
+func (k *Rate) Refused(now, decided, burst int64) (cut, wake bool) {
 	if !k.on {
-		*k = Rate{on: true, edge: Full, bottom: Full, cut: now, tat: now}
+		*k = Rate{on: true, edge: Full, bottom: Full, cut: now, tat: now, refused: -burst}
 		return false, true // the sleepers book anew, evenly, and their refusals are weighed
 	}
 	if decided < k.cut {
-		if k.bottom < Full {
-			k.refused++ // weighed with the next refusal
-		} // else booked before the rate opened: refused in the bursts the limits allow, which the even rate ends
+		k.refused++ // weighed with the next refusal
 		return false, false
 	}
 	gone := k.goneBy(now)
 	at, current := k.Share(decided), k.Share(now)
-	weight := min(floorDiv((k.refused+1)*Full, max(gone-k.gone, k.refused)+1), maxCut)
+	refused := max(k.refused, 0)
+	weight := min(floorDiv((refused+1)*Full, max(gone-k.gone, refused)+1), maxCut)
 	if k.heard || weight < maxCut {
 		edge := at - floorDiv(at*weight, Full)
 		k.sure = k.heard

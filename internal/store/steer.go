@@ -17,7 +17,7 @@ func (s *Store) Refused(ctx context.Context, key string, b Booking, served bool,
 	}
 	keys := []string{s.rateKey(key)}
 	var reply [2]int64
-	if err := int64Reply(s.calls.Run(ctx, refusedScript, keys, op, b.Now, channel, key), reply[:]); err != nil {
+	if err := int64Reply(s.calls.Run(ctx, refusedScript, keys, op, b.Now, channel, key, s.smallestBurst()), reply[:]); err != nil {
 		return 0, 0, s.fail(key, "refused", keys, err)
 	}
 	return reply[1], reply[0], nil
@@ -73,4 +73,13 @@ func flag(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// smallestBurst is the smallest burst or window count of the quota.
+func (s *Store) smallestBurst() int {
+	least := s.limits[0].Count
+	for _, l := range s.limits[1:] {
+		least = min(least, l.Count)
+	}
+	return least
 }

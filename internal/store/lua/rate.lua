@@ -8,7 +8,8 @@
 -- booked since succeeded, else 0; the schedule of the rate's bucket, and
 -- what the last request booked added to it; the requests booked since the
 -- rate opened, and of them those gone when the last refusal was weighed;
--- the refusals heard since, of requests booked before it; and 1 when the
+-- the refusals heard since, of requests booked before it (less the burst
+-- until the first cut); and 1 when the
 -- edge was set after a success, else 0. Every step below is exact in Lua's
 -- numbers, so that Go agrees.
 local rate_full, rate_max_cut, rate_wake_cut, rate_floor = 1000000, 500000, 125000, 10000
@@ -27,7 +28,7 @@ local function read_rate(i)
   end
   return {edge = number(i, f[1], rate_full, 1), bottom = number(i, f[2], rate_full, 1), cut = time(i, f[3]),
     heard = number(i, f[4], 1) == 1, tat = time(i, f[5]), step = number(i, f[6] or '0', max_refill),
-    booked = number(i, f[7] or '0', 2^53), gone = number(i, f[8] or '0', 2^53), refused = number(i, f[9] or '0', 2^53),
+    booked = number(i, f[7] or '0', 2^53), gone = number(i, f[8] or '0', 2^53), refused = number(i, f[9] or '0', 2^53, -2^53),
     sure = number(i, f[10] or '0', 1) == 1}
 end
 

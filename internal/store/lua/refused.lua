@@ -7,8 +7,9 @@
 -- requests booked until now, asleep in any process: they give their
 -- bookings back and book anew, evenly (the fleet hears "KEY\nrate NOW" on
 -- the channel of holds). A refusal of a request booked before the last cut
--- does not cut again: it is weighed with the next (one booked before the
--- rate opened is not weighed: it went in a burst the limits allow). Any
+-- does not cut again: it is weighed with the next (as many booked before
+-- the rate opened as the quota's burst weigh nothing: they went in a
+-- burst the limits allow). Any
 -- other cuts the rate by its weight, the share refused of the requests
 -- gone since the last refusal weighed (booked, and no longer held by the
 -- rate's bucket) and this one, half at most; a cut of an eighth or more
@@ -20,6 +21,7 @@
 -- ARGV[1]  "refused" or "served"
 -- ARGV[2]  when the request was booked, in microseconds of Redis's clock
 -- ARGV[3]  the Pub/Sub channel of holds; ARGV[4] the key, as the fleet names it
+-- ARGV[5]  the quota's smallest burst (see internal/steer's Rate.Refused)
 --
 -- Returns {now, share}: the share of its configured rate the key goes at
 -- after a cut, in parts per million; 0 when nothing was cut.
@@ -34,21 +36,21 @@ if ARGV[1] == 'served' then
   return {now, 0}
 end
 if not r then
-  write_rate(KEYS[1], {edge = rate_full, bottom = rate_full, cut = now, heard = false, tat = now, step = 0, booked = 0, gone = 0, refused = 0, sure = false})
+  write_rate(KEYS[1], {edge = rate_full, bottom = rate_full, cut = now, heard = false, tat = now, step = 0, booked = 0, gone = 0,
+    refused = -tonumber(ARGV[5]), sure = false})
   redis.call('PUBLISH', ARGV[3], ARGV[4] .. '\nrate ' .. string.format('%d', now))
   return {now, 0}
 end
 if decided < r.cut then
-  if r.bottom < rate_full then
-    r.refused = r.refused + 1 -- weighed with the next refusal
-    write_rate(KEYS[1], r)
-  end -- else booked before the rate opened: refused in a burst the limits allow
+  r.refused = r.refused + 1 -- weighed with the next refusal
+  write_rate(KEYS[1], r)
   return {now, 0}
 end
 
 local gone = rate_gone(r)
 local at, current = rate_share(r, decided), rate_share(r, now)
-local weight = math.min(math.floor((r.refused + 1) * rate_full / (math.max(gone - r.gone, r.refused) + 1)), rate_max_cut)
+local refused = math.max(r.refused, 0)
+local weight = math.min(math.floor((refused + 1) * rate_full / (math.max(gone - r.gone, refused) + 1)), rate_max_cut)
 if r.heard or weight < rate_max_cut then
   local edge = at - math.floor(at * weight / rate_full)
   r.sure = r.heard
