@@ -24,8 +24,9 @@ type route struct {
 	config   routeConfig
 	limiter  *pace.Redis // the route's own limit
 	limiters []*pace.Redis
-	bursts   map[string]int // of the route's named limits
-	key      string         // the key of the requests its own limit paces, without KeyHeader
+	ruled    map[string]*pace.Redis // the limiters of its rules that limit, by name
+	bursts   map[string]int         // of the route's named limits
+	key      string                 // the key of the requests its own limit paces, without KeyHeader
 	upstream *url.URL
 	proxy    *httputil.ReverseProxy
 	apiKey   string // what replaces the client's credentials, or ""
@@ -102,6 +103,7 @@ func (rt *route) transport(st store, base http.RoundTripper) (*pace.Transport, e
 // refuses one that no request can reach.
 func (rt *route) rules(st store) ([]pace.Rule, error) {
 	var rules []pace.Rule
+	rt.ruled = map[string]*pace.Redis{}
 	for i, r := range rt.config.Rules {
 		field := fmt.Sprintf("rules[%d] %q", i, r.Name)
 		if r.Path == "" && r.Method == "" {
@@ -116,9 +118,11 @@ func (rt *route) rules(st store) ([]pace.Rule, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%s: limit: %w", field, err)
 			}
-			if rule.Limiter, err = rt.newLimiter(st, limit, field); err != nil {
+			limiter, err := rt.newLimiter(st, limit, field)
+			if err != nil {
 				return nil, err
 			}
+			rule.Limiter, rt.ruled[r.Name] = limiter, limiter
 		}
 		rules = append(rules, rule)
 	}

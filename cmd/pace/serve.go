@@ -198,7 +198,7 @@ func (s *server) buildServers(metrics http.Handler) {
 	first.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
 	first.Handle("GET /metrics", metrics)
 	for _, addr := range order {
-		s.servers = append(s.servers, &http.Server{Addr: addr, Handler: muxes[addr], ReadHeaderTimeout: 10 * time.Second})
+		s.servers = append(s.servers, &http.Server{Addr: addr, Handler: resolvingPaths(muxes[addr]), ReadHeaderTimeout: 10 * time.Second})
 	}
 }
 

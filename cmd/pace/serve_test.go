@@ -78,6 +78,10 @@ func TestServeConfigErrors(t *testing.T) {
 		"rule bad method":      {route("    limit: 1/s\n    rules:\n      - {name: s, method: 'G T', limit: 1/s}\n"), `"G T"`},
 		"rule bad limit":       {route("    limit: 1/s\n    rules:\n      - {name: s, path: /v1/x/, limit: 0/s}\n"), `rules[0] "s": limit: pace`},
 		"rule cost past burst": {route("    limit: 1/s\n    rules:\n      - {name: s, path: /v1/x/, limit: 2/s, cost: 5}\n"), "5"},
+		"rule named as a route": {route("    limit: 1/s\n    rules:\n      - {name: api, path: /v1/x/, limit: 2/s}\n"),
+			`route "api": rules[0] name "api": route "api" has it`},
+		"rule named as another's": {route("    limit: 1/s\n    path: /a/\n    rules:\n      - {name: s, path: /v1/x/, limit: 2/s}\n  - name: b\n    upstream: http://x/v1\n    limit: 1/s\n    path: /b/\n    rules:\n      - {name: s, path: /v1/y/, limit: 2/s}\n"),
+			`route "b": rules[0] name "s": route "api"'s rules[0] has it`},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -352,6 +356,55 @@ func TestServeWaitEndpoint(t *testing.T) {
 	} {
 		if status, reply := post(body); status/100 != 4 || !strings.Contains(fmt.Sprint(reply["error"]), want) {
 			t.Errorf("%s: %d %v, want a 4xx that says %q", body, status, reply, want)
+		}
+	}
+}
+
+// TestServeWaitKeepsKeysInTheirRoute: the wait endpoint books a key under
+// the route it names only when the key is the route's or one of its
+// rules': another route's key (its bucket at 100/s, booked at 1/h, would
+// refuse its requests for an hour on every replica) is a 400 that names
+// the field, and the other route serves on.
+func TestServeWaitKeepsKeysInTheirRoute(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer upstream.Close()
+	host := strings.TrimPrefix(upstream.URL, "http://")
+	redisServer := redistest.Start(t)
+	_, base := startServe(t, fmt.Sprintf("redis: redis://%s\nroutes:\n  - {name: fast, path: /fast/, upstream: '%s', limit: 100/s}\n  - name: slow\n    path: /slow/\n    upstream: '%s'\n    limit: 1/h\n    rules:\n      - {name: search, path: /search, limit: 2/h burst 2}\n",
+		redisServer.Addr, upstream.URL, upstream.URL))
+	post := func(body string) (int, string) {
+		resp, err := http.Post(base+waitPath, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var reply map[string]any
+		json.NewDecoder(resp.Body).Decode(&reply)
+		return resp.StatusCode, fmt.Sprint(reply["error"])
+	}
+	for _, key := range []string{"fast|" + host, "fast", "other|" + host, "slowx|" + host} {
+		body := fmt.Sprintf(`{"route": "slow", "key": %q, "timeout_ms": 100}`, key)
+		if status, msg := post(body); status != http.StatusBadRequest || !strings.Contains(msg, "key ") {
+			t.Errorf("%s: %d %q, want a 400 that names the key", body, status, msg)
+		}
+	}
+	for _, key := range []string{"slow|" + host, "slow|" + host + "|tenant", "search|" + host} {
+		body := fmt.Sprintf(`{"route": "slow", "key": %q, "timeout_ms": 100}`, key)
+		if status, msg := post(body); status != http.StatusOK {
+			t.Errorf("%s: %d %q, want 200", body, status, msg)
+		}
+	}
+	if status, _ := post(fmt.Sprintf(`{"route": "slow", "key": "search|%s", "timeout_ms": 100}`, host)); status != http.StatusOK {
+		t.Errorf("the rule's second token: %d, want 200 (the rule's 2/h burst 2, not the route's 1/h)", status)
+	}
+	for range 5 {
+		resp, err := http.Get(base + "/fast/x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("route fast: %s, want 200", resp.Status)
 		}
 	}
 }

@@ -190,7 +190,28 @@ func (c *serveConfig) check() error {
 			errs = append(errs, fmt.Errorf("%s: %w", field, err))
 		}
 	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, c.checkKeyNames()...)...)
+}
+
+// checkKeyNames returns an error for each rule whose name is a route's or
+// another rule's: a name begins the keys of the requests it paces, so two
+// of them would book one bucket, each at its own limit.
+func (c *serveConfig) checkKeyNames() []error {
+	var errs []error
+	owners := map[string]string{}
+	for _, r := range c.Routes {
+		owners[r.Name] = fmt.Sprintf("route %q", r.Name)
+	}
+	for _, r := range c.Routes {
+		for i, rule := range r.Rules {
+			if owner, ok := owners[rule.Name]; ok && rule.Name != "" {
+				errs = append(errs, fmt.Errorf("route %q: rules[%d] name %q: %s has it, and a name begins the keys of the requests it paces", r.Name, i, rule.Name, owner))
+				continue
+			}
+			owners[rule.Name] = fmt.Sprintf("route %q's rules[%d]", r.Name, i)
+		}
+	}
+	return errs
 }
 
 // check returns what is wrong with r.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/fleetpace/pace"
@@ -23,7 +24,11 @@ type waitRequest struct {
 	// when the server has one route.
 	Route string `json:"route"`
 	// Key is the key to wait on; empty, the key of the requests the
-	// route proxies, so that both share one bucket.
+	// route proxies, so that both share one bucket. A key is the route's
+	// if it begins with the route's name and a bar (as the keys of the
+	// requests it proxies do), and booked under its limit; or with the
+	// name of one of its rules and a bar, and booked under the rule's.
+	// Any other is refused: a route cannot reach another's buckets.
 	Key string `json:"key"`
 	// Cost is what the work takes; 0 means 1.
 	Cost int `json:"cost"`
@@ -81,6 +86,11 @@ func (rt *route) serveWait(w http.ResponseWriter, r *http.Request, req waitReque
 		writeError(w, http.StatusBadRequest, fmt.Errorf("timeout_ms %d: want 0 (the route's max_wait) or more", req.TimeoutMS), 0)
 		return
 	}
+	limiter, err := rt.limiterOf(req.Key)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err, 0)
+		return
+	}
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
 	defer context.AfterFunc(rt.stopping, func() { cancel(errShuttingDown) })()
@@ -90,7 +100,7 @@ func (rt *route) serveWait(w http.ResponseWriter, r *http.Request, req waitReque
 		defer cancelTimeout()
 	}
 	start := time.Now()
-	err := rt.wait(ctx, req.Key, req.Cost)
+	err = rt.wait(ctx, limiter, req.Key, req.Cost)
 	var late *pace.DeadlineError
 	switch {
 	case err == nil:
@@ -109,12 +119,25 @@ func (rt *route) serveWait(w http.ResponseWriter, r *http.Request, req waitReque
 	}
 }
 
-// wait waits for cost on key under the route's limit; under a cap in
-// flight, the work takes a slot for the wait alone, since pace cannot
-// see when it ends.
-func (rt *route) wait(ctx context.Context, key string, cost int) error {
-	if rt.config.InFlight == 0 {
-		return rt.limiter.Wait(ctx, key, cost)
+// limiterOf returns the limiter of the route that books key: its own, for
+// a key beneath its name; a rule's, for a key beneath the rule's name.
+func (rt *route) limiterOf(key string) (*pace.Redis, error) {
+	space, _, _ := strings.Cut(key, "|")
+	if space == rt.config.Name {
+		return rt.limiter, nil
+	}
+	if limiter, ok := rt.ruled[space]; ok {
+		return limiter, nil
+	}
+	return nil, fmt.Errorf("key %q: not route %q's: want a key that begins with %q, or a limiting rule's name and a bar", truncate(key), rt.config.Name, rt.config.Name+"|")
+}
+
+// wait waits for cost on key under limiter, the route's own or a rule's;
+// under the route's cap in flight, the work takes a slot for the wait
+// alone, since pace cannot see when it ends.
+func (rt *route) wait(ctx context.Context, limiter *pace.Redis, key string, cost int) error {
+	if rt.config.InFlight == 0 || limiter != rt.limiter {
+		return limiter.Wait(ctx, key, cost)
 	}
 	slot, err := rt.limiter.Acquire(ctx, key, cost)
 	if err != nil {
