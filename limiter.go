@@ -82,12 +82,15 @@ func checkWait(ctx context.Context, maxCost int, key string, cost int) error {
 }
 
 // waitBudget is how long a caller may wait from now: until ctx's deadline,
-// maxWait (when positive) or MaxDelay, whichever is soonest, never below
-// zero.
+// maxWait (when positive), ctx's own budget (WithWaitBudget) or MaxDelay,
+// whichever is soonest, never below zero.
 func waitBudget(ctx context.Context, maxWait time.Duration, now time.Time) time.Duration {
 	budget := MaxDelay
 	if maxWait > 0 {
 		budget = min(budget, maxWait)
+	}
+	if own, ok := ctx.Value(waitBudgetKey{}).(time.Duration); ok {
+		budget = min(budget, max(own, 0))
 	}
 	if deadline, ok := ctx.Deadline(); ok {
 		budget = min(budget, max(deadline.Sub(now), 0))
@@ -123,4 +126,16 @@ func sleep(ctx context.Context, key string, delay time.Duration) error {
 // waitEnded is the error of a wait of delay for key that ctx ended.
 func waitEnded(ctx context.Context, key string, delay time.Duration) error {
 	return fmt.Errorf("pace: key %s: wait of %v ended early: %w", store.QuoteKey(key), delay, context.Cause(ctx))
+}
+
+type waitBudgetKey struct{}
+
+// WithWaitBudget returns a copy of ctx under which a wait is granted only
+// if it ends within d: what a limiter's WithMaxWait is, for one request.
+// A longer wait fails at once, booking nothing, as one past ctx's
+// deadline does (a *DeadlineError that says the wait); d of 0 grants only
+// what is free now. Unlike a deadline, it does not end ctx: the request's
+// work goes on under it.
+func WithWaitBudget(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, waitBudgetKey{}, d)
 }

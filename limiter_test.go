@@ -241,3 +241,22 @@ func TestStoreBounds(t *testing.T) {
 		t.Errorf("the store's MaxDelay is %v, the limiters' %v", store.MaxDelay, MaxDelay)
 	}
 }
+
+// TestWaitBudget: under WithWaitBudget of 0, a wait is granted while a
+// token is free, and refused at once, booking nothing, once none is; on
+// Local and on Redis.
+func TestWaitBudget(t *testing.T) {
+	srv := redistest.Start(t)
+	for name, l := range map[string]Limiter{"local": mustLocal(t, PerMinute(1).WithBurst(2)), "redis": mustRedis(t, srv.Client(t), PerMinute(1).WithBurst(2))} {
+		ctx := WithWaitBudget(context.Background(), 0)
+		for i := range 2 {
+			if err := l.Wait(ctx, "k", 1); err != nil {
+				t.Fatalf("%s: token %d, free: %v", name, i+1, err)
+			}
+		}
+		var late *DeadlineError
+		if err := l.Wait(ctx, "k", 1); !errors.As(err, &late) || late.Delay < 59e9 {
+			t.Errorf("%s: with none free: %v, want a DeadlineError that says a wait of about a minute", name, err)
+		}
+	}
+}

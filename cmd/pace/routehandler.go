@@ -19,7 +19,8 @@ import (
 // of them reaches the upstream.
 const (
 	// maxWaitHeader bounds one request's wait, below the route's
-	// max_wait: a Go duration ("250ms") or seconds ("2.5").
+	// max_wait: a Go duration ("250ms") or seconds ("2.5"); 0 lets it go
+	// only if it is free now.
 	maxWaitHeader = "X-Pace-Max-Wait"
 )
 
@@ -72,6 +73,10 @@ func (rt *route) waitContext(r *http.Request) (context.Context, context.CancelFu
 		if err != nil {
 			release()
 			return nil, nil, fmt.Errorf("%s: %w", maxWaitHeader, err)
+		}
+		ctx = pace.WithWaitBudget(ctx, budget) // 0: only if free now
+		if budget == 0 {
+			return ctx, release, nil
 		}
 		var cancelBudget context.CancelFunc
 		ctx, cancelBudget = context.WithTimeout(ctx, budget)

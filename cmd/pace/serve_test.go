@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -53,31 +55,39 @@ func TestServeConfigErrors(t *testing.T) {
 		return "routes:\n  - name: api\n    upstream: http://127.0.0.1:1/v1\n" + extra
 	}
 	cases := map[string]struct{ config, want string }{
-		"unknown field":        {route("    limit: 1/s\n    limt: 2/s\n"), "field limt not found"},
-		"no routes":            {"listen: 127.0.0.1:1\n", "routes: want at least one route"},
-		"no limit":             {route(""), `limit "", limits map[]: want one of them`},
-		"both limits":          {route("    limit: 1/s\n    limits: {tokens: 10/s}\n"), "want one of them"},
-		"bad limit":            {route("    limit: 10/x\n"), `limit: pace: invalid limit "10/x"`},
-		"bad named limit":      {route("    limits: {tokens: lots}\n"), `limits.tokens: pace: invalid limit "lots"`},
-		"same name":            {route("    limit: 1/s\n    path: /a/\n  - name: api\n    upstream: http://x\n    limit: 1/s\n    path: /b/\n"), `name "api": another route has it`},
-		"shadowed route":       {route("    limit: 1/s\n  - name: other\n    upstream: http://x\n    limit: 1/s\n"), `path "/": route "api" takes every request there first, so this route can match none`},
-		"path without slash":   {route("    limit: 1/s\n    path: /openai\n"), `path "/openai": want a prefix that ends in a slash (/openai/)`},
-		"path on pace's own":   {route("    limit: 1/s\n    path: /pace/v1/\n"), `path "/pace/v1/"`},
-		"upstream scheme":      {"routes:\n  - name: a\n    upstream: ftp://x\n    limit: 1/s\n", `upstream "ftp://x": want an http or https URL`},
-		"upstream no host":     {"routes:\n  - name: a\n    upstream: http:///v1\n    limit: 1/s\n", `upstream "http:///v1": want a host`},
-		"bad name":             {"routes:\n  - name: a b\n    upstream: http://x\n    limit: 1/s\n", `name "a b"`},
-		"costs of no limit":    {route("    limit: 1/s\n    costs: openai\n"), `costs "openai": want limits named [tokens]`},
-		"unknown costs":        {route("    limits: {tokens: 1/s}\n    costs: gemini\n"), `costs "gemini": want openai, anthropic or nothing`},
-		"bad class header":     {route("    limit: 1/s\n    class_header: 'X Class'\n"), `class_header "X Class": not a header name`},
-		"unset api key":        {route("    limit: 1/s\n    api_key_env: PACE_TEST_EMPTY\n"), `api_key_env "PACE_TEST_EMPTY": that variable is empty or unset`},
-		"negative cap":         {route("    limit: 1/s\n    in_flight: -1\n"), "in_flight -1"},
-		"short lease":          {route("    limit: 1/s\n    lease: 1ms\n"), "lease 1ms: want 30ms to 1h"},
-		"bad listen":           {"listen: nope\n" + route("    limit: 1/s\n"), `listen "nope": want HOST:PORT`},
-		"rule takes all":       {route("    limit: 1/s\n    rules:\n      - {name: all, limit: 1/s}\n"), `rules[0] "all": no path and no method: it takes every request`},
-		"rule outside path":    {route("    limit: 1/s\n    rules:\n      - {name: s, path: /search/, limit: 1/s}\n"), `rules[0] "s": path "/search/": outside the upstream's path "/v1"`},
-		"rule bad method":      {route("    limit: 1/s\n    rules:\n      - {name: s, method: 'G T', limit: 1/s}\n"), `"G T"`},
-		"rule bad limit":       {route("    limit: 1/s\n    rules:\n      - {name: s, path: /v1/x/, limit: 0/s}\n"), `rules[0] "s": limit: pace`},
-		"rule cost past burst": {route("    limit: 1/s\n    rules:\n      - {name: s, path: /v1/x/, limit: 2/s, cost: 5}\n"), "5"},
+		"unknown field":          {route("    limit: 1/s\n    limt: 2/s\n"), "field limt not found"},
+		"no routes":              {"listen: 127.0.0.1:1\n", "routes: want at least one route"},
+		"no limit":               {route(""), `limit "", limits map[]: want one of them`},
+		"both limits":            {route("    limit: 1/s\n    limits: {tokens: 10/s}\n"), "want one of them"},
+		"bad limit":              {route("    limit: 10/x\n"), `limit: pace: invalid limit "10/x"`},
+		"bad named limit":        {route("    limits: {tokens: lots}\n"), `limits.tokens: pace: invalid limit "lots"`},
+		"same name":              {route("    limit: 1/s\n    path: /a/\n  - name: api\n    upstream: http://x\n    limit: 1/s\n    path: /b/\n"), `name "api": another route has it`},
+		"shadowed route":         {route("    limit: 1/s\n  - name: other\n    upstream: http://x\n    limit: 1/s\n"), `path "/": route "api" takes every request there first, so this route can match none`},
+		"path without slash":     {route("    limit: 1/s\n    path: /openai\n"), `path "/openai": want a prefix that ends in a slash (/openai/)`},
+		"path on pace's own":     {route("    limit: 1/s\n    path: /pace/v1/\n"), `path "/pace/v1/"`},
+		"upstream scheme":        {"routes:\n  - name: a\n    upstream: ftp://x\n    limit: 1/s\n", `upstream "ftp://x": want an http or https URL`},
+		"upstream no host":       {"routes:\n  - name: a\n    upstream: http:///v1\n    limit: 1/s\n", `upstream "http:///v1": want a host`},
+		"bad name":               {"routes:\n  - name: a b\n    upstream: http://x\n    limit: 1/s\n", `name "a b"`},
+		"costs of no limit":      {route("    limit: 1/s\n    costs: openai\n"), `costs "openai": want limits named [tokens]`},
+		"unknown costs":          {route("    limits: {tokens: 1/s}\n    costs: gemini\n"), `costs "gemini": want openai, anthropic or nothing`},
+		"bad class header":       {route("    limit: 1/s\n    class_header: 'X Class'\n"), `class_header "X Class": not a header name`},
+		"unset api key":          {route("    limit: 1/s\n    api_key_env: PACE_TEST_EMPTY\n"), `api_key_env "PACE_TEST_EMPTY": that variable is empty or unset`},
+		"negative cap":           {route("    limit: 1/s\n    in_flight: -1\n"), "in_flight -1"},
+		"short lease":            {route("    limit: 1/s\n    lease: 1ms\n"), "lease 1ms: want 30ms to 1h"},
+		"bad listen":             {"listen: nope\n" + route("    limit: 1/s\n"), `listen "nope": want HOST:PORT`},
+		"rule takes all":         {route("    limit: 1/s\n    rules:\n      - {name: all, limit: 1/s}\n"), `rules[0] "all": no path and no method: it takes every request`},
+		"rule outside path":      {route("    limit: 1/s\n    rules:\n      - {name: s, path: /search/, limit: 1/s}\n"), `rules[0] "s": path "/search/": outside the upstream's path "/v1"`},
+		"rule bad method":        {route("    limit: 1/s\n    rules:\n      - {name: s, method: 'G T', limit: 1/s}\n"), `"G T"`},
+		"rule bad limit":         {route("    limit: 1/s\n    rules:\n      - {name: s, path: /v1/x/, limit: 0/s}\n"), `rules[0] "s": limit: pace`},
+		"rule cost past burst":   {route("    limit: 1/s\n    rules:\n      - {name: s, path: /v1/x/, limit: 2/s, cost: 5}\n"), "5"},
+		"two documents":          {route("    limit: 1/s\n---\n" + route("    limit: 2/s\n")), "a second YAML document"},
+		"path with a space":      {route("    limit: 1/s\n    path: '/a b/'\n"), `path "/a b/"`},
+		"path with a pattern":    {route("    limit: 1/s\n    path: '/{x}/'\n"), `path "/{x}/"`},
+		"path with dots":         {route("    limit: 1/s\n    path: /a/../b/\n"), `path "/a/../b/"`},
+		"path doubled slash":     {route("    limit: 1/s\n    path: /a//b/\n"), `path "/a//b/"`},
+		"path with an escape":    {route("    limit: 1/s\n    path: /a%2f/\n"), `path "/a%2f/"`},
+		"pace's key header":      {route("    limit: 1/s\n    key_header: X-Pace-Tenant\n"), `key_header "X-Pace-Tenant": pace serve's own headers`},
+		"rule's pace key header": {route("    limit: 1/s\n    rules:\n      - {name: s, path: /v1/x/, limit: 2/s, key_header: x-pace-user}\n"), `rules[0] key_header "x-pace-user"`},
 		"rule named as a route": {route("    limit: 1/s\n    rules:\n      - {name: api, path: /v1/x/, limit: 2/s}\n"),
 			`route "api": rules[0] name "api": route "api" has it`},
 		"rule named as another's": {route("    limit: 1/s\n    path: /a/\n    rules:\n      - {name: s, path: /v1/x/, limit: 2/s}\n  - name: b\n    upstream: http://x/v1\n    limit: 1/s\n    path: /b/\n    rules:\n      - {name: s, path: /v1/y/, limit: 2/s}\n"),
@@ -90,6 +100,18 @@ func TestServeConfigErrors(t *testing.T) {
 				t.Fatalf("got %v, want an error with %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestServeConfigSize: a config file past the limit is refused with no more
+// of it read than the limit and a byte.
+func TestServeConfigSize(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "big.yaml")
+	if err := os.WriteFile(path, bytes.Repeat([]byte("# padding\n"), 2*maxConfigSize/10), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readConfig(path); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("more than %d bytes", maxConfigSize)) {
+		t.Errorf("a config of %d bytes: %v, want an error that says the limit", 2*maxConfigSize, err)
 	}
 }
 
@@ -303,10 +325,10 @@ func TestServeRefusesAWaitPastItsDeadline(t *testing.T) {
 		resp.Body.Close()
 		return resp
 	}
-	if resp := get(""); resp.StatusCode != http.StatusOK {
-		t.Fatalf("the first request: %d, want 200", resp.StatusCode)
+	if resp := get("0"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("the first request, with %s 0: %d, want 200 (free now)", maxWaitHeader, resp.StatusCode)
 	}
-	for _, header := range []string{"100ms", "0.5", "", "100ms"} { // "": the route's max_wait of 30s
+	for _, header := range []string{"100ms", "0.5", "", "0", "100ms"} { // "": the route's max_wait of 30s
 		resp := get(header)
 		retry, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
 		if resp.StatusCode != http.StatusTooManyRequests || retry < 59 || retry > 60 {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -98,14 +99,20 @@ const (
 	maxConfigSize    = 1 << 20
 )
 
-// readConfig reads the YAML file at path.
+// readConfig reads the YAML file at path, and no more of it than
+// maxConfigSize and a byte.
 func readConfig(path string) (*serveConfig, error) {
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxConfigSize+1))
 	if err != nil {
 		return nil, err
 	}
 	if len(data) > maxConfigSize {
-		return nil, fmt.Errorf("%s: %d bytes, more than %d", path, len(data), maxConfigSize)
+		return nil, fmt.Errorf("%s: more than %d bytes", path, maxConfigSize)
 	}
 	c, err := parseConfig(data)
 	if err != nil {
@@ -121,6 +128,10 @@ func parseConfig(data []byte) (*serveConfig, error) {
 	decoder.KnownFields(true)
 	if err := decoder.Decode(&c); err != nil {
 		return nil, err
+	}
+	var next yaml.Node
+	if err := decoder.Decode(&next); err != io.EOF {
+		return nil, errors.New("a second YAML document (after ---): want one")
 	}
 	c.fill()
 	return &c, nil
@@ -214,6 +225,20 @@ func (c *serveConfig) checkKeyNames() []error {
 	return errs
 }
 
+// keyHeaders returns the headers that key r's requests, by field.
+func (r *routeConfig) keyHeaders() map[string]string {
+	headers := map[string]string{}
+	if r.KeyHeader != "" {
+		headers["key_header"] = r.KeyHeader
+	}
+	for i, rule := range r.Rules {
+		if rule.KeyHeader != "" {
+			headers[fmt.Sprintf("rules[%d] key_header", i)] = rule.KeyHeader
+		}
+	}
+	return headers
+}
+
 // check returns what is wrong with r.
 func (r *routeConfig) check() []error {
 	var errs []error
@@ -224,8 +249,9 @@ func (r *routeConfig) check() []error {
 	if err := checkAddress("listen", r.Listen); err != nil {
 		errs = append(errs, err)
 	}
-	if !strings.HasPrefix(r.Path, "/") || strings.ContainsAny(r.Path, "?#") || r.Path == "/pace/" || strings.HasPrefix(r.Path, "/pace/v1/") || r.Path == "/healthz" || r.Path == "/metrics" {
-		add("path %q: want a path from its slash, without query, outside /pace/v1/, /healthz and /metrics", r.Path)
+	if resolved, err := resolvePath(r.Path); err != nil || resolved != r.Path || strings.ContainsAny(r.Path, "?#{}% \t") ||
+		r.Path == "/pace/" || strings.HasPrefix(r.Path, "/pace/v1/") || r.Path == "/healthz" || r.Path == "/metrics" {
+		add("path %q: want a resolved path from its slash (no dot segments, doubled slashes, spaces, braces, escapes, query), outside /pace/v1/, /healthz and /metrics", r.Path)
 	} else if !strings.HasSuffix(r.Path, "/") {
 		add("path %q: want a prefix that ends in a slash (%s/)", r.Path, r.Path)
 	}
@@ -253,6 +279,11 @@ func (r *routeConfig) check() []error {
 	for field, header := range map[string]string{"class_header": r.ClassHeader, "api_key_header": r.APIKeyHeader, "key_header": r.KeyHeader} {
 		if header != "" && !validHeaderName(header) {
 			add("%s %q: not a header name", field, header)
+		}
+	}
+	for field, header := range r.keyHeaders() {
+		if strings.HasPrefix(http.CanonicalHeaderKey(header), "X-Pace-") {
+			add("%s %q: pace serve's own headers never reach the rules that key requests; name another", field, header)
 		}
 	}
 	if r.APIKeyEnv != "" && os.Getenv(r.APIKeyEnv) == "" {
