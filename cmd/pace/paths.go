@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"net/http"
 	"net/url"
 	"strings"
 )
@@ -62,22 +61,4 @@ func hidesDotSegment(decoded string) bool {
 		}
 	}
 	return false
-}
-
-// resolvingPaths passes each request to next with its path resolved
-// (resolvePath), and answers 400 to one it refuses.
-func resolvingPaths(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		escaped := r.URL.EscapedPath()
-		resolved, err := resolvePath(escaped)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, err, 0)
-			return
-		}
-		if resolved != escaped {
-			r.URL.Path, _ = url.PathUnescape(resolved) // it decoded, segment by segment
-			r.URL.RawPath = resolved
-		}
-		next.ServeHTTP(w, r)
-	})
 }

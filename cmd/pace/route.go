@@ -29,7 +29,8 @@ type route struct {
 	key      string                 // the key of the requests its own limit paces, without KeyHeader
 	upstream *url.URL
 	proxy    *httputil.ReverseProxy
-	apiKey   string // what replaces the client's credentials, or ""
+	apiKey   string  // what replaces the client's credentials, or ""
+	buffer   *buffer // the server's budget of bytes held for estimates
 	stopping context.Context
 }
 
@@ -41,9 +42,10 @@ type store struct {
 }
 
 // newRoute builds c's route on st, sending to base; a request that waits
-// when stopping ends gives its tokens back and is answered 503.
-func newRoute(c routeConfig, st store, base http.RoundTripper, stopping context.Context) (*route, error) {
-	rt := &route{config: c, stopping: stopping}
+// when stopping ends gives its tokens back and is answered 503. Its
+// estimates hold bytes of buf.
+func newRoute(c routeConfig, st store, base http.RoundTripper, stopping context.Context, buf *buffer) (*route, error) {
+	rt := &route{config: c, stopping: stopping, buffer: buf}
 	rt.upstream, _ = url.Parse(c.Upstream) // checked
 	rt.key = c.Name + "|" + pace.HostKey(&http.Request{URL: rt.upstream})
 	if c.APIKeyEnv != "" {

@@ -43,7 +43,14 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer cancel()
 	if rt.config.Costs != "" {
-		if ctx, err = withEstimate(ctx, r, rt.config, rt.bursts); err != nil {
+		// The start of the body is held for the estimate while the
+		// server's budget of held bytes lasts; past it, the body's
+		// length alone says its tokens.
+		give := rt.buffer.take(maxEstimatedBody + 1)
+		if give != nil {
+			defer give()
+		}
+		if ctx, err = withEstimate(ctx, r, rt.config, rt.bursts, give != nil); err != nil {
 			writeError(w, http.StatusBadRequest, err, 0)
 			return
 		}

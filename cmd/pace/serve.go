@@ -96,6 +96,8 @@ func serveFlags(args []string, errOut io.Writer) (*serveConfig, error) {
 // /metrics and the wait endpoint on the first.
 type server struct {
 	config    serveConfig
+	buffer    *buffer  // of bytes held for estimates
+	conns     *connCap // of connections open
 	logger    *slog.Logger
 	routes    []*route
 	servers   []*http.Server
@@ -110,7 +112,7 @@ type server struct {
 // newServer builds c's routes on their Redis; ctx is the server's life,
 // whose end the waits end with.
 func newServer(ctx context.Context, c *serveConfig, logger *slog.Logger) (*server, error) {
-	s := &server{config: *c, logger: logger}
+	s := &server{config: *c, logger: logger, buffer: &buffer{left: c.MaxBuffered}, conns: newConnCap(c.MaxConnections)}
 	st, closeStore, err := s.openStore()
 	if err != nil {
 		return nil, err
@@ -141,7 +143,7 @@ func newServer(ctx context.Context, c *serveConfig, logger *slog.Logger) (*serve
 		}
 		rst := st
 		rst.options = append(rst.options, pace.WithObserver(both(observer, pace.SlogObserver(logger))))
-		rt, err := newRoute(rc, rst, base, stopping)
+		rt, err := newRoute(rc, rst, base, stopping, s.buffer)
 		if err != nil {
 			s.close()
 			return nil, fmt.Errorf("route %q: %w", rc.Name, err)
@@ -198,7 +200,8 @@ func (s *server) buildServers(metrics http.Handler) {
 	first.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
 	first.Handle("GET /metrics", metrics)
 	for _, addr := range order {
-		s.servers = append(s.servers, &http.Server{Addr: addr, Handler: resolvingPaths(muxes[addr]), ReadHeaderTimeout: 10 * time.Second})
+		s.servers = append(s.servers, &http.Server{Addr: addr, Handler: s.config.guard(muxes[addr]),
+			ReadHeaderTimeout: s.config.HeaderTimeout, IdleTimeout: s.config.IdleTimeout, ConnState: s.conns.state})
 	}
 }
 
@@ -217,7 +220,7 @@ func (s *server) start() error {
 		if err != nil {
 			return fmt.Errorf("listen %s: %w", srv.Addr, err)
 		}
-		s.listeners = append(s.listeners, l)
+		s.listeners = append(s.listeners, s.conns.listener(l))
 	}
 	for i, srv := range s.servers {
 		s.logger.Info("pace serve: listening", "addr", s.listeners[i].Addr().String())

@@ -80,6 +80,8 @@ func TestServeConfigErrors(t *testing.T) {
 		"rule bad method":        {route("    limit: 1/s\n    rules:\n      - {name: s, method: 'G T', limit: 1/s}\n"), `"G T"`},
 		"rule bad limit":         {route("    limit: 1/s\n    rules:\n      - {name: s, path: /v1/x/, limit: 0/s}\n"), `rules[0] "s": limit: pace`},
 		"rule cost past burst":   {route("    limit: 1/s\n    rules:\n      - {name: s, path: /v1/x/, limit: 2/s, cost: 5}\n"), "5"},
+		"short idle timeout":     {"idle_timeout: 1ms\n" + route("    limit: 1/s\n"), "idle_timeout 1ms: want 10ms or more"},
+		"no connections":         {"max_connections: -1\n" + route("    limit: 1/s\n"), "max_connections -1: want 1 or more"},
 		"two documents":          {route("    limit: 1/s\n---\n" + route("    limit: 2/s\n")), "a second YAML document"},
 		"path with a space":      {route("    limit: 1/s\n    path: '/a b/'\n"), `path "/a b/"`},
 		"path with a pattern":    {route("    limit: 1/s\n    path: '/{x}/'\n"), `path "/{x}/"`},
@@ -526,7 +528,7 @@ func TestServeEstimates(t *testing.T) {
 	}
 	for name, tc := range cases {
 		req := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(tc.body))
-		ctx, err := withEstimate(req.Context(), req, config, map[string]int{"tokens": 6000})
+		ctx, err := withEstimate(req.Context(), req, config, map[string]int{"tokens": 6000}, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -546,7 +548,7 @@ func FuzzEstimate(f *testing.F) {
 	f.Add(`{"max_tokens":1e99}`, "1e300")
 	f.Fuzz(func(t *testing.T, body, wait string) {
 		req := httptest.NewRequest("POST", "/", strings.NewReader(body))
-		ctx, err := withEstimate(req.Context(), req, routeConfig{Costs: "anthropic", MaxTokens: 10}, map[string]int{"input": 1000})
+		ctx, err := withEstimate(req.Context(), req, routeConfig{Costs: "anthropic", MaxTokens: 10}, map[string]int{"input": 1000}, true)
 		if err != nil {
 			t.Fatal(err)
 		}

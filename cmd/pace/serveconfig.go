@@ -30,7 +30,9 @@ type serveConfig struct {
 	// /healthz, /metrics and /pace/v1/wait.
 	Listen string `yaml:"listen"`
 	// Drain bounds how long a shutdown waits for requests in flight.
-	Drain  time.Duration `yaml:"drain"`
+	Drain time.Duration `yaml:"drain"`
+	// The bounds of what each client may hold of the server.
+	bounds `yaml:",inline"`
 	Routes []routeConfig `yaml:"routes"`
 }
 
@@ -145,6 +147,7 @@ func (c *serveConfig) fill() {
 	if c.Drain == 0 {
 		c.Drain = defaultDrain
 	}
+	c.bounds.fill()
 	if c.Prefix == "" {
 		c.Prefix = pace.DefaultPrefix
 	}
@@ -175,6 +178,7 @@ func (c *serveConfig) check() error {
 	if c.Drain < 0 {
 		errs = append(errs, fmt.Errorf("drain %v: want a positive duration", c.Drain))
 	}
+	errs = append(errs, c.bounds.check()...)
 	if err := checkAddress("listen", c.Listen); err != nil {
 		errs = append(errs, err)
 	}

@@ -68,11 +68,12 @@ func estimated(req *http.Request) pace.Costs {
 
 // withEstimate returns ctx with r's estimated costs: its prompt's tokens
 // from its body's size, and its response's from its max_tokens (or the
-// route's max_tokens), each at most its limit's burst. It reads the start
-// of r's body and puts it back.
-func withEstimate(ctx context.Context, r *http.Request, c routeConfig, bursts map[string]int) (context.Context, error) {
+// route's max_tokens), each at most its limit's burst. When read, it reads
+// the start of r's body and puts it back; else the body's length alone
+// (its Content-Length) says its tokens.
+func withEstimate(ctx context.Context, r *http.Request, c routeConfig, bursts map[string]int, read bool) (context.Context, error) {
 	size, out := r.ContentLength, c.MaxTokens
-	if r.Body != nil && r.Body != http.NoBody {
+	if read && r.Body != nil && r.Body != http.NoBody {
 		head, err := io.ReadAll(io.LimitReader(r.Body, maxEstimatedBody+1))
 		if err != nil {
 			return nil, fmt.Errorf("request body: %w", err)
