@@ -151,8 +151,15 @@ func run(tb testing.TB, name, dir, conf string, port int, args ...string) *exec.
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	tb.Cleanup(func() {
-		cmd.Process.Kill()
-		<-exited
+		// SIGTERM: nginx's master stops its workers too (a SIGKILL left
+		// them running, orphans); SIGKILL if it does not end within 5 s.
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
 		out.Close()
 	})
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
