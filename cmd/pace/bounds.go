@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"sync"
 	"syscall"
@@ -96,15 +95,9 @@ func descriptorShare() int {
 // within SendTimeout; and answers 400 to a path it refuses.
 func (b *bounds) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		escaped := r.URL.EscapedPath()
-		resolved, err := resolvePath(escaped)
-		if err != nil {
+		if err := resolveRequestPath(r); err != nil {
 			writeError(w, http.StatusBadRequest, err, 0)
 			return
-		}
-		if resolved != escaped {
-			r.URL.Path, _ = url.PathUnescape(resolved) // it decoded, segment by segment
-			r.URL.RawPath = resolved
 		}
 		rc := http.NewResponseController(w)
 		var body *timedBody

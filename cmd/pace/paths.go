@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net/http"
 	"net/url"
 	"strings"
 )
@@ -61,4 +62,16 @@ func hidesDotSegment(decoded string) bool {
 		}
 	}
 	return false
+}
+
+// resolveRequestPath resolves r's path (resolvePath) in place.
+func resolveRequestPath(r *http.Request) error {
+	escaped := r.URL.EscapedPath()
+	resolved, err := resolvePath(escaped)
+	if err != nil || resolved == escaped {
+		return err
+	}
+	r.URL.Path, _ = url.PathUnescape(resolved) // it decoded, segment by segment
+	r.URL.RawPath = resolved
+	return nil
 }
