@@ -2,7 +2,6 @@ package pace
 
 import (
 	"context"
-	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -318,14 +317,7 @@ func checkOutageShare(t *testing.T, run time.Duration, client func() *redis.Clie
 	}
 	fault()
 	wg.Wait()
-	slices.SortFunc(grants, time.Time.Compare)
-	busiest := 0
-	for i, j := 0, 0; j < len(grants); j++ {
-		for grants[j].Sub(grants[i]) >= time.Second {
-			i++
-		}
-		busiest = max(busiest, j-i+1)
-	}
+	busiest := busiestSecond(grants)
 	bound := burst + rate*run.Seconds() + burst
 	t.Logf("%d grants in %v, %d local (b + r*t + b = %.0f); the busiest second %d", len(grants), run, local, bound, busiest)
 	if local == 0 {

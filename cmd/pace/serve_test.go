@@ -347,16 +347,7 @@ func TestServeRefusesAWaitPastItsDeadline(t *testing.T) {
 func TestServeWaitEndpoint(t *testing.T) {
 	redisServer := redistest.Start(t)
 	_, base := startServe(t, fmt.Sprintf("redis: redis://%s\nroutes:\n  - {name: api, upstream: 'http://127.0.0.1:1', limit: 1/m burst 2}\n", redisServer.Addr))
-	post := func(body string) (int, map[string]any) {
-		resp, err := http.Post(base+waitPath, "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var reply map[string]any
-		json.NewDecoder(resp.Body).Decode(&reply)
-		return resp.StatusCode, reply
-	}
+	post := func(body string) (int, map[string]any) { return postWait(t, base, body) }
 	if status, reply := post(`{"cost": 1}`); status != http.StatusOK || reply["key"] != "api|127.0.0.1:1" {
 		t.Fatalf("got %d %v, want 200 on the route's key", status, reply)
 	}
@@ -397,14 +388,8 @@ func TestServeWaitKeepsKeysInTheirRoute(t *testing.T) {
 	_, base := startServe(t, fmt.Sprintf("redis: redis://%s\nroutes:\n  - {name: fast, path: /fast/, upstream: '%s', limit: 100/s}\n  - name: slow\n    path: /slow/\n    upstream: '%s'\n    limit: 1/h\n    rules:\n      - {name: search, path: /search, limit: 2/h burst 2}\n",
 		redisServer.Addr, upstream.URL, upstream.URL))
 	post := func(body string) (int, string) {
-		resp, err := http.Post(base+waitPath, "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var reply map[string]any
-		json.NewDecoder(resp.Body).Decode(&reply)
-		return resp.StatusCode, fmt.Sprint(reply["error"])
+		status, reply := postWait(t, base, body)
+		return status, fmt.Sprint(reply["error"])
 	}
 	for _, key := range []string{"fast|" + host, "fast", "other|" + host, "slowx|" + host} {
 		body := fmt.Sprintf(`{"route": "slow", "key": %q, "timeout_ms": 100}`, key)
@@ -431,6 +416,20 @@ func TestServeWaitKeepsKeysInTheirRoute(t *testing.T) {
 			t.Fatalf("route fast: %s, want 200", resp.Status)
 		}
 	}
+}
+
+// postWait posts body to the wait endpoint of the server at base, and
+// returns the answer's status and its JSON.
+func postWait(t *testing.T, base, body string) (int, map[string]any) {
+	t.Helper()
+	resp, err := http.Post(base+waitPath, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var reply map[string]any
+	json.NewDecoder(resp.Body).Decode(&reply)
+	return resp.StatusCode, reply
 }
 
 // TestServeShutdown stops a server while one request is in flight and one

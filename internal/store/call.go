@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -40,6 +41,11 @@ type sharedDeadline struct {
 	renewAt time.Time
 	timeout time.Duration
 	backoff uint32 // the round trips' backoff when it was set
+
+	// refusal asks once, for every call that expires under the
+	// deadline, whether Redis refuses connections (Caller.refused).
+	refusal sync.Once
+	refused bool
 }
 
 // NewCaller returns the caller of client, whose calls get at least floor.
@@ -94,20 +100,23 @@ func (c *Caller) context(ctx context.Context, now time.Time) (context.Context, *
 	return callContext{Context: d.ctx, values: ctx}, d
 }
 
-// done takes the outcome of a call under ctx that began at start, with a
-// timeout of backoff, and returns its error: its round trip,
-// when Redis answered, and an answer without an error; its expiry, which
-// backs the timeout off, when Redis, reachable, did not answer in time (see
-// IsExpiry).
-func (c *Caller) done(ctx context.Context, start time.Time, backoff uint32, err error) error {
+// done takes the outcome of a call under d that began at start, and
+// returns its error: its round trip, when Redis answered, and an answer
+// without an error; its expiry, which backs the timeout off, when Redis,
+// reachable, did not answer in time (see IsExpiry).
+func (c *Caller) done(d *sharedDeadline, start time.Time, err error) error {
 	switch {
 	case err == nil:
 		c.Answers.Add(1)
 		c.trips.answered(time.Since(start))
 	case isRedisError(err):
 		c.trips.answered(time.Since(start))
-	case ctx.Err() != nil && !c.refused():
-		c.trips.expired(backoff)
+	case d.ctx.Err() != nil:
+		d.refusal.Do(func() { d.refused = c.refused() })
+		if d.refused {
+			return err
+		}
+		c.trips.expired(d.backoff)
 		return expiry{err}
 	}
 	return err
@@ -171,9 +180,9 @@ func (c *Caller) Run(ctx context.Context, script *redis.Script, keys []string, a
 		}
 	}
 	if err := cmd.Err(); err != nil {
-		cmd.SetErr(c.done(cctx, start, d.backoff, err))
+		cmd.SetErr(c.done(d, start, err))
 	} else {
-		c.done(cctx, start, d.backoff, nil)
+		c.done(d, start, nil)
 	}
 	return cmd
 }
@@ -212,7 +221,7 @@ func (c *Caller) RunLong(ctx context.Context, late func(*redis.Cmd), script *red
 	go func() {
 		defer cancel()
 		cmd := script.Run(lctx, c.client, keys, args...)
-		c.done(lctx, start, backoff, cmd.Err())
+		c.done(&sharedDeadline{ctx: lctx, backoff: backoff}, start, cmd.Err())
 		select {
 		case done <- cmd:
 		case <-abandoned:
@@ -240,7 +249,7 @@ func (c *Caller) Pipeline(ctx context.Context, p redis.Pipeliner) ([]redis.Cmder
 	start := time.Now()
 	cctx, d := c.context(ctx, start)
 	cmds, err := c.exec(cctx, d, p)
-	return cmds, c.done(cctx, start, d.backoff, err)
+	return cmds, c.done(d, start, err)
 }
 
 // exec runs p within cctx, whose deadline is d's.
