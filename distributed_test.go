@@ -332,7 +332,7 @@ func (m *modelCheck) refusalOf(step int, bk modelBooking, served bool) {
 	if err != nil {
 		m.t.Fatalf("step %d: refused: %v", step, err)
 	}
-	if want := m.model.refused(bk.key, bk.b, served, m.now(step, now), int64(r.costCap)); share != want {
+	if want := m.model.refused(bk.key, bk.b, served, m.now(step, now), bucketBurst(r.limits)); share != want {
 		m.t.Fatalf("step %d: refused(%s, booked at %d, served %v) at %d: script %d, model %d", step, bk.key, bk.b.Now, served, now, share, want)
 	}
 	switch {

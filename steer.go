@@ -248,7 +248,7 @@ func (loc *Local) heed(ctx context.Context, key string, t ticket, w word, o Heed
 		shard.mu.Unlock()
 		return
 	}
-	cut, wake := k.rate.Refused(now.UnixMicro(), t.start.UnixMicro(), int64(loc.costCap))
+	cut, wake := k.rate.Refused(now.UnixMicro(), t.start.UnixMicro(), bucketBurst(loc.limits))
 	share := k.rate.Bottom()
 	shard.mu.Unlock()
 	if wake {

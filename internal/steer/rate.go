@@ -37,7 +37,7 @@ import (
 //     request apart (a limit twice too high) halve it. A refusal of a
 //     request booked before the last cut does not cut again: it is weighed
 //     with the next. As many refusals of requests booked before the rate
-//     opened as the quota's burst weigh nothing: they went in a burst the
+//     opened as the quota's buckets' burst weigh nothing: they went in a burst the
 //     limits allow (the fleet's start, a process the machine stalled, whose
 //     overdue requests arrive at once), which the even rate ends; more,
 //     and the limit is wrong.
@@ -171,7 +171,7 @@ func (k *Rate) Recovered(now int64) bool {
 // Refused takes the refusal of a request booked at decided, at now, and
 // reports whether it cut the rate, and whether the requests asleep in
 // their bookings wake to book anew: after a cut deep enough, or when the
-// refusal opens the rate. burst is the quota's smallest: as many refusals
+// refusal opens the rate. burst is the smallest of the quota's buckets (0 for none): as many refusals
 // of requests booked before the rate opened weigh nothing.
 func (k *Rate) Refused(now, decided, burst int64) (cut, wake bool) {
 	if !k.on {

@@ -8,7 +8,7 @@
 -- bookings back and book anew, evenly (the fleet hears "KEY\nrate NOW" on
 -- the channel of holds). A refusal of a request booked before the last cut
 -- does not cut again: it is weighed with the next (as many booked before
--- the rate opened as the quota's burst weigh nothing: they went in a
+-- the rate opened as its buckets' burst weigh nothing: they went in a
 -- burst the limits allow). Any
 -- other cuts the rate by its weight, the share refused of the requests
 -- gone since the last refusal weighed (booked, and no longer held by the
@@ -21,7 +21,7 @@
 -- ARGV[1]  "refused" or "served"
 -- ARGV[2]  when the request was booked, in microseconds of Redis's clock
 -- ARGV[3]  the Pub/Sub channel of holds; ARGV[4] the key, as the fleet names it
--- ARGV[5]  the quota's smallest burst (see internal/steer's Rate.Refused)
+-- ARGV[5]  the smallest burst of the quota's buckets, 0 for none (see internal/steer's Rate.Refused)
 --
 -- Returns {now, share}: the share of its configured rate the key goes at
 -- after a cut, in parts per million; 0 when nothing was cut.
