@@ -45,6 +45,27 @@ func WithSlot(ctx context.Context, slot *Slot) context.Context {
 	return holdingSlot(ctx, slot.key)
 }
 
+// WithBodyAlwaysClosed returns ctx marked as the context of a request
+// whose response body the caller always closes, however slowly it reads it:
+// a proxy that copies the body to its own client (httputil.ReverseProxy
+// closes it as it returns). Under a cap in flight, a Transport's request
+// with it holds its slot until the body ends or closes; without it, a body
+// that shows no sign of life for a lease lets its slot lapse, which is
+// what a forgotten body needs, and what a proxy whose client paused
+// reading must not have: its upstream still sends.
+func WithBodyAlwaysClosed(ctx context.Context) context.Context {
+	return context.WithValue(ctx, alwaysClosedMark{}, true)
+}
+
+// alwaysClosedMark marks a context of WithBodyAlwaysClosed.
+type alwaysClosedMark struct{}
+
+// bodyAlwaysClosed reports whether ctx is marked by WithBodyAlwaysClosed.
+func bodyAlwaysClosed(ctx context.Context) bool {
+	closed, _ := ctx.Value(alwaysClosedMark{}).(bool)
+	return closed
+}
+
 // A Slot is one request's place under a cap of requests in flight. Its
 // lease is renewed every third of the lease (see WithLease) until Release.
 // It is safe for concurrent use.

@@ -31,7 +31,9 @@ func (failing) RoundTrip(*http.Request) (*http.Response, error) {
 // of a cap of 1 until its body ends: while its body is read slowly nobody
 // else gets the slot; it is freed at EOF, on Close, and when the Base
 // fails; a body never closed and left idle is freed when its lease lapses,
-// and the observer hears of it.
+// and the observer hears of it, unless its caller said it always closes it
+// (WithBodyAlwaysClosed, as a proxy before a slow client does): then it
+// holds the slot, idle, past two leases, until it closes.
 func TestSlotLivesWithTheBody(t *testing.T) {
 	besideOthers(t)
 	const lease = 300 * time.Millisecond
@@ -124,6 +126,20 @@ func TestSlotLivesWithTheBody(t *testing.T) {
 		if !abandoned || !expired {
 			t.Errorf("heard %v, want slot-abandon and slot-expire", heard)
 		}
+	})
+	t.Run("idle, but always closed", func(t *testing.T) {
+		held, err := get(WithBodyAlwaysClosed(context.Background()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*lease)
+		defer cancel()
+		if other, err := get(ctx); err == nil {
+			other.Body.Close()
+			t.Errorf("a second request got the slot of an idle body whose caller always closes it")
+		}
+		held.Body.Close()
+		nextWithin(t, 0, 100*time.Millisecond)
 	})
 }
 

@@ -261,7 +261,8 @@ func (p paced) heed(ctx context.Context, resp *http.Response, arrival time.Time)
 // is freed. When the Settler cannot tell, the reservation keeps its
 // estimate. The settlement runs past the request's context: the response
 // has been counted already. The slot lapses if the body shows no sign of
-// life for a lease and is never closed. An upgraded connection's body (a
+// life for a lease and is never closed, unless the caller said it always
+// closes it (WithBodyAlwaysClosed). An upgraded connection's body (a
 // 101's: a WebSocket) stays writable, and holds the slot until it closes.
 func (p paced) endingBody(ctx context.Context, resp *http.Response) io.ReadCloser {
 	b := &endingBody{body: resp.Body, slot: p.slot, length: resp.ContentLength}
@@ -273,7 +274,9 @@ func (p paced) endingBody(ctx context.Context, resp *http.Response) io.ReadClose
 			}
 		}
 	}
-	p.slot.watch(time.Now())
+	if !bodyAlwaysClosed(ctx) {
+		p.slot.watch(time.Now())
+	}
 	if w, ok := resp.Body.(io.Writer); ok && resp.StatusCode == http.StatusSwitchingProtocols {
 		return upgradedBody{b, w}
 	}

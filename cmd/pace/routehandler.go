@@ -61,10 +61,12 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // waitContext returns the context r waits in: the client's, ended by its
 // own deadline (maxWaitHeader) and by the server's shutdown, carrying its
 // class (the route's class_header) and, for the request that goes
-// upstream once granted, the client's own context.
+// upstream once granted, the client's own context. The proxy closes every
+// answer's body, so a slot under in_flight is held until then however
+// slowly the client reads.
 func (rt *route) waitContext(r *http.Request) (context.Context, context.CancelFunc, error) {
 	client := r.Context()
-	ctx, cancel := context.WithCancelCause(context.WithValue(client, upstreamKey{}, client))
+	ctx, cancel := context.WithCancelCause(pace.WithBodyAlwaysClosed(context.WithValue(client, upstreamKey{}, client)))
 	stop := context.AfterFunc(rt.stopping, func() { cancel(errShuttingDown) })
 	release := func() { stop(); cancel(nil) }
 	if h := rt.config.ClassHeader; h != "" && r.Header.Get(h) != "" {
