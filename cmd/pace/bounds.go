@@ -35,7 +35,7 @@ const (
 	defaultBodyTimeout   = 30 * time.Second
 	defaultMinBodyRate   = 1024 // bytes a second
 	defaultSendTimeout   = 60 * time.Second
-	defaultMaxBuffered   = 32 << 20
+	defaultMaxBuffered   = 4 << 20
 	// spareDescriptors are kept from the connections' share of the
 	// descriptor limit: listeners, Redis's connections, the upstreams'.
 	spareDescriptors = 64

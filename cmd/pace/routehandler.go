@@ -46,11 +46,13 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The start of the body is held for the estimate while the
 		// server's budget of held bytes lasts; past it, the body's
 		// length alone says its tokens.
-		give := rt.buffer.take(maxEstimatedBody + 1)
-		if give != nil {
+		hold := headSize(r)
+		if give := rt.buffer.take(hold); give != nil {
 			defer give()
+		} else {
+			hold = 0
 		}
-		if ctx, err = withEstimate(ctx, r, rt.config, rt.bursts, give != nil); err != nil {
+		if ctx, err = withEstimate(ctx, r, rt.config, rt.bursts, hold); err != nil {
 			writeError(w, http.StatusBadRequest, err, 0)
 			return
 		}

@@ -58,11 +58,21 @@ var listening = regexp.MustCompile(`msg="pace serve: listening" addr=(\S+)`)
 // config (on a free loopback port), and stops it when the test ends.
 func startReplica(t *testing.T, config string) *replica {
 	t.Helper()
+	return startReplicaWithin(t, config, 0)
+}
+
+// startReplicaWithin starts a replica as startReplica does, that may open
+// at most descriptors files (its soft and hard limit), when it is not 0.
+func startReplicaWithin(t *testing.T, config string, descriptors int) *replica {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "serve.yaml")
 	if err := os.WriteFile(path, []byte("listen: 127.0.0.1:0\n"+config), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	if descriptors != 0 {
+		cmd = exec.Command("sh", "-c", fmt.Sprintf(`ulimit -n %d && exec "$0" -test.run='^$'`, descriptors), os.Args[0])
+	}
 	cmd.Env = append(os.Environ(), replicaConfig+"="+path)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

@@ -526,17 +526,20 @@ func TestServeEstimates(t *testing.T) {
 		"capped at the burst":   {`{"max_tokens":1000000000}`, pace.Costs{"tokens": 6000}},
 	}
 	for name, tc := range cases {
-		req := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(tc.body))
-		ctx, err := withEstimate(req.Context(), req, config, map[string]int{"tokens": 6000}, true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := estimated(req.WithContext(ctx))
-		if fmt.Sprint(got) != fmt.Sprint(tc.want) {
-			t.Errorf("%s: estimated %v, want %v", name, got, tc.want)
-		}
-		if body, _ := io.ReadAll(req.Body); string(body) != tc.body {
-			t.Errorf("%s: the body went on as %q, want it whole", name, body)
+		for _, length := range []int64{int64(len(tc.body)), -1} { // known, and chunked
+			req := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(tc.body))
+			req.ContentLength = length
+			ctx, err := withEstimate(req.Context(), req, config, map[string]int{"tokens": 6000}, headSize(req))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := estimated(req.WithContext(ctx))
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Errorf("%s, length %d: estimated %v, want %v", name, length, got, tc.want)
+			}
+			if body, _ := io.ReadAll(req.Body); string(body) != tc.body {
+				t.Errorf("%s, length %d: the body went on as %q, want it whole", name, length, body)
+			}
 		}
 	}
 }
@@ -547,7 +550,7 @@ func FuzzEstimate(f *testing.F) {
 	f.Add(`{"max_tokens":1e99}`, "1e300")
 	f.Fuzz(func(t *testing.T, body, wait string) {
 		req := httptest.NewRequest("POST", "/", strings.NewReader(body))
-		ctx, err := withEstimate(req.Context(), req, routeConfig{Costs: "anthropic", MaxTokens: 10}, map[string]int{"input": 1000}, true)
+		ctx, err := withEstimate(req.Context(), req, routeConfig{Costs: "anthropic", MaxTokens: 10}, map[string]int{"input": 1000}, headSize(req))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -66,18 +66,34 @@ func estimated(req *http.Request) pace.Costs {
 	return costs
 }
 
+// headSize is how much of r's body an estimate reads: none when it has
+// none, or its Content-Length says it is longer than maxEstimatedBody (its
+// length alone says its tokens); all of it when its length is known; else
+// up to one byte past maxEstimatedBody, which tells a body too long.
+func headSize(r *http.Request) int64 {
+	switch {
+	case r.Body == nil || r.Body == http.NoBody || r.ContentLength > maxEstimatedBody:
+		return 0
+	case r.ContentLength >= 0:
+		return r.ContentLength
+	}
+	return maxEstimatedBody + 1
+}
+
 // withEstimate returns ctx with r's estimated costs: its prompt's tokens
 // from its body's size, and its response's from its max_tokens (or the
-// route's max_tokens), each at most its limit's burst. When read, it reads
-// the start of r's body and puts it back; else the body's length alone
-// (its Content-Length) says its tokens.
-func withEstimate(ctx context.Context, r *http.Request, c routeConfig, bursts map[string]int, read bool) (context.Context, error) {
+// route's max_tokens), each at most its limit's burst. It reads the first
+// hold bytes of r's body at most (see headSize; 0: none, the body's length
+// alone says its tokens), in one allocation, and puts them back.
+func withEstimate(ctx context.Context, r *http.Request, c routeConfig, bursts map[string]int, hold int64) (context.Context, error) {
 	size, out := r.ContentLength, c.MaxTokens
-	if read && r.Body != nil && r.Body != http.NoBody {
-		head, err := io.ReadAll(io.LimitReader(r.Body, maxEstimatedBody+1))
-		if err != nil {
+	if hold > 0 {
+		head := make([]byte, hold)
+		n, err := io.ReadFull(r.Body, head)
+		if err != nil && err != io.ErrUnexpectedEOF {
 			return nil, fmt.Errorf("request body: %w", err)
 		}
+		head = head[:n]
 		r.Body = struct {
 			io.Reader
 			io.Closer

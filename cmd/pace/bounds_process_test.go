@@ -1,0 +1,153 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fleetpace/pace/internal/redistest"
+)
+
+// TestServeProcessAtItsDescriptorLimit: pace serve as a process of its own
+// that may open 128 files, with its default bounds (max_connections: the
+// limit less 64). 120 clients connect and send half a request line each,
+// then nothing; a new client is still served, within a second, and the
+// connections idle longest were closed for the newer (before, 120 slow
+// clients took all 128 descriptors and a new client timed out).
+func TestServeProcessAtItsDescriptorLimit(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	defer upstream.Close()
+	redisServer := redistest.Start(t)
+	r := startReplicaWithin(t, fmt.Sprintf("redis: redis://%s\nroutes:\n  - {name: api, upstream: '%s', limit: 1000/s}\n", redisServer.Addr, upstream.URL), 128)
+	addr := strings.TrimPrefix(r.URL, "http://")
+	slow := make([]net.Conn, 120)
+	for i := range slow {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatalf("slow client %d: %v", i, err)
+		}
+		defer conn.Close()
+		fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: %s\r\n", addr)
+		slow[i] = conn
+	}
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	start := time.Now()
+	resp, err := client.Get(r.URL + "/")
+	if err != nil {
+		t.Fatalf("a new client beside 120 slow ones: %v after %v", err, time.Since(start))
+	}
+	resp.Body.Close()
+	took := time.Since(start)
+	closed := 0
+	for _, conn := range slow {
+		conn.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+		if _, err := conn.Read(make([]byte, 1)); err == io.EOF {
+			closed++
+		}
+	}
+	t.Logf("a new client served in %v (%s); %d of the 120 slow clients closed", took, resp.Status, closed)
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("a new client beside 120 slow ones: %s, want 200", resp.Status)
+	}
+	if closed < 120-64 {
+		t.Errorf("%d of the 120 slow clients were closed, want %d at least (64 connections at most)", closed, 120-64)
+	}
+}
+
+// TestServeProcessPinsItsBudget: pace serve as a process of its own, with
+// its default bounds, on a costs route. 200 clients each send the headers
+// and 1 MiB of a 2 MiB body, or all but 1 KiB of a 1 MiB body, or of a
+// chunked one, then stall; the process's resident memory at its peak is at
+// most 32 MB above what it was idle, after one request (before, 200
+// clients of the first kind pinned 231 MB). The bodies beyond max_buffered
+// go on upstream, estimated by their length: the upstream sees them.
+// Each connection with a body on its way up costs about 110 KB (net/http's
+// buffers, goroutines, and the garbage collector's room): 22 MB for 200.
+func TestServeProcessPinsItsBudget(t *testing.T) {
+	const clients, sent = 200, 1 << 20
+	var started atomic.Int64
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started.Add(1)
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, `{"usage": {"total_tokens": 10}}`)
+	}))
+	defer upstream.Close()
+	redisServer := redistest.Start(t)
+	r := startReplica(t, fmt.Sprintf("redis: redis://%s\nroutes:\n  - {name: llm, upstream: '%s', limits: {tokens: 1000000/s burst 1000}, costs: openai}\n", redisServer.Addr, upstream.URL))
+	addr := strings.TrimPrefix(r.URL, "http://")
+	resp, err := http.Post(r.URL+"/", "application/json", strings.NewReader(`{"max_tokens": 10}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	idle := memory(t, r.cmd.Process.Pid, "VmRSS")
+	held := int64(defaultMaxBuffered / (sent - 1024)) // the most bodies the budget holds at once
+	body, most := strings.Repeat("x", sent), strings.Repeat("x", sent-1024)
+	stalled := []string{
+		fmt.Sprintf("Content-Length: %d\r\n\r\n%s", 2*sent, body),
+		fmt.Sprintf("Content-Length: %d\r\n\r\n%s", sent, most),
+		fmt.Sprintf("Transfer-Encoding: chunked\r\n\r\n%x\r\n%s", len(most), most),
+	}
+	var wg sync.WaitGroup
+	for i := range clients {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		wg.Go(func() {
+			fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n%s", addr, stalled[i%len(stalled)])
+		})
+	}
+	wg.Wait()
+	// Every byte sent has left the clients; those that the process holds
+	// are in it once it has read them: its peak is read after the upstream
+	// has seen the bodies it was given, and a second more.
+	for deadline := time.Now().Add(10 * time.Second); started.Load() < clients-held && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	peak := memory(t, r.cmd.Process.Pid, "VmHWM")
+	t.Logf("idle %.1f MB, peak %.1f MB with %d stalled bodies (%d reached the upstream)", float64(idle)/1e6, float64(peak)/1e6, clients, started.Load())
+	if started.Load() < clients-held {
+		t.Errorf("%d bodies reached the upstream, want %d at least (those beyond the budget go on)", started.Load(), clients-held)
+	}
+	if peak-idle > 32e6 {
+		t.Errorf("the process's memory rose %.1f MB with %d stalled bodies, want 32 MB at most", float64(peak-idle)/1e6, clients)
+	}
+}
+
+// memory returns one of process pid's memory figures in bytes (VmRSS, or
+// VmHWM: its peak), from /proc.
+func memory(t *testing.T, pid int, field string) int64 {
+	t.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	lines := bufio.NewScanner(f)
+	for lines.Scan() {
+		if rest, ok := strings.CutPrefix(lines.Text(), field+":"); ok {
+			kB, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kB << 10
+		}
+	}
+	t.Fatalf("/proc/%d/status has no %s", pid, field)
+	return 0
+}
