@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -296,4 +297,37 @@ func (b *buffer) take(n int64) func() {
 			b.mu.Unlock()
 		})
 	}
+}
+
+// copyBufferSize is the buffer a request body goes up a plain connection
+// to its upstream through. net.TCPConn's ReadFrom, which net/http's
+// Transport copies a body with, allocates 32 KiB for each, and a client
+// that stalls mid-body pins it for as long as it stalls.
+const copyBufferSize = 8 << 10
+
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, copyBufferSize); return &b }}
+
+// pooledCopies makes t's connections to its upstreams copy request bodies
+// through a pooled buffer of copyBufferSize.
+func pooledCopies(t *http.Transport) {
+	dial := t.DialContext
+	t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return pooledCopyConn{c}, nil
+	}
+}
+
+// pooledCopyConn is a connection that copies what it reads from through a
+// pooled buffer.
+type pooledCopyConn struct{ net.Conn }
+
+// ReadFrom copies r to the connection through a pooled buffer, hiding
+// r's WriteTo, which would bring its own.
+func (c pooledCopyConn) ReadFrom(r io.Reader) (int64, error) {
+	buf := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(buf)
+	return io.CopyBuffer(struct{ io.Writer }{c.Conn}, struct{ io.Reader }{r}, *buf)
 }

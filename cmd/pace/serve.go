@@ -262,11 +262,12 @@ func (s *server) close() {
 
 // upstreamBase returns the transport to the upstreams: Go's default, with
 // the system's roots for TLS, and enough idle connections for thousands of
-// requests a second.
+// requests a second, each copying request bodies through a small buffer.
 func upstreamBase() *http.Transport {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConns = 1024
 	t.MaxIdleConnsPerHost = 512
+	pooledCopies(t)
 	return t
 }
 

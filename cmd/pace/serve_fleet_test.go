@@ -31,6 +31,9 @@ const replicaConfig = "PACE_SERVE_TEST_CONFIG"
 
 func TestMain(m *testing.M) {
 	if path := os.Getenv(replicaConfig); path != "" {
+		if memory := os.Getenv(replicaMemory); memory != "" {
+			go reportMemory(memory)
+		}
 		if err := serve(context.Background(), []string{"-config", path}, os.Stderr); err != nil {
 			fmt.Fprintln(os.Stderr, "pace serve:", err)
 			os.Exit(2)
