@@ -162,7 +162,7 @@ func asDeferral(err error) (*deferral, bool) {
 }
 
 // deferLines are a Local's lines of deferred requests, by key: when the
-// last one's turn ends (as internal/store/lua/line.lua keeps them in Redis).
+// last one's turn ends (as lua/line.lua keeps them in Redis).
 type deferLines struct {
 	mu   sync.Mutex
 	last expiring.Map[time.Time]

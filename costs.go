@@ -74,7 +74,7 @@ func uniform(cost int) store.LimitCosts {
 
 // estimated is the set of limits that estimate names: their costs are
 // estimates, which the upstream's counters may correct until they are
-// settled (see internal/store/lua/common.lua's CEILING).
+// settled (see lua/common.lua's CEILING).
 func (n namedLimits) estimated(estimate Costs) (set store.LimitSet) {
 	for i, name := range n.names {
 		if _, ok := estimate[name]; ok {

@@ -389,7 +389,7 @@ func atTurn(q request, turn bool) request {
 
 // deferred waits for the turn of a request q its class kept out of the
 // schedule, whose wait comes within its horizon after earliest: in the
-// line of the key's deferred requests (see internal/store/lua/line.lua), or, while Redis
+// line of the key's deferred requests (see lua/line.lua), or, while Redis
 // is away, at earliest. A request whose turn came, but found the schedule
 // beyond its horizon still, lines up again: every booking of the class is
 // a turn of the line, which so spaces them. A turn past the caller's budget

@@ -78,7 +78,7 @@ type modelCheck struct {
 	holdEnds map[string]int64
 	counts   map[string]int
 	lastNow  int64            // the latest Redis TIME seen
-	lines    map[string]int64 // key → when its line of deferred requests ends (internal/store/lua/line.lua)
+	lines    map[string]int64 // key → when its line of deferred requests ends (lua/line.lua)
 }
 
 type modelBooking struct {
@@ -216,7 +216,7 @@ func (m *modelCheck) refund(step int) {
 
 // line puts two requests its class deferred in a key's line, each as one
 // whose wait comes within its horizon from 0 to 5 intervals from now, and
-// whose turn takes 1 to 3 intervals. The line is internal/store/lua/line.lua; a class's
+// whose turn takes 1 to 3 intervals. The line is lua/line.lua; a class's
 // deferral is a refusal (a reserve whose budget is the horizon), which
 // reserve covers: the rate bound over all classes is the bucket's.
 func (m *modelCheck) line(step int) {
@@ -359,7 +359,7 @@ func (m *modelCheck) recover(step int) {
 }
 
 // probe drives a window of a key of its own into a probe (see spend in
-// internal/store/lua/sync.lua): readings of 100, then 99 left in a window of 60 s (the
+// lua/sync.lua): readings of 100, then 99 left in a window of 60 s (the
 // first steers the bucket, the second is the baseline of others'
 // spending), then, a request later, one of 1 left, which says that others
 // spend all of it. Others' spending is told only by a request that waited

@@ -176,7 +176,7 @@ func TestACutTellsOneSuccess(t *testing.T) {
 }
 
 // refusedRuns is a go-redis hook that counts the runs of the refused
-// script (internal/store/lua/refused.lua, whose first argument after its one key is
+// script (lua/refused.lua, whose first argument after its one key is
 // "refused" or "served") that reached Redis: an EVALSHA answered NOSCRIPT
 // is not one, the EVAL after it is.
 type refusedRuns struct{ n atomic.Int64 }

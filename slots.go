@@ -274,7 +274,7 @@ func acquire(ctx context.Context, l Slotter, key string, cost int) (*Slot, error
 }
 
 // The slots of a Redis limiter's cap of requests in flight live in Redis
-// (see internal/store/lua/slots.lua): a lease per holder, a line of waiters. A request
+// (see lua/slots.lua): a lease per holder, a line of waiters. A request
 // takes a slot in one script call when one is free; else it joins the line
 // and sleeps until the call that frees a slot hands it over and tells it on
 // the hold channel, or until the first holder's lease may lapse, or a third

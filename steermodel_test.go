@@ -7,7 +7,7 @@ import (
 	"github.com/fleetpace/pace/internal/store"
 )
 
-// steerModel is a steered bucket's state in the Go model, as internal/store/lua/common.lua
+// steerModel is a steered bucket's state in the Go model, as lua/common.lua
 // keeps it after the TAT: all whole microseconds or units.
 type steerModel struct {
 	seen, till, spread, learned, left, base, synced, booked, foreign, order, ceiling int64

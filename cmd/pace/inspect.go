@@ -283,7 +283,7 @@ func readString(ctx context.Context, pipe redis.Pipeliner, p *part, says func(te
 
 // rateState reads a key's rate after refusals: "EDGE BOTTOM CUT ...", in
 // parts per million of the configured rate and microseconds of Redis's
-// clock (see pace's internal/store/lua/rate.lua).
+// clock (see pace's lua/rate.lua).
 func rateState(text string, now time.Time) string {
 	var edge, bottom float64
 	var cut string

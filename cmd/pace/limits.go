@@ -112,7 +112,7 @@ func bucketState(p *part, text string, l pace.Limit, known bool, now time.Time) 
 }
 
 // readings says what a steered bucket's fields (see pace's
-// internal/store/lua/common.lua) hold of the upstream's counters: the
+// lua/common.lua) hold of the upstream's counters: the
 // units its last response said were left, until when they are spread, and
 // the rate the upstream advertised.
 func readings(fields []string, now time.Time) string {

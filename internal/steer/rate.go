@@ -1,6 +1,6 @@
 // Package steer holds what steers a key in one process beyond its
 // configured limits, apart from Redis: the key's rate after refusals (Rate,
-// which internal/store/lua/rate.lua keeps in Redis), when a process may
+// which lua/rate.lua keeps in Redis), when a process may
 // sync a key with the upstream's counters next (Throttle), and the retimes
 // that void the bookings of a key whose pace changed (Retimes).
 package steer
@@ -72,7 +72,7 @@ const (
 )
 
 // Rate is a key's rate after refusals, in whole microseconds and parts
-// per million: internal/store/lua/rate.lua keeps the same in Redis, and the property
+// per million: lua/rate.lua keeps the same in Redis, and the property
 // tests hold the two to each other. The zero Rate is no rate: the
 // configured one.
 type Rate struct {

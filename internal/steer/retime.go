@@ -14,9 +14,9 @@ import (
 // A retime voids the bookings made before it: their callers, asleep in any
 // process, wake and book anew, at the new pace. The sync script publishes
 // "KEY\nretime AT" on the hold channel when the interval a key learned
-// changed (internal/store/lua/sync.lua, which takes the bookings out of the
+// changed (lua/sync.lua, which takes the bookings out of the
 // schedule itself), and the refused script "KEY\nrate AT" when a refusal
-// cut the key's rate (internal/store/lua/refused.lua: the callers give
+// cut the key's rate (lua/refused.lua: the callers give
 // their bookings back); AT is by Redis's clock, in microseconds. Each
 // limiter notes when each key was retimed, and wakes its sleepers, which
 // book anew if theirs was.

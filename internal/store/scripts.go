@@ -1,12 +1,13 @@
 package store
 
 import (
-	_ "embed"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetpace/pace/lua"
 )
 
 // MaxDelay is the longest wait a script books: pace.MaxDelay.
@@ -23,57 +24,33 @@ const MaxRefill = 365 * 24 * time.Hour
 const Horizon = MaxDelay + MaxRefill
 
 var (
-	//go:embed lua/common.lua
-	commonSource string
-	//go:embed lua/reserve.lua
-	reserveSource string
-	//go:embed lua/quota.lua
-	quotaSource string
-	//go:embed lua/booking.lua
-	bookingSource string
-	//go:embed lua/refund.lua
-	refundSource string
-	//go:embed lua/hold.lua
-	holdSource string
-	//go:embed lua/held.lua
-	heldSource string
-	//go:embed lua/settle.lua
-	settleSource string
-	//go:embed lua/sync.lua
-	syncSource string
-	//go:embed lua/slots.lua
-	slotsSource string
-	//go:embed lua/line.lua
-	lineSource string
-	//go:embed lua/record.lua
-	recordSource string
-	//go:embed lua/rate.lua
-	rateSource string
-	//go:embed lua/refused.lua
-	refusedSource string
-	//go:embed lua/repay.lua
-	repaySource string
-	//go:embed lua/check.lua
-	checkSource string
-
-	reserveScript = newScript(rateSource, recordSource, reserveSource)
-	quotaScript   = newScript(rateSource, recordSource, quotaSource)
-	refusedScript = newScript(rateSource, refusedSource)
-	refundScript  = newScript(bookingSource, refundSource)
-	holdScript    = newScript(holdSource)
-	heldScript    = newScript(heldSource)
-	settleScript  = newScript(bookingSource, settleSource)
-	syncScript    = newScript(syncSource)
-	slotsScript   = newScript(slotsSource)
-	lineScript    = newScript(lineSource)
-	repayScript   = newScript(repaySource)
-	checkScript   = newScript(checkSource)
+	reserveScript = newScript("rate", "record", "reserve")
+	quotaScript   = newScript("rate", "record", "quota")
+	refusedScript = newScript("rate", "refused")
+	refundScript  = newScript("booking", "refund")
+	holdScript    = newScript("hold")
+	heldScript    = newScript("held")
+	settleScript  = newScript("booking", "settle")
+	syncScript    = newScript("sync")
+	slotsScript   = newScript("slots")
+	lineScript    = newScript("line")
+	repayScript   = newScript("repay")
+	checkScript   = newScript("check")
 )
 
-// newScript is a script of parts, after the common prelude.
+// newScript is the script of the parts named (lua/NAME.lua), after the
+// constants the scripts share and the common prelude.
 func newScript(parts ...string) *redis.Script {
-	prelude := fmt.Sprintf("local horizon = %d\nlocal max_refill = %d\n", Horizon.Microseconds(), MaxRefill.Microseconds())
-	return redis.NewScript(prelude + commonSource + strings.Join(parts, ""))
+	var b strings.Builder
+	fmt.Fprintf(&b, "local horizon = %d\nlocal max_refill = %d\n", Horizon.Microseconds(), MaxRefill.Microseconds())
+	for _, name := range append([]string{"common"}, parts...) {
+		source, err := lua.FS.ReadFile(name + ".lua")
+		if err != nil {
+			panic(err) // embedded: a missing part is a mistake of the build
+		}
+		b.Write(source)
+	}
+	return redis.NewScript(b.String())
 }
 
 // maxDelayArg is MaxDelay as a script argument, boxed once.
