@@ -38,7 +38,7 @@ const (
 )
 
 func newFleet(prefix, name string, pinned int) *fleet {
-	return &fleet{key: prefix + "{fleet}#" + name, member: processMember(), pinned: pinned}
+	return &fleet{key: prefix + "{" + store.FleetTag + "}#" + name, member: processMember(), pinned: pinned}
 }
 
 // processMember names this process in its fleets: one member however many

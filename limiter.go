@@ -55,7 +55,7 @@ func refuse(ctx context.Context, o Observer, e Event, delay, budget time.Duratio
 // *DeadlineError, as if its deadline were MaxDelay away. It keeps every
 // delay a time.Duration (which ends at 292 years) and every time the Redis
 // scripts handle an exact integer.
-const MaxDelay = 100 * 365 * 24 * time.Hour
+const MaxDelay = store.MaxDelay
 
 // A requestError is a wait that no limiter could ever grant: a bad key or
 // cost. Retrying it is pointless.

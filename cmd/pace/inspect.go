@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	layout "github.com/fleetpace/pace/internal/store" // the Redis keys pace keeps
 )
 
 // A part is one Redis key of pace's, as inspect reports it: the key it
@@ -220,32 +222,32 @@ func plan(ctx context.Context, pipe redis.Pipeliner, p *part, typ string, known 
 	switch {
 	case p.kind == "unknown":
 		return nil
-	case p.tag == "fleet" && strings.HasPrefix(suffix, "#"):
+	case p.tag == layout.FleetTag && strings.HasPrefix(suffix, "#"):
 		p.kind, want = "fleet "+strconv.Quote(strings.TrimPrefix(suffix, "#")), "zset"
 		finish = readFleet(ctx, pipe, p, now)
-	case strings.HasPrefix(suffix, "#hold"):
+	case strings.HasPrefix(suffix, layout.HoldSuffix):
 		p.kind, want = "hold", "string"
 		finish = readString(ctx, pipe, p, func(text string) string { return "held until " + since(text, now) })
-	case strings.HasPrefix(suffix, "#rate"):
+	case strings.HasPrefix(suffix, layout.RateSuffix):
 		p.kind, want = "rate after refusals", "string"
 		finish = readString(ctx, pipe, p, func(text string) string { return rateState(text, now) })
-	case strings.HasPrefix(suffix, "#deferred"):
+	case strings.HasPrefix(suffix, layout.DeferredSuffix):
 		p.kind, want = "deferred", "string"
 		finish = readString(ctx, pipe, p, func(text string) string { return "the line of deferred requests ends " + since(text, now) })
-	case strings.Contains(suffix, "#gaps"):
+	case strings.Contains(suffix, layout.GapsSuffix):
 		p.kind, want = "gaps", "zset"
 		n := pipe.ZCard(ctx, p.redis)
 		finish = func() error {
 			p.state = fmt.Sprintf("%d bookings given back with later ones behind them", n.Val())
 			return n.Err()
 		}
-	case strings.HasPrefix(suffix, "#settled:"):
+	case strings.HasPrefix(suffix, layout.SettledSuffix):
 		p.kind, p.state = "settled", "a "+marks["settled"].one
 		return nil
-	case strings.HasPrefix(suffix, "#call:"):
+	case strings.HasPrefix(suffix, layout.CallSuffix):
 		p.kind, p.state = "call", "a "+marks["call"].one
 		return nil
-	case strings.HasPrefix(suffix, "#slots:"), strings.HasPrefix(suffix, "#waiters:"), strings.HasPrefix(suffix, "#line:"):
+	case strings.HasPrefix(suffix, layout.SlotsSuffix), strings.HasPrefix(suffix, layout.WaitersSuffix), strings.HasPrefix(suffix, layout.LineSuffix):
 		want = "zset"
 		finish = readSlots(ctx, pipe, p, now)
 	default:

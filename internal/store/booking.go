@@ -57,7 +57,7 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 	keys := s.bookingKeys(key)
 	base := keys[0][:len(s.prefix)+len(key)+len("{}")]
 	record := s.recordKey(base, call)
-	keys, b.ID = append(keys, record), record[len(base)+len(callSuffix):]
+	keys, b.ID = append(keys, record), record[len(base)+len(CallSuffix):]
 	var reply [5 + 2*MaxLimits]int64
 	var cmd *redis.Cmd
 	budgetArg := maxDelayArg // a caller without a deadline: boxed once
@@ -102,9 +102,9 @@ func (s *Store) NewCall() uint64 { return s.requestIDs.Add(1) }
 func (s *Store) recordKey(base string, call uint64) string {
 	var digits [20]byte
 	var text strings.Builder
-	text.Grow(len(base) + len(callSuffix) + len(s.member) + 1 + len(digits))
+	text.Grow(len(base) + len(CallSuffix) + len(s.member) + 1 + len(digits))
 	text.WriteString(base)
-	text.WriteString(callSuffix)
+	text.WriteString(CallSuffix)
 	text.WriteString(s.member)
 	text.WriteByte(':')
 	text.Write(strconv.AppendUint(digits[:0], call, 10))
@@ -157,7 +157,7 @@ func (s *Store) Settle(ctx context.Context, key string, b Booking, actual LimitC
 		args = append(args, s.limitArgs[3*i], s.limitArgs[3*i+1], s.limitArgs[3*i+2], b.Costs[i], actual[i])
 	}
 	args = append(args, int64(b.Estimated))
-	keys := append(s.Keys(key, true), s.prefix+"{"+key+"}"+settledSuffix+b.ID)
+	keys := append(s.Keys(key, true), s.prefix+"{"+key+"}"+SettledSuffix+b.ID)
 	var reply [2]int64
 	if err := int64Reply(s.calls.Run(ctx, settleScript, keys, args...), reply[:]); err != nil {
 		return false, 0, s.fail(key, "settle", keys, err)

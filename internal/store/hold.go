@@ -38,7 +38,7 @@ func (s *Store) Line(ctx context.Context, key string, earliest, turn time.Durati
 
 // LineAt is Line, and the TIME the script used.
 func (s *Store) LineAt(ctx context.Context, key string, earliest, turn time.Duration) (now int64, at time.Duration, err error) {
-	keys := []string{s.prefix + "{" + key + "}" + deferredSuffix}
+	keys := []string{s.prefix + "{" + key + "}" + DeferredSuffix}
 	var reply [2]int64
 	if err := int64Reply(s.calls.Run(ctx, lineScript, keys, max(earliest, 0).Microseconds(), turn.Microseconds()), reply[:]); err != nil {
 		return 0, 0, s.fail(key, "line", keys, err)

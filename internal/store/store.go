@@ -56,27 +56,31 @@ func New(calls *Caller, prefix, member string, limits []Limit) *Store {
 		s.limitArgs = append(s.limitArgs, int64(l.Kind), l.Span, int64(l.Count))
 		s.sliding = s.sliding || l.Kind == SlidingWindow
 		s.suffixes = append(s.suffixes, l.Suffix)
-		s.gapped = append(s.gapped, l.Suffix, l.Suffix+gapsSuffix)
+		s.gapped = append(s.gapped, l.Suffix, l.Suffix+GapsSuffix)
 	}
-	s.booked = append(slices.Clone(s.suffixes), holdSuffix, rateSuffix)
+	s.booked = append(slices.Clone(s.suffixes), HoldSuffix, RateSuffix)
 	s.oneBucket = len(limits) == 1 && limits[0].Kind == Bucket
 	return s
 }
 
 // Keys a user can name never contain ReservedInNames after the hash tag;
 // the keys pace keeps for itself (gaps, holds, heartbeats) always do. So no
-// key or limit name can reach them.
+// key or limit name can reach them. The suffixes are the layout of what
+// pace keeps beside a key's limits (PREFIX{KEY}SUFFIX), which pace inspect
+// reads too; a fleet's heartbeats are under the tag FleetTag
+// (PREFIX{fleet}#NAME).
 const (
 	ReservedInNames = "{}#"
-	gapsSuffix      = "#gaps"
-	holdSuffix      = "#hold"
-	settledSuffix   = "#settled:"
-	rateSuffix      = "#rate"     // the key's rate after refusals
-	callSuffix      = "#call:"    // the record of a booking's call
+	FleetTag        = "fleet"
+	GapsSuffix      = "#gaps"     // the bookings given back with later ones behind them
+	HoldSuffix      = "#hold"     // the key's hold
+	SettledSuffix   = "#settled:" // the mark of a reservation settled
+	RateSuffix      = "#rate"     // the key's rate after refusals
+	CallSuffix      = "#call:"    // the record of a booking's call
 	SlotsSuffix     = "#slots:"   // the holders of a cap's slots
 	LineSuffix      = "#line:"    // its line of waiters
 	WaitersSuffix   = "#waiters:" // their leases
-	deferredSuffix  = "#deferred" // the line of requests their class deferred
+	DeferredSuffix  = "#deferred" // the line of requests their class deferred
 )
 
 // Keys are the Redis keys of key's limits, each followed by its gaps key when
@@ -124,10 +128,10 @@ func lenSum(texts []string) (n int) {
 }
 
 // rateKey is the Redis key of key's rate after refusals.
-func (s *Store) rateKey(key string) string { return s.prefix + "{" + key + "}" + rateSuffix }
+func (s *Store) rateKey(key string) string { return s.prefix + "{" + key + "}" + RateSuffix }
 
 // HoldKey is the Redis key that says when key's latest hold ends.
-func (s *Store) HoldKey(key string) string { return s.prefix + "{" + key + "}" + holdSuffix }
+func (s *Store) HoldKey(key string) string { return s.prefix + "{" + key + "}" + HoldSuffix }
 
 // BucketKey is the Redis key of key's first limit.
 func (s *Store) BucketKey(key string) string { return s.Keys(key, false)[0] }
