@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/fleetpace/pace/internal/httptoken"
 )
 
 // A matcher is a rule's match fields, checked: the host in lower case
@@ -26,7 +28,7 @@ func newMatcher(r Rule) (matcher, error) {
 		return matcher{}, fmt.Errorf("pace: rule %q: PathPrefix %q does not begin with a slash, as every path does", r.Name, r.PathPrefix)
 	case strings.ContainsAny(r.PathPrefix, "?#"):
 		return matcher{}, fmt.Errorf("pace: rule %q: PathPrefix %q has a query or fragment, which no path has", r.Name, r.PathPrefix)
-	case r.Method != "" && !isToken(r.Method):
+	case r.Method != "" && !httptoken.Valid(r.Method):
 		return matcher{}, fmt.Errorf("pace: rule %q: Method %q is not a method", r.Name, r.Method)
 	}
 	return matcher{host: host, port: port, prefix: r.PathPrefix, method: strings.ToUpper(r.Method)}, nil
@@ -82,19 +84,4 @@ func portOf(req *http.Request) string {
 }
 
 // validHeaderName says whether name is empty or a header's name.
-func validHeaderName(name string) bool { return name == "" || isToken(name) }
-
-// isToken says whether s is a token of HTTP (RFC 9110, 5.6.2), as a
-// method and a header's name are.
-func isToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
-			return false
-		}
-	}
-	return true
-}
+func validHeaderName(name string) bool { return name == "" || httptoken.Valid(name) }

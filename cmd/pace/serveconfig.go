@@ -16,6 +16,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/fleetpace/pace"
+	"github.com/fleetpace/pace/internal/httptoken"
 )
 
 // A serveConfig is what pace serve is told, from its flags or its -config
@@ -281,7 +282,7 @@ func (r *routeConfig) check() []error {
 		add("costs %q: want openai, anthropic or nothing", r.Costs)
 	}
 	for field, header := range map[string]string{"class_header": r.ClassHeader, "api_key_header": r.APIKeyHeader, "key_header": r.KeyHeader} {
-		if header != "" && !validHeaderName(header) {
+		if header != "" && !httptoken.Valid(header) {
 			add("%s %q: not a header name", field, header)
 		}
 	}
@@ -318,11 +319,4 @@ func checkUpstream(raw string) error {
 		return fmt.Errorf("upstream %q: want no query, fragment or user", raw)
 	}
 	return nil
-}
-
-// validHeaderName reports whether name is an HTTP token.
-func validHeaderName(name string) bool {
-	return name != "" && strings.IndexFunc(name, func(c rune) bool {
-		return c <= ' ' || c >= 0x7f || strings.ContainsRune("\"(),/:;<=>?@[\\]{}", c)
-	}) < 0 && http.CanonicalHeaderKey(name) != ""
 }
