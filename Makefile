@@ -14,6 +14,10 @@ MODULES := $(sort $(shell find . -name go.mod -not -path './.git/*' -exec dirnam
 # as it is found, and fails its test.
 export GORACE ?= atexit_sleep_ms=0
 
+# Every test runs: one whose program (redis-server, nginx...) is missing
+# fails, where go test alone skips it (internal/tiers).
+export PACE_TEST_ALL = 1
+
 test: redis-server limiters clients
 	test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt: the files above need formatting"; exit 1; }
 	# -p 1: one package at a time. The failover's logic is table-tested on a

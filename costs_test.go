@@ -236,15 +236,15 @@ func TestSettlementBounded(t *testing.T) {
 func TestSettlementEvents(t *testing.T) {
 	ctx := context.Background()
 	srv := streamServer(t, closedChan())
-	for name, newLim := range map[string]func(Observer) Reserver{
-		"redis": func(o Observer) Reserver {
+	for name, newLim := range map[string]func(*testing.T, Observer) Reserver{
+		"redis": func(t *testing.T, o Observer) Reserver {
 			return mustRedis(t, newTestRedis(t), llmQuota, WithFleetSize(1), WithObserver(o))
 		},
-		"local": func(o Observer) Reserver { return mustLocal(t, llmQuota, WithObserver(o)) },
+		"local": func(t *testing.T, o Observer) Reserver { return mustLocal(t, llmQuota, WithObserver(o)) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			log := &eventLog{}
-			lim := newLim(log.observe)
+			lim := newLim(t, log.observe)
 			res, err := lim.Reserve(ctx, "k", Costs{"tokens": 900})
 			if err != nil {
 				t.Fatal(err)

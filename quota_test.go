@@ -24,7 +24,7 @@ func modelLimits(r *Redis) [][3]int64 {
 	return limits
 }
 
-func TestQuotaMatchesModel(t *testing.T) { checkQuotaMatchesModel(t, newTestRedis(t)) }
+func TestQuotaMatchesModel(t *testing.T) { checkQuotaMatchesModel(t, scriptRedis(t)) }
 
 // int64s converts costs for the model.
 func int64s(costs []int) []int64 {
@@ -223,7 +223,7 @@ func syncQuota(t *testing.T, step int, r *Redis, key string, b store.Booking, mo
 	return []string{"sync-stale", "sync-applied", "sync-applied-learned"}[want]
 }
 
-func TestQuotaAllOrNothing(t *testing.T) { checkAllOrNothing(t, newTestRedis(t)) }
+func TestQuotaAllOrNothing(t *testing.T) { checkAllOrNothing(t, scriptRedis(t)) }
 
 // checkAllOrNothing: under 20/s and 40 per 10 s (a sliding window) on one
 // key, a saturated run gets, over each span t, the tighter of the two:

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fleetpace/pace/internal/loopback"
+	"github.com/fleetpace/pace/internal/tiers"
 )
 
 // Nginx starts nginx on a free loopback port, limiting every request to
@@ -133,12 +134,7 @@ func run(tb testing.TB, name, dir, conf string, port int, args ...string) *exec.
 	if err := os.WriteFile(filepath.Join(dir, "limiter.conf"), []byte(conf), 0o644); err != nil {
 		tb.Fatal(err)
 	}
-	bin, err := exec.LookPath(name)
-	if err != nil {
-		if bin, err = exec.LookPath(filepath.Join("/usr/sbin", name)); err != nil {
-			tb.Fatalf("limitertest: %s is not installed (%v); install it with `apt-get install -y %s`, or run `make test`, which does", name, err, packages[name])
-		}
-	}
+	bin := tiers.Need(tb, name, packages[name])
 	out, err := os.Create(filepath.Join(dir, "output.log"))
 	if err != nil {
 		tb.Fatal(err)

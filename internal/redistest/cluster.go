@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fleetpace/pace/internal/loopback"
+	"github.com/fleetpace/pace/internal/tiers"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -26,10 +27,7 @@ type Cluster struct {
 // how to install them, when redis-server or redis-cli is not on PATH.
 func StartCluster(tb testing.TB) *Cluster {
 	tb.Helper()
-	cli, err := exec.LookPath("redis-cli")
-	if err != nil {
-		tb.Fatalf("redistest: redis-cli is not on PATH (%v); install it with `apt-get install -y redis-tools`, or run `make test`, which does", err)
-	}
+	cli := tiers.Need(tb, "redis-cli", "redis-tools")
 	dir := tb.TempDir()
 	c := &Cluster{}
 	for range 3 {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fleetpace/pace/internal/loopback"
+	"github.com/fleetpace/pace/internal/tiers"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -43,10 +44,7 @@ func Start(tb testing.TB, extra ...string) *Server {
 // startWith is Start, with the extra arguments of each try from extra.
 func startWith(tb testing.TB, extra func() []string) *Server {
 	tb.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		tb.Fatalf("redistest: redis-server is not on PATH (%v); install it with `apt-get install -y redis-server`, or run `make test`, which does", err)
-	}
+	bin := tiers.Need(tb, "redis-server", "redis-server")
 	// A port free when picked may be taken before redis-server binds it:
 	// then it tries another.
 	for tries := 1; ; tries++ {
@@ -137,11 +135,7 @@ func (s *Server) Kill() {
 func (s *Server) Restart() {
 	s.tb.Helper()
 	s.Kill()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		s.tb.Fatal(err)
-	}
-	s.started(s.start(bin))
+	s.started(s.start(tiers.Need(s.tb, "redis-server", "redis-server")))
 }
 
 // Freeze stops redis-server with SIGSTOP: it keeps its connections and

@@ -4,12 +4,12 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
 
 	"github.com/fleetpace/pace/internal/loopback"
+	"github.com/fleetpace/pace/internal/tiers"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -29,10 +29,7 @@ func StartSentinel(tb testing.TB) *Sentinel {
 	s.Master = Start(tb)
 	host, port, _ := net.SplitHostPort(s.Master.Addr)
 	s.Replica = Start(tb, "--replicaof", host, port)
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		tb.Fatalf("redistest: redis-server is not on PATH (%v)", err)
-	}
+	bin := tiers.Need(tb, "redis-server", "redis-server")
 	sport := loopback.FreePort(tb)
 	conf := filepath.Join(tb.TempDir(), "sentinel.conf") // Sentinel rewrites it
 	text := fmt.Sprintf("port %d\nbind 127.0.0.1\nsentinel monitor %s %s %s 1\nsentinel down-after-milliseconds %[2]s 300\nsentinel failover-timeout %[2]s 2000\n",
