@@ -18,7 +18,7 @@ import (
 var hourlyTokens = AllOf{PerSecond(100).Named("requests"), Per(1000, time.Hour).WithBurst(1000).Named("tokens")}
 
 // tokensUsed returns about how many tokens key has used on lim.
-func tokensUsed(t *testing.T, lim Reserver, key string) int {
+func tokensUsed(t *testing.T, lim pacer, key string) int {
 	t.Helper()
 	return int((tokensDue(t, lim, key, 1000) + 1800*time.Millisecond) / (3600 * time.Millisecond))
 }
@@ -42,7 +42,7 @@ func streamServer(t *testing.T, next <-chan struct{}) *httptest.Server {
 
 // settlingClient is a client whose Transport reserves 400 tokens a request
 // on lim and settles them by OpenAIUsage.
-func settlingClient(lim Reserver) *http.Client {
+func settlingClient(lim pacer) *http.Client {
 	return &http.Client{Transport: &Transport{Limiter: lim, Key: func(*http.Request) string { return "llm" },
 		Estimate: func(*http.Request) Costs { return Costs{"tokens": 400} }, Settle: OpenAIUsage("tokens")}}
 }
@@ -120,7 +120,7 @@ func TestTransportEstimateBadInput(t *testing.T) {
 	lim := mustLocal(t, hourlyTokens)
 	estimate := func(*http.Request) Costs { return Costs{"tokens": 400} }
 	for want, tr := range map[string]*Transport{
-		"is a Reserver":              {Base: base, Limiter: waitOnly{lim}, Estimate: estimate},
+		"Local or Redis":              {Base: base, Limiter: waitOnly{lim}, Estimate: estimate},
 		"Settle without an Estimate": {Base: base, Limiter: lim, Settle: OpenAIUsage("tokens")},
 		`cost 2000 under limit "tokens" exceeds its burst 1000`: {Base: base, Limiter: lim, Estimate: func(*http.Request) Costs { return Costs{"tokens": 2000} }},
 	} {

@@ -21,9 +21,10 @@ import (
 // request and 1,200 tokens. A cost may be 0 under some limits, never below.
 type Costs map[string]int
 
-// A Reserver is a Limiter whose waits can be settled afterwards, for costs
-// known only once the response has ended, such as the tokens of an LLM API.
-// Local and Redis are Reservers.
+// A Reservation is a wait that Local or Redis granted at an estimated cost
+// (Reserve), to be settled with the actual cost once it is known (Settle).
+// It is safe for concurrent use. It is for costs known only once the
+// response has ended, such as the tokens of an LLM API.
 //
 // Reserve waits, like Wait, for a request estimated at estimate, and returns
 // the Reservation of its grant. Settle then charges the difference between
@@ -36,17 +37,8 @@ type Costs map[string]int
 // at most (see WithMaxHold): a usage object that says a request took 2^40
 // tokens cannot stall a key for years. A reservation is settled once:
 // settling it again does nothing. One never settled stays at its estimate.
-type Reserver interface {
-	Limiter
-	Reserve(ctx context.Context, key string, estimate Costs) (*Reservation, error)
-	Settle(ctx context.Context, r *Reservation, actual Costs) error
-}
-
-// A Reservation is a wait that a Reserver granted at an estimated cost, to
-// be settled with the actual cost once it is known. It is safe for
-// concurrent use.
 type Reservation struct {
-	limiter  Reserver // the limiter that made it
+	limiter  pacer // the limiter that made it
 	key      string
 	estimate store.LimitCosts
 	ticket   ticket // what was booked, and where
@@ -59,9 +51,9 @@ func (r *Reservation) Key() string { return r.key }
 // Delay returns how long the reservation's caller waited for its grant.
 func (r *Reservation) Delay() time.Duration { return r.ticket.delay }
 
-// Grant returns what the reservation booked, by which the response to its
-// request steers the key (see Heeder).
-func (r *Reservation) Grant() Grant { return Grant{r.ticket} }
+// granted returns what the reservation booked, by which the response to
+// its request steers the key.
+func (r *Reservation) granted() grant { return grant{r.ticket} }
 
 // uniform is cost under each limit.
 func uniform(cost int) store.LimitCosts {
@@ -126,7 +118,7 @@ func (n namedLimits) settled(ctx context.Context, o Observer, limiter, key strin
 // settleFailed tells o that limiter's settlement of r failed before it
 // began (err), and returns err. The estimate is named only for a
 // reservation that limiter made.
-func (n namedLimits) settleFailed(ctx context.Context, o Observer, name string, limiter Reserver, r *Reservation, err error) error {
+func (n namedLimits) settleFailed(ctx context.Context, o Observer, name string, limiter pacer, r *Reservation, err error) error {
 	if r == nil || r.limiter != limiter {
 		return n.settled(ctx, o, name, "", nil, nil, err)
 	}
@@ -189,7 +181,7 @@ func (n namedLimits) checkReserve(ctx context.Context, key string, estimate Cost
 
 // checkSettle reports a settlement that cannot be made: of a reservation
 // that limiter did not make, or with a bad actual cost.
-func (n namedLimits) checkSettle(limiter Reserver, r *Reservation, actual Costs) (store.LimitCosts, error) {
+func (n namedLimits) checkSettle(limiter pacer, r *Reservation, actual Costs) (store.LimitCosts, error) {
 	if r == nil || r.limiter != limiter {
 		return store.LimitCosts{}, &requestError{"pace: Settle: a reservation this limiter did not make"}
 	}

@@ -63,13 +63,6 @@ type Redis struct {
 	listening     sync.WaitGroup
 }
 
-var (
-	_ Holder   = (*Redis)(nil)
-	_ Reserver = (*Redis)(nil)
-	_ Syncer   = (*Redis)(nil)
-	_ Slotter  = (*Redis)(nil)
-)
-
 // sharedStore is what a Redis limiter asks of Redis: a *store, or a test's
 // fake.
 type sharedStore interface {
@@ -158,28 +151,37 @@ func storeLimits(limits []Limit) []store.Limit {
 // Wait implements Limiter. It books cost tokens for key in Redis, under
 // every limit, and sleeps until they are due; if ctx ends first, the tokens
 // go back to the bucket, so that the next callers get them sooner. While
-// Redis fails, the FailurePolicy decides instead.
+// Redis fails, the FailurePolicy decides instead. On a quota with a cap in
+// flight, a caller that holds no slot of key (see WithSlot) takes one for
+// the wait, and frees it once granted.
 func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
-	_, err := r.WaitGrant(ctx, key, cost)
+	if r.cap.needsSlot(ctx, key) {
+		return waitWithSlot(ctx, r, key, cost)
+	}
+	_, err := r.waitGrant(ctx, key, cost)
 	return err
 }
 
-// WaitGrant implements Heeder: it waits as Wait does, and returns what it
-// booked, by which the response steers the key (see Heed).
-func (r *Redis) WaitGrant(ctx context.Context, key string, cost int) (Grant, error) {
+// waitGrant implements pacer.
+func (r *Redis) waitGrant(ctx context.Context, key string, cost int) (grant, error) {
 	if err := checkWait(ctx, r.costCap, key, cost); err != nil {
-		return Grant{}, err
+		return grant{}, err
 	}
 	if err := r.cap.check(ctx, key); err != nil || !r.cap.rated {
-		return Grant{}, err
+		return grant{}, err
 	}
 	q := request{Request: store.Request{Key: key, Costs: uniform(cost)}}
 	q.horizon = horizonOf(ctx, r.config.commonConfig, r.limits, &q.Costs)
 	t, err := r.wait(ctx, q)
-	return Grant{t}, err
+	return grant{t}, err
 }
 
-// Acquire implements Slotter: it takes one of the slots of the quota's
+// Acquire waits for a slot of key's cap in flight, first come first
+// served, then for cost under the quota's rate limits as Wait does, and
+// returns the Slot, which the caller must Release once its request has
+// ended; a caller whose context ends while in line leaves it, holding
+// nothing. On a limiter without a cap, it waits as Wait does and returns a
+// Slot whose Release does nothing. It takes one of the slots of the quota's
 // cap in Redis, first come first served across the fleet, then waits for
 // cost as Wait does. While Redis is away, the FailurePolicy decides:
 // FallbackLocal takes a slot of this process's share of the cap.
@@ -190,7 +192,7 @@ func (r *Redis) Acquire(ctx context.Context, key string, cost int) (*Slot, error
 	return acquire(ctx, r, key, cost)
 }
 
-// Reserve implements Reserver: it waits as Wait does, for the estimated
+// Reserve waits as Wait does, for the estimated
 // costs under each limit, all booked in one script call.
 func (r *Redis) Reserve(ctx context.Context, key string, estimate Costs) (*Reservation, error) {
 	costs, err := r.checkReserve(ctx, key, estimate)
@@ -441,7 +443,8 @@ func (r *Redis) refund(ctx context.Context, key string, b store.Booking) error {
 	return err
 }
 
-// Settle implements Reserver: one script call charges the difference
+// Settle settles res with the actual costs (see Reservation): one script
+// call charges the difference
 // between actual and the reservation's estimate to its key under every
 // limit, on Redis's clock, or gives it back. While Redis is away, the
 // outage's local pacing (under FallbackLocal) takes the settlement, and

@@ -17,7 +17,11 @@ import (
 )
 
 // A Hold is the upstream's word that a key's quota is spent: no request for
-// the key should reach it for For.
+// the key should reach it for For. Local.Hold and Redis.Hold pause a key so
+// (a Transport does whenever a response says its quota is spent): the hold
+// spends nothing, and afterwards the key resumes at its rate, with the
+// burst its buckets had and refilled meanwhile. A hold never shortens a
+// longer one already in place.
 type Hold struct {
 	For    time.Duration
 	Reason string        // the status and header that said so, such as "429 Retry-After: 2"
@@ -29,18 +33,6 @@ type Hold struct {
 	Quota string
 
 	only, own bool // its reading was the response's only one; names a quota of its own
-}
-
-// A Holder is a Limiter that can pause a key: Hold makes every wait for key,
-// in every process that shares the limiter, end no sooner than h.For from now.
-// A hold pauses the key and spends nothing: afterwards, the key resumes at
-// its rate, with the burst its buckets had and refilled meanwhile. A hold
-// never shortens a longer one already in place. Local and Redis are
-// Holders; a Transport holds a key whenever a response says its quota is
-// spent.
-type Holder interface {
-	Limiter
-	Hold(ctx context.Context, key string, h Hold) error
 }
 
 // DefaultMaxHold is the longest that anything a response says can delay a
@@ -163,7 +155,7 @@ func (c commonConfig) hold(limits namedLimits, key string, h Hold) (Hold, bool, 
 	return h, limits.holds(h), nil
 }
 
-// Hold implements Holder: in Redis, for every process of the fleet, no
+// Hold pauses key: in Redis, for every process of the fleet, no
 // wait for key ends sooner than h.For from now (by Redis's clock), capped
 // at the limiter's MaxHold (see WithMaxHold); a hold of a quota that none
 // of the limits is (see Hold.Quota) holds nothing. While Redis is away, the
@@ -224,7 +216,7 @@ func (r *Redis) replacedByHold(ctx context.Context, key string, t ticket) bool {
 	return err == nil && due < end
 }
 
-// Hold implements Holder: no wait for key ends sooner than h.For from now,
+// Hold pauses key: no wait for key ends sooner than h.For from now,
 // capped at the limiter's MaxHold (see WithMaxHold); a hold of a quota that
 // none of the limits is (see Hold.Quota) holds nothing.
 func (loc *Local) Hold(ctx context.Context, key string, h Hold) error {

@@ -149,9 +149,9 @@ func FuzzParseHoldMessage(f *testing.F) {
 func TestHoldStopsSleepers(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
-	for name, newLimiter := range map[string]func(Observer) Holder{
-		"redis": func(o Observer) Holder { return mustRedis(t, c, PerSecond(20).WithBurst(1), WithObserver(o)) },
-		"local": func(o Observer) Holder { return mustLocal(t, PerSecond(20).WithBurst(1), WithObserver(o)) },
+	for name, newLimiter := range map[string]func(Observer) pacer{
+		"redis": func(o Observer) pacer { return mustRedis(t, c, PerSecond(20).WithBurst(1), WithObserver(o)) },
+		"local": func(o Observer) pacer { return mustLocal(t, PerSecond(20).WithBurst(1), WithObserver(o)) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			booked := make(chan time.Duration, 8)
@@ -193,9 +193,9 @@ func TestHoldStopsSleepers(t *testing.T) {
 func TestHoldPausesKey(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
-	for name, newLimiter := range map[string]func(Observer) Holder{
-		"redis": func(o Observer) Holder { return mustRedis(t, c, PerSecond(100).WithBurst(5), WithObserver(o)) },
-		"local": func(o Observer) Holder { return mustLocal(t, PerSecond(100).WithBurst(5), WithObserver(o)) },
+	for name, newLimiter := range map[string]func(Observer) pacer{
+		"redis": func(o Observer) pacer { return mustRedis(t, c, PerSecond(100).WithBurst(5), WithObserver(o)) },
+		"local": func(o Observer) pacer { return mustLocal(t, PerSecond(100).WithBurst(5), WithObserver(o)) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			log := &eventLog{}

@@ -53,7 +53,8 @@ func FixedWindow(n int, per time.Duration) Limit {
 }
 
 // Concurrent returns a cap of n requests in flight at once: a request holds
-// one of n slots from its grant until its response ends (see Slotter). It
+// one of n slots from its grant until its response ends (see
+// Redis.Acquire; a Transport takes one for each request). It
 // stands alone or in an AllOf beside rate limits (at most one cap a quota).
 // A slot is a lease that its holder renews while the request lives, so the
 // slots of a process that dies come free within the lease (see WithLease).

@@ -75,12 +75,6 @@ type rateNote struct{ listening, recovered bool }
 // limit, or none where the request was granted at once.
 type localBooking [store.MaxLimits]*rate.Reservation
 
-var (
-	_ Holder   = (*Local)(nil)
-	_ Reserver = (*Local)(nil)
-	_ Slotter  = (*Local)(nil)
-)
-
 // NewLocal returns a Local that gives each key the quota q: a Limit, or
 // several token buckets at once with AllOf, and at most one cap of requests
 // in flight (Concurrent). Windows need a Redis limiter.
@@ -125,16 +119,19 @@ func newLocal(limits namedLimits, config commonConfig, now func() time.Time) *Lo
 
 // Wait implements Limiter. It books cost tokens for key under every limit
 // and sleeps until they are due; if ctx ends first, the tokens go back to
-// the buckets.
+// the buckets. On a quota with a cap in flight, a caller that holds no slot
+// of key (see WithSlot) takes one for the wait, and frees it once granted.
 func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
+	if loc.cap.needsSlot(ctx, key) {
+		return waitWithSlot(ctx, loc, key, cost)
+	}
 	var t ticket
 	return loc.waitFor(ctx, key, cost, &t)
 }
 
-// WaitGrant implements Heeder: it waits as Wait does, and returns what it
-// booked, by which the response steers the key (see Heed).
-func (loc *Local) WaitGrant(ctx context.Context, key string, cost int) (Grant, error) {
-	var g Grant
+// waitGrant implements pacer.
+func (loc *Local) waitGrant(ctx context.Context, key string, cost int) (grant, error) {
+	var g grant
 	err := loc.waitFor(ctx, key, cost, &g.t)
 	return g, err
 }
@@ -151,7 +148,8 @@ func (loc *Local) waitFor(ctx context.Context, key string, cost int, t *ticket) 
 	return loc.wait(ctx, key, &costs, false, t)
 }
 
-// Acquire implements Slotter: it takes one of the slots of the quota's
+// Acquire waits for a slot of key's cap in flight, then for cost under the
+// quota's rate limits, as Redis.Acquire does. It takes one of the slots of the quota's
 // cap in this process, first come first served, then waits for cost as
 // Wait does.
 func (loc *Local) Acquire(ctx context.Context, key string, cost int) (*Slot, error) {
@@ -161,7 +159,7 @@ func (loc *Local) Acquire(ctx context.Context, key string, cost int) (*Slot, err
 	return acquire(ctx, loc, key, cost)
 }
 
-// TakeSlot implements Slotter: one of the slots of the quota's cap in this
+// TakeSlot waits for a slot of key's cap, as Redis.TakeSlot does: one of the slots of the quota's cap in this
 // process, first come first served.
 func (loc *Local) TakeSlot(ctx context.Context, key string) (*Slot, error) {
 	if !loc.cap.capped {
@@ -170,7 +168,7 @@ func (loc *Local) TakeSlot(ctx context.Context, key string) (*Slot, error) {
 	return loc.slots.acquire(ctx, key, loc.cap.limit.burst)
 }
 
-// Reserve implements Reserver: it waits as Wait does, for the estimated
+// Reserve waits as Wait does, for the estimated
 // costs under each limit.
 func (loc *Local) Reserve(ctx context.Context, key string, estimate Costs) (*Reservation, error) {
 	costs, err := loc.checkReserve(ctx, key, estimate)
@@ -187,7 +185,7 @@ func (loc *Local) Reserve(ctx context.Context, key string, estimate Costs) (*Res
 	return r, nil
 }
 
-// Settle implements Reserver: the difference between actual and the
+// Settle settles r with the actual costs (see Reservation): the difference between actual and the
 // reservation's estimate is charged to key's buckets, or given back (never
 // beyond full), now.
 func (loc *Local) Settle(ctx context.Context, r *Reservation, actual Costs) error {

@@ -116,7 +116,7 @@ const (
 	// window's count beyond a full window). Err says if Redis could not be
 	// told.
 	EventRepay
-	// EventSettle: a reservation of Key was settled (see Reserver): Costs
+	// EventSettle: a reservation of Key was settled (see Reservation): Costs
 	// are the actual costs under each limit, as capped, and Estimate the
 	// estimate; or it could not be, and Err says why, such as a Settler's
 	// cost under a limit the quota lacks (Costs are then nil). A

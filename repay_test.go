@@ -96,7 +96,7 @@ func TestLoneOutageRepays(t *testing.T) {
 	for _, r := range []*Redis{lone, other} {
 		wg.Go(func() {
 			for time.Since(start) < run {
-				g, err := r.WaitGrant(ctx, "k", 1)
+				g, err := r.waitGrant(ctx, "k", 1)
 				if err != nil {
 					t.Error(err)
 					return

@@ -196,7 +196,7 @@ func TestSlowerRedisAfterAnOutage(t *testing.T) {
 		capped bool
 	}{
 		{"rate", PerSecond(100), func(r *Redis) (string, error) {
-			g, err := r.WaitGrant(ctx, "k", 1)
+			g, err := r.waitGrant(ctx, "k", 1)
 			return g.t.limiter, err
 		}, false},
 		{"cap in flight", Concurrent(4), func(r *Redis) (string, error) {

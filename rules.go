@@ -60,7 +60,7 @@ type Rule struct {
 
 	// Estimate and Settle, when set, estimate each request's costs under
 	// each limit and settle them from its response, as Transport's fields
-	// of the same names do; the Limiter must then be a Reserver.
+	// of the same names do; the Limiter must then be Local or Redis.
 	Estimate func(*http.Request) Costs
 	Settle   Settler
 
@@ -81,20 +81,13 @@ type Rules struct {
 	matchers []matcher // each rule's match fields, checked
 }
 
-// A CostBounder is a Limiter that knows the largest cost it can ever grant
-// one wait: Local and Redis are. NewRules refuses a Rule whose Cost is
-// larger (a decorator that forwards MaxCost gets the same check).
-type CostBounder interface {
-	Limiter
-	// MaxCost returns the largest cost a wait can be granted: the smallest
-	// burst, or window count, of the quota's limits.
-	MaxCost() int
-}
-
-// MaxCost implements CostBounder.
+// MaxCost returns the largest cost a wait can be granted: the smallest
+// burst, or window count, of the quota's limits. NewRules refuses a Rule
+// whose Cost is larger.
 func (loc *Local) MaxCost() int { return loc.costCap }
 
-// MaxCost implements CostBounder.
+// MaxCost returns the largest cost a wait can be granted, as Local.MaxCost
+// does.
 func (r *Redis) MaxCost() int { return r.costCap }
 
 // NewRules checks rules and returns them, with def last: the rule for
@@ -145,11 +138,12 @@ func checkRule(r Rule) error {
 	case !validHeaderName(r.CostHeader):
 		return fmt.Errorf("pace: rule %q: CostHeader %q is not a header name", r.Name, r.CostHeader)
 	}
-	if _, ok := r.Limiter.(Reserver); r.Estimate != nil && !ok {
-		return fmt.Errorf("pace: rule %q has an Estimate, and its Limiter (a %T) is not a Reserver", r.Name, r.Limiter)
+	p, ours := r.Limiter.(pacer)
+	if r.Estimate != nil && !ours {
+		return fmt.Errorf("pace: rule %q has an Estimate, and its Limiter (a %T) is not one that reserves: Local or Redis", r.Name, r.Limiter)
 	}
-	if m, ok := r.Limiter.(CostBounder); ok && r.Cost > m.MaxCost() {
-		return fmt.Errorf("pace: rule %q: cost %d exceeds the burst %d of its limiter", r.Name, r.Cost, m.MaxCost())
+	if ours && r.Cost > p.MaxCost() {
+		return fmt.Errorf("pace: rule %q: cost %d exceeds the burst %d of its limiter", r.Name, r.Cost, p.MaxCost())
 	}
 	return nil
 }

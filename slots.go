@@ -15,28 +15,8 @@ import (
 	"github.com/fleetpace/pace/internal/store"
 )
 
-// A Slotter is a Limiter whose quota may cap the requests in flight
-// (Concurrent). Local and Redis are Slotters; a Transport takes a slot for
-// each request whose limiter has a cap (TakeSlot), waits for its rate with
-// the slot's context (WithSlot), and frees it when the response ends.
-type Slotter interface {
-	Limiter
-	// Acquire waits for a slot of key's cap, first come first served, then
-	// for cost under the quota's rate limits as Wait does, and returns the
-	// Slot, which the caller must Release once its request has ended. A
-	// caller whose context ends while in line leaves it, holding nothing.
-	// On a limiter without a cap, it waits as Wait does and returns a Slot
-	// whose Release does nothing.
-	Acquire(ctx context.Context, key string, cost int) (*Slot, error)
-	// TakeSlot waits for a slot of key's cap, as Acquire does, but for no
-	// rate: the caller then waits with WithSlot's context (Wait, WaitGrant
-	// or Reserve refuse a key with a cap otherwise), and must Release the
-	// slot. On a limiter without a cap, it returns a nil Slot.
-	TakeSlot(ctx context.Context, key string) (*Slot, error)
-}
-
 // WithSlot returns ctx marked as the context of a request that holds slot
-// (from TakeSlot): a Slotter's waits for the slot's key, with it, take no
+// (from TakeSlot): Local's and Redis's waits for the slot's key, with it, take no
 // slot of their own. A nil slot leaves ctx as it is.
 func WithSlot(ctx context.Context, slot *Slot) context.Context {
 	if slot == nil {
@@ -240,10 +220,29 @@ func smallestBurst(rates []Limit) int {
 // check reports a wait or reservation that a cap forbids: on a capped
 // quota, one whose context does not carry a slot of key (see holdingSlot).
 func (c slotCap) check(ctx context.Context, key string) error {
-	if c.capped && ctx.Value(slotMark{}) != key {
+	if c.needsSlot(ctx, key) {
 		return errCapped(key, c.limit)
 	}
 	return nil
+}
+
+// needsSlot reports whether the quota has a cap and ctx carries no slot of
+// key.
+func (c slotCap) needsSlot(ctx context.Context, key string) bool {
+	return c.capped && ctx.Value(slotMark{}) != key
+}
+
+// waitWithSlot is Wait on a capped quota for a caller that holds no slot
+// of key: it takes one, waits for cost under the rates, and frees it.
+func waitWithSlot(ctx context.Context, l pacer, key string, cost int) error {
+	if err := checkWait(ctx, l.MaxCost(), key, cost); err != nil {
+		return err
+	}
+	slot, err := acquire(ctx, l, key, cost)
+	if err == nil {
+		slot.Release()
+	}
+	return err
 }
 
 // slotMark marks a context whose request holds a slot of a key (its value):
@@ -258,7 +257,7 @@ func holdingSlot(ctx context.Context, key string) context.Context {
 
 // acquire takes a slot of key from l, when its quota has a cap, then waits
 // for cost under its rate limits; if that fails, the slot goes back.
-func acquire(ctx context.Context, l Slotter, key string, cost int) (*Slot, error) {
+func acquire(ctx context.Context, l pacer, key string, cost int) (*Slot, error) {
 	slot, err := l.TakeSlot(ctx, key)
 	if err != nil {
 		return nil, err
@@ -332,7 +331,11 @@ func parseSlotMessage(payload string) (id string, ok bool) {
 	return id, ok && found && id != ""
 }
 
-// TakeSlot implements Slotter: one of the slots of the quota's cap in
+// TakeSlot waits for a slot of key's cap, as Acquire does, but for no
+// rate: the caller then waits with WithSlot's context (Wait, which takes
+// and frees a slot of its own otherwise, or Reserve, which refuses a key
+// with a cap otherwise), and must Release the slot. On a limiter without a
+// cap, it returns a nil Slot. It takes one of the slots of the quota's cap in
 // Redis, first come first served across the fleet, or, while Redis is away,
 // as the FailurePolicy says: FallbackLocal takes a slot of this process's
 // share of the cap.

@@ -16,7 +16,7 @@ import (
 
 // slotters returns a Local and a Redis limiter (on a real redis-server) of
 // quota q, by name.
-func slotters(t *testing.T, q Quota, opts ...Option) map[string]Slotter {
+func slotters(t *testing.T, q Quota, opts ...Option) map[string]pacer {
 	t.Helper()
 	loc, err := NewLocal(q, opts...)
 	if err != nil {
@@ -32,7 +32,7 @@ func slotters(t *testing.T, q Quota, opts ...Option) map[string]Slotter {
 			t.Errorf("the Redis limiter fell back at %v: %v", since, cause)
 		}
 	})
-	return map[string]Slotter{"local": loc, "redis": r}
+	return map[string]pacer{"local": loc, "redis": r}
 }
 
 // TestSlotsCapInFlight: 20 goroutines through a cap of 3 never hold more
@@ -118,17 +118,16 @@ func TestSlotsFirstComeFirstServed(t *testing.T) {
 	}
 }
 
-// TestSlotsWithRates: a cap beside a rate limit holds both: Wait and
-// Reserve refuse a capped quota with an error that names the cap; Acquire
+// TestSlotsWithRates: a cap beside a rate limit holds both: Wait on a
+// capped quota takes a slot for its wait and frees it (in line while all
+// are held); Reserve refuses it with an error that names the cap; Acquire
 // paces at the rate too.
 func TestSlotsWithRates(t *testing.T) {
 	for name, l := range slotters(t, AllOf{Concurrent(4), PerSecond(20).WithBurst(1)}) {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			if err := l.Wait(ctx, "k", 1); err == nil || !errorHas(err, "4 in flight", "Acquire") {
-				t.Errorf("Wait on a capped quota: %v, want an error naming the cap and Acquire", err)
-			}
-			if _, err := l.(Reserver).Reserve(ctx, "k", nil); err == nil || !errorHas(err, "4 in flight") {
+			checkWaitTakesASlot(t, l)
+			if _, err := l.(pacer).Reserve(ctx, "k", nil); err == nil || !errorHas(err, "4 in flight") {
 				t.Errorf("Reserve on a capped quota: %v, want an error naming the cap", err)
 			}
 			start := time.Now()
@@ -232,8 +231,43 @@ func TestSlotsBadInput(t *testing.T) {
 	}
 }
 
+// checkWaitTakesASlot: Wait on l's quota, capped at 4 in flight, waits in
+// line while the 4 slots are held (here past its 200 ms), and once one is
+// free, is granted and frees it again.
+func checkWaitTakesASlot(t *testing.T, l pacer) {
+	t.Helper()
+	ctx := context.Background()
+	var held []*Slot
+	for range 4 {
+		slot, err := l.TakeSlot(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, slot)
+	}
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if err := l.Wait(short, "k", 1); err == nil {
+		t.Errorf("Wait with the 4 slots held: granted, want it in line past its deadline")
+	}
+	held[0].Release()
+	if err := l.Wait(ctx, "k", 1); err != nil {
+		t.Errorf("Wait with a slot free: %v", err)
+	}
+	again, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	slot, err := l.TakeSlot(again, "k")
+	if err != nil {
+		t.Errorf("a slot after Wait: %v, want the one Wait took freed", err)
+	}
+	slot.Release()
+	for _, s := range held[1:] {
+		s.Release()
+	}
+}
+
 // waitInLine waits until n requests are in key's line at l.
-func waitInLine(t *testing.T, l Slotter, key string, n int) {
+func waitInLine(t *testing.T, l pacer, key string, n int) {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 		if inLine(t, l, key) == n {
@@ -244,7 +278,7 @@ func waitInLine(t *testing.T, l Slotter, key string, n int) {
 }
 
 // inLine counts the requests in key's line at l.
-func inLine(t *testing.T, l Slotter, key string) int {
+func inLine(t *testing.T, l pacer, key string) int {
 	switch l := l.(type) {
 	case *Local:
 		l.slots.mu.Lock()

@@ -12,18 +12,6 @@ import (
 	"github.com/fleetpace/pace/internal/store"
 )
 
-// A Syncer is a Reserver that the upstream's counters can steer: Redis. A
-// Transport whose Limiter is a Syncer reads every response's counters
-// (ParseReadings) and syncs the request's key with them by itself; a
-// caller with a client of its own reserves each request and syncs it.
-type Syncer interface {
-	Reserver
-	// Sync steers the key of r, whose response said what readings say,
-	// for the whole fleet (see Redis.Sync); refused says the upstream
-	// refused the request (a 429).
-	Sync(ctx context.Context, r *Reservation, readings []Reading, refused bool) error
-}
-
 // steering is what one reading tells one limit of the quota.
 type steering struct {
 	store.Steer
@@ -31,7 +19,10 @@ type steering struct {
 	bounded bool   // the limit's bounds changed the interval advertised
 }
 
-// Sync implements Syncer; refused says the upstream refused the request (a
+// Sync steers the key of res, whose response said what readings say, for
+// the whole fleet: a Transport on a Redis reads every response's counters
+// (ParseReadings) and syncs the request's key with them by itself; a caller
+// with a client of its own reserves each request and syncs it. refused says the upstream refused the request (a
 // 429), so that its units, which it did not spend, count as such. Each reading steers the bucket of the quota named
 // like it (or, when the response has one reading and the quota one limit,
 // that limit), in one script call, atomic, on Redis's clock:
@@ -154,49 +145,13 @@ func plainSteers(steers []steering) []store.Steer {
 	return plain
 }
 
-// A Heeder is a Limiter that takes the upstream's word for its keys, one
-// response at a time: Local and Redis are. A Transport waits on it with
-// WaitGrant and hands it each response with Heed; a decorator that forwards
-// both (and Reserve, Settle, Hold and TakeSlot, as its limiter has them)
-// is heeded as the limiter it wraps.
-type Heeder interface {
-	Limiter
-	// WaitGrant waits as Wait does, and returns what it granted.
-	WaitGrant(ctx context.Context, key string, cost int) (Grant, error)
-	// Heed applies what resp, the response to the request granted as g,
-	// which arrived at arrival, says of key, as far as h allows: its holds
-	// (ParseHold), its counters (ParseReadings), a refusal without a word.
-	// It runs past ctx's end; failures reach the limiter's observer.
-	Heed(ctx context.Context, key string, g Grant, resp *http.Response, arrival time.Time, h Heeding)
-}
-
-// A Grant is what a Heeder granted one wait (WaitGrant), or one
-// reservation (Reservation.Grant): the booking that a response to its
-// request steers. The zero Grant is a wait no limiter booked.
-type Grant struct{ t ticket }
-
-// Heeding says what a response may steer besides its holds.
-type Heeding struct {
-	// Counters: the upstream's counters steer the key on a Redis (see
-	// Transport.IgnoreCounters).
-	Counters bool
-	// Refusals: a refusal that neither a Retry-After nor the counters
-	// explain cuts the key's rate (see Transport.IgnoreRefusals).
-	Refusals bool
-}
-
-var (
-	_ Heeder = (*Redis)(nil)
-	_ Heeder = (*Local)(nil)
-)
-
-// Heed implements Heeder.
-func (r *Redis) Heed(ctx context.Context, key string, g Grant, resp *http.Response, arrival time.Time, h Heeding) {
+// heedResponse implements pacer.
+func (r *Redis) heedResponse(ctx context.Context, key string, g grant, resp *http.Response, arrival time.Time, h heedScope) {
 	r.heed(context.WithoutCancel(ctx), key, g.t, hear(resp, arrival, r.config.holdBound()), h)
 }
 
-// Heed implements Heeder.
-func (loc *Local) Heed(ctx context.Context, key string, g Grant, resp *http.Response, arrival time.Time, h Heeding) {
+// heedResponse implements pacer.
+func (loc *Local) heedResponse(ctx context.Context, key string, g grant, resp *http.Response, arrival time.Time, h heedScope) {
 	loc.heed(context.WithoutCancel(ctx), key, g.t, hear(resp, arrival, loc.config.holdBound()), h)
 }
 
@@ -204,15 +159,15 @@ func (loc *Local) Heed(ctx context.Context, key string, g Grant, resp *http.Resp
 // next reading afresh, then the counters (see Sync), then, for a request
 // Redis booked, a refusal that neither explains to the key's rate, or a
 // success it listens for (see internal/steer).
-func (r *Redis) heed(ctx context.Context, key string, t ticket, w word, o Heeding) {
+func (r *Redis) heed(ctx context.Context, key string, t ticket, w word, o heedScope) {
 	for _, h := range w.holds {
 		r.Hold(ctx, key, h)
 	}
-	if o.Counters && len(w.readings) > 0 {
+	if o.counters && len(w.readings) > 0 {
 		r.sync(ctx, key, t.booking, w.readings, w.refused, w.at)
 	}
 	served := !w.refused && t.listening
-	if !o.Refusals || !t.booking.Granted || (!served && (!w.refused || w.explained(r.namedLimits))) {
+	if !o.refusals || !t.booking.Granted || (!served && (!w.refused || w.explained(r.namedLimits))) {
 		return
 	}
 	var share int64
@@ -231,12 +186,12 @@ func (r *Redis) heed(ctx context.Context, key string, t ticket, w word, o Heedin
 // heed applies w: the holds, then a refusal that neither explains
 // to the key's rate, or a success it listens for (see internal/steer). Local
 // is not steered by counters.
-func (loc *Local) heed(ctx context.Context, key string, t ticket, w word, o Heeding) {
+func (loc *Local) heed(ctx context.Context, key string, t ticket, w word, o heedScope) {
 	for _, h := range w.holds {
 		loc.Hold(ctx, key, h)
 	}
 	served := !w.refused && t.listening
-	if !o.Refusals || t.local != loc || (!served && (!w.refused || w.explained(loc.namedLimits))) {
+	if !o.refusals || t.local != loc || (!served && (!w.refused || w.explained(loc.namedLimits))) {
 		return
 	}
 	now := loc.now()

@@ -300,7 +300,7 @@ func checkOutageShare(t *testing.T, run time.Duration, client func() *redis.Clie
 			wg.Go(func() {
 				for {
 					ctx, cancel := context.WithDeadline(context.Background(), start.Add(run))
-					g, err := r.WaitGrant(ctx, "k", 1)
+					g, err := r.waitGrant(ctx, "k", 1)
 					cancel()
 					if err != nil {
 						return

@@ -28,6 +28,14 @@
 // requests have priority classes (Class): a batch backlog never makes a
 // critical request wait behind it.
 //
+// A Transport asks Local or Redis one thing per request, through a protocol
+// of pace's own, unexported: its slot, its booking, what its response says,
+// its settlement. Any other Limiter (a decorator, a test's fake) is waited
+// on, and no more. A decorator that had to forward six exported interfaces
+// to be steered as the limiter it wrapped was the widest seam of the
+// package, and each new thing a response could say widened it; an Observer
+// sees every decision without standing between the two.
+//
 // When Redis fails, a Redis limiter decides by its FailurePolicy, by default
 // pacing locally at this process's share of the limit, leaves Redis alone for
 // a growing cool-down, and goes back to the shared limit by itself once a
@@ -70,7 +78,7 @@ type Transport struct {
 	Cost func(*http.Request) int
 
 	// Estimate, if set, gives each request's estimated costs under each
-	// limit of its quota, instead of Cost; the Limiter must be a Reserver.
+	// limit of its quota, instead of Cost; the Limiter must be Local or Redis.
 	// Settle, if set too, reads what the response cost, and the
 	// reservation is settled with it once the response body reaches EOF or
 	// is closed (see Settler). The body then comes wrapped: it reads the
@@ -80,7 +88,7 @@ type Transport struct {
 	Estimate func(*http.Request) Costs
 	Settle   Settler
 
-	// IgnoreCounters stops the Transport from steering a Syncer (Redis)
+	// IgnoreCounters stops the Transport from steering a Redis
 	// by the upstream's counters in each response (see ParseReadings and
 	// Redis.Sync), which it does by default. Holds are still heeded.
 	IgnoreCounters bool
@@ -102,9 +110,9 @@ var _ http.RoundTripper = (*Transport)(nil)
 // or its context ends, then sends it with Base and returns Base's response
 // and error untouched. It never modifies the request, and closes its body on
 // every path where Base does not receive it. Before it returns, what the
-// response says of the key's quota reaches the Limiter, for the whole fleet:
-// when it says the quota is spent (ParseHold), the key is held, on any
-// Holder; when it states the upstream's counters (ParseReadings), they steer
+// response says of the key's quota reaches the Limiter, when it is Local or
+// Redis, for the whole fleet (a Limiter of another kind is only waited on):
+// when it says the quota is spent (ParseHold), the key is held; when it states the upstream's counters (ParseReadings), they steer
 // the key on a Redis (Redis.Sync), unless IgnoreCounters; when it refuses
 // the request without saying why (a 429 or 503, with neither Retry-After nor
 // counters that explain it), the key's rate is cut on Local or Redis (see
@@ -141,17 +149,18 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // paced is how a Transport paced one request: by which limiter (nil when
 // none paces it), under which key, and, for a request whose costs are
-// estimated, its reservation and the Settler of its response. On a
-// limiter that heeds the upstream's word (Heeder), grant is what the
-// request booked, and heeding what its response may steer. Under a cap in
-// flight, slot is the request's, until its response ends.
+// estimated, its reservation and the Settler of its response. On a limiter
+// of pace's own (pacer), grant is what the request booked, scope what its
+// response may steer, and, under a cap in flight, slot is the request's,
+// until its response ends.
 type paced struct {
 	limiter Limiter
+	pacer   pacer // limiter, when it is pace's own
 	key     string
 	res     *Reservation
 	settle  Settler
-	grant   Grant
-	heeding Heeding
+	grant   grant
+	scope   heedScope
 	slot    *Slot
 	class   Class // the Rule's, for a request whose context carries none
 }
@@ -166,9 +175,9 @@ func (t *Transport) wait(req *http.Request) (paced, error) {
 		if err != nil || rule.Unlimited {
 			return paced{key: key}, err
 		}
-		h := t.heeding()
-		h.Refusals = h.Refusals && !rule.IgnoreRefusals
-		return t.waitFor(req, paced{limiter: rule.Limiter, key: key, settle: rule.Settle, class: rule.Class, heeding: h}, cost, rule.Estimate)
+		scope := t.scope()
+		scope.refusals = scope.refusals && !rule.IgnoreRefusals
+		return t.waitFor(req, paced{limiter: rule.Limiter, key: key, settle: rule.Settle, class: rule.Class, scope: scope}, cost, rule.Estimate)
 	}
 	switch {
 	case t.Settle != nil && t.Estimate == nil:
@@ -184,15 +193,16 @@ func (t *Transport) wait(req *http.Request) (paced, error) {
 	if t.Cost != nil && t.Estimate == nil {
 		cost = t.Cost(req)
 	}
-	return t.waitFor(req, paced{limiter: t.Limiter, key: keyOf(req), settle: t.Settle, heeding: t.heeding()}, cost, t.Estimate)
+	return t.waitFor(req, paced{limiter: t.Limiter, key: keyOf(req), settle: t.Settle, scope: t.scope()}, cost, t.Estimate)
 }
 
-// heeding is what the responses to t's requests may steer.
-func (t *Transport) heeding() Heeding {
-	return Heeding{Counters: !t.IgnoreCounters, Refusals: !t.IgnoreRefusals}
+// scope is what the responses to t's requests may steer.
+func (t *Transport) scope() heedScope {
+	return heedScope{counters: !t.IgnoreCounters, refusals: !t.IgnoreRefusals}
 }
 
-// waitFor waits on p's limiter for req: for a slot, when the limiter caps
+// waitFor waits on p's limiter for req. A limiter of a user's is waited
+// on for cost. One of pace's own is asked for a slot, when its quota caps
 // requests in flight, then for cost under every rate limit, or, with an
 // estimate, for a reservation of the estimated costs.
 func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(*http.Request) Costs) (paced, error) {
@@ -200,59 +210,40 @@ func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(
 	if _, set := ctx.Value(classKey{}).(Class); !set && p.class != ClassDefault {
 		ctx = WithClass(ctx, p.class)
 	}
-	if slotter, ok := p.limiter.(Slotter); ok {
-		slot, err := slotter.TakeSlot(ctx, p.key)
-		if err != nil {
-			return p, err
+	var ours bool
+	if p.pacer, ours = p.limiter.(pacer); !ours {
+		if estimate != nil {
+			return p, fmt.Errorf("pace: key %s: an Estimate needs a limiter that reserves, Local or Redis, not a %T", store.QuoteKey(p.key), p.limiter)
 		}
-		p.slot, ctx = slot, WithSlot(ctx, slot)
+		return p, p.limiter.Wait(ctx, p.key, cost)
 	}
+	slot, err := p.pacer.TakeSlot(ctx, p.key)
+	if err != nil {
+		return p, err
+	}
+	p.slot, ctx = slot, WithSlot(ctx, slot)
 	waited := false
 	defer func() {
 		if !waited {
 			p.slot.Release() // the wait failed, or Estimate panicked
 		}
 	}()
-	p, err := t.waitRates(ctx, req, p, cost, estimate)
+	if estimate == nil {
+		p.grant, err = p.pacer.waitGrant(ctx, p.key, cost)
+	} else if p.res, err = p.pacer.Reserve(ctx, p.key, estimate(req)); err == nil {
+		p.grant = p.res.granted()
+	}
 	waited = err == nil
 	return p, err
 }
 
-// waitRates waits on p's limiter, with ctx, for req's cost under every
-// rate limit, or, with an estimate, for a reservation of the estimated
-// costs.
-func (t *Transport) waitRates(ctx context.Context, req *http.Request, p paced, cost int, estimate func(*http.Request) Costs) (paced, error) {
-	var err error
-	h, heeds := p.limiter.(Heeder)
-	switch reserver, ok := p.limiter.(Reserver); {
-	case estimate == nil && heeds:
-		p.grant, err = h.WaitGrant(ctx, p.key, cost)
-	case estimate == nil:
-		err = p.limiter.Wait(ctx, p.key, cost)
-	case !ok:
-		err = fmt.Errorf("pace: key %s: an Estimate needs a Limiter that is a Reserver, such as Local or Redis, not a %T", store.QuoteKey(p.key), p.limiter)
-	default:
-		if p.res, err = reserver.Reserve(ctx, p.key, estimate(req)); err == nil {
-			p.grant = p.res.Grant()
-		}
-	}
-	return p, err
-}
-
 // heed hands what resp, which arrived at arrival, says of p's key to p's
-// limiter: to a Heeder whole (holds, counters, refusals), to another Holder
-// its holds. It runs past the request's context: the response has been
-// counted already. Failures reach the limiter's observer.
+// limiter, when it is pace's own: its holds, counters and refusals. It runs
+// past the request's context: the response has been counted already.
+// Failures reach the limiter's observer.
 func (p paced) heed(ctx context.Context, resp *http.Response, arrival time.Time) {
-	if h, ok := p.limiter.(Heeder); ok {
-		h.Heed(ctx, p.key, p.grant, resp, arrival, p.heeding) // past ctx's end, as Heed promises
-		return
-	}
-	if holder, ok := p.limiter.(Holder); ok {
-		ctx = context.WithoutCancel(ctx)
-		for _, hold := range hear(resp, arrival, DefaultMaxHold).holds {
-			holder.Hold(ctx, p.key, hold)
-		}
+	if p.pacer != nil {
+		p.pacer.heedResponse(ctx, p.key, p.grant, resp, arrival, p.scope)
 	}
 }
 
@@ -270,7 +261,7 @@ func (p paced) endingBody(ctx context.Context, resp *http.Response) io.ReadClose
 		ctx = context.WithoutCancel(ctx)
 		b.settle = func(ends BodyEnds) {
 			if actual, ok := p.settle(resp, ends); ok {
-				p.limiter.(Reserver).Settle(ctx, p.res, actual) // a failure reaches the Limiter's observer
+				p.pacer.Settle(ctx, p.res, actual) // a failure reaches the Limiter's observer
 			}
 		}
 	}

@@ -1,0 +1,56 @@
+package pace
+
+import (
+	"context"
+	"net/http"
+	"time"
+)
+
+// A pacer is a limiter of pace's own, Local or Redis: the Transport asks it
+// one question per request and hands it the answer. It takes the request's
+// slot under a cap in flight (TakeSlot), waits for its grant (waitGrant)
+// or reserves its estimated costs (Reserve), heeds what the response says
+// of the key (heedResponse: holds, counters, refusals), and settles the
+// reservation once the body ends (Settle). The protocol is unexported: a
+// Limiter of a user's (a decorator, a test's fake) is waited on, and no
+// more. A decorator that had to forward six interfaces to be steered was
+// the widest seam of the package, and every new thing a response could say
+// widened it; an Observer sees every decision without standing between
+// the Transport and its limiter.
+type pacer interface {
+	Limiter
+	Acquire(ctx context.Context, key string, cost int) (*Slot, error)
+	TakeSlot(ctx context.Context, key string) (*Slot, error)
+	Hold(ctx context.Context, key string, h Hold) error
+	Reserve(ctx context.Context, key string, estimate Costs) (*Reservation, error)
+	Settle(ctx context.Context, r *Reservation, actual Costs) error
+	MaxCost() int
+	// waitGrant waits as Wait does, and returns what it booked, by which
+	// the response steers the key.
+	waitGrant(ctx context.Context, key string, cost int) (grant, error)
+	// heedResponse applies what resp, the response to the request granted
+	// as g, which arrived at arrival, says of key, as far as h allows: its
+	// holds (ParseHold), its counters (ParseReadings), a refusal without a
+	// word. It runs past ctx's end; failures reach the limiter's observer.
+	heedResponse(ctx context.Context, key string, g grant, resp *http.Response, arrival time.Time, h heedScope)
+}
+
+var (
+	_ pacer = (*Redis)(nil)
+	_ pacer = (*Local)(nil)
+)
+
+// A grant is what a pacer granted one wait (waitGrant), or one reservation
+// (Reservation.granted): the booking that a response to its request
+// steers. The zero grant is a wait no limiter booked.
+type grant struct{ t ticket }
+
+// heedScope says what a response may steer besides its holds.
+type heedScope struct {
+	// counters: the upstream's counters steer the key on a Redis (see
+	// Transport.IgnoreCounters).
+	counters bool
+	// refusals: a refusal that neither a Retry-After nor the counters
+	// explain cuts the key's rate (see Transport.IgnoreRefusals).
+	refusals bool
+}
