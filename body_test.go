@@ -120,7 +120,7 @@ func TestTransportEstimateBadInput(t *testing.T) {
 	lim := mustLocal(t, hourlyTokens)
 	estimate := func(*http.Request) Costs { return Costs{"tokens": 400} }
 	for want, tr := range map[string]*Transport{
-		"Local or Redis":              {Base: base, Limiter: waitOnly{lim}, Estimate: estimate},
+		"Local or Redis":             {Base: base, Limiter: waitOnly{lim}, Estimate: estimate},
 		"Settle without an Estimate": {Base: base, Limiter: lim, Settle: OpenAIUsage("tokens")},
 		`cost 2000 under limit "tokens" exceeds its burst 1000`: {Base: base, Limiter: lim, Estimate: func(*http.Request) Costs { return Costs{"tokens": 2000} }},
 	} {

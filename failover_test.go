@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetpace/pace/headers"
 	"github.com/fleetpace/pace/internal/outage"
 	"github.com/fleetpace/pace/internal/store"
 )
@@ -396,7 +397,7 @@ func TestFailover(t *testing.T) {
 			f.checkDelay("the booked key, during the outage", tk.delay, 3*time.Second, 3*time.Second)
 		}},
 		{"a held key beside a free key", tenPerSecond, 1, func(f *failoverTest) {
-			if err := f.r.Hold(context.Background(), "held", Hold{For: 5 * time.Second, Reason: "test"}); err != nil {
+			if err := f.r.Hold(context.Background(), "held", headers.Hold{For: 5 * time.Second, Reason: "test"}); err != nil {
 				f.t.Fatal(err)
 			}
 			f.grant("held", 0) // one caller booked after the hold
@@ -490,7 +491,7 @@ func TestFailover(t *testing.T) {
 		}},
 		{"hold during an outage holds its key alone", tenPerSecond, 1, func(f *failoverTest) {
 			f.fail()
-			if err := f.r.Hold(context.Background(), "held", Hold{For: 2 * time.Second, Reason: "test"}); err != nil {
+			if err := f.r.Hold(context.Background(), "held", headers.Hold{For: 2 * time.Second, Reason: "test"}); err != nil {
 				f.t.Fatal(err)
 			}
 			f.checkDelay("the held key", f.grant("held", 0).delay, 2*time.Second, 2*time.Second)

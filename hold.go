@@ -5,123 +5,25 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/fleetpace/pace/headers"
 	"github.com/fleetpace/pace/internal/expiring"
 	"github.com/fleetpace/pace/internal/store"
 )
-
-// A Hold is the upstream's word that a key's quota is spent: no request for
-// the key should reach it for For. Local.Hold and Redis.Hold pause a key so
-// (a Transport does whenever a response says its quota is spent): the hold
-// spends nothing, and afterwards the key resumes at its rate, with the
-// burst its buckets had and refilled meanwhile. A hold never shortens a
-// longer one already in place.
-type Hold struct {
-	For    time.Duration
-	Reason string        // the status and header that said so, such as "429 Retry-After: 2"
-	Asked  time.Duration // when the hold was capped: what the upstream asked for; else 0
-	// Quota names the upstream's quota that is spent, as a Reading names it
-	// (a GitHub resource, an IETF policy); "" for the whole key, as a
-	// Retry-After says. A limiter holds a key for a named quota only when
-	// the quota is about one of its limits (see ParseReadings).
-	Quota string
-
-	only, own bool // its reading was the response's only one; names a quota of its own
-}
 
 // DefaultMaxHold is the longest that anything a response says can delay a
 // key, unless a limiter is told otherwise (WithMaxHold).
 const DefaultMaxHold = time.Hour
 
-// ParseHold reads what a response says of the quota and returns the hold it
-// asks for, capped at max, or false when it asks for none. now is when the
-// response arrived. It reads the status and headers only, never the body,
-// on the clock of ParseReadings:
-//
-//   - 429, 503 or 403 with Retry-After, in seconds (whole or decimal) or as
-//     an HTTP-date, or with Azure's retry-after-ms or x-ms-retry-after-ms:
-//     a hold of the whole key;
-//   - on any status, a reading (ParseReadings) of a window with no unit
-//     left: a hold of its quota until the window resets, as GitHub says
-//     with its 403s (X-RateLimit-Remaining: 0) and the IETF draft with
-//     "default";r=0;t=30, or RateLimit-Remaining: 0 with RateLimit-Reset.
-//
-// When several say so, the longest hold wins. A value that is malformed,
-// negative, in the past, or contradicted by its own headers (a remaining
-// count above the limit) is ignored.
-func ParseHold(resp *http.Response, now time.Time, max time.Duration) (Hold, bool) {
-	var longest Hold
-	for _, h := range hear(resp, now, max).holds {
-		if h.For > longest.For {
-			longest = h
-		}
-	}
-	return longest, longest.For > 0
-}
-
-// retryAfter reads the Retry-After of a 429, 503 or 403 (or Azure's
-// retry-after-ms or x-ms-retry-after-ms), on clock, as a hold of the whole
-// key capped at max, with status (such as "429 ") in its reason.
-func retryAfter(resp *http.Response, clock *readingClock, max time.Duration, status string) (Hold, bool) {
-	switch resp.StatusCode {
-	case http.StatusTooManyRequests, http.StatusServiceUnavailable, http.StatusForbidden:
-	default:
-		return Hold{}, false
-	}
-	var longest Hold
-	if v := resp.Header.Get("Retry-After"); v != "" {
-		longest = capHold(retryAfterSeconds(v, clock), max, Hold{Reason: status + "Retry-After: " + v})
-	}
-	for _, name := range []string{"Retry-After-Ms", "X-Ms-Retry-After-Ms"} { // Azure's, in milliseconds
-		if v := resp.Header.Get(name); v != "" {
-			ms, _ := strconv.ParseFloat(v, 64)
-			if h := capHold(ms/1000, max, Hold{Reason: status + name + ": " + v}); h.For > longest.For {
-				longest = h
-			}
-		}
-	}
-	return longest, longest.For > 0
-}
-
-// capHold is h, for seconds capped at max (with what was asked, when
-// capped); For is 0 when seconds is not a positive finite number.
-func capHold(seconds float64, max time.Duration, h Hold) Hold {
-	switch {
-	case !(seconds > 0) || math.IsInf(seconds, 0):
-		return Hold{}
-	case seconds < max.Seconds():
-		h.For = time.Duration(math.Ceil(seconds*1e3)) * time.Millisecond
-	default:
-		h.For, h.Asked = max, time.Duration(math.MaxInt64)
-		if seconds < float64(math.MaxInt64/int64(time.Second)) {
-			h.Asked = time.Duration(seconds * float64(time.Second))
-		}
-	}
-	return h
-}
-
-// retryAfterSeconds reads a Retry-After value: seconds, or an HTTP-date
-// taken against clock.
-func retryAfterSeconds(v string, clock *readingClock) float64 {
-	if seconds, err := strconv.ParseFloat(v, 64); err == nil {
-		return seconds
-	}
-	if at, err := http.ParseTime(v); err == nil {
-		return at.Sub(clock.at()).Seconds()
-	}
-	return 0
-}
-
 // reportHold tells o that limiter held key as h says: a cap when there was
 // one, and, when changed (the hold outlasts what was in place), the hold and
 // later its end.
-func reportHold(ctx context.Context, o Observer, limiter, key string, h Hold, changed bool) {
+func reportHold(ctx context.Context, o Observer, limiter, key string, h headers.Hold, changed bool) {
 	if o == nil {
 		return
 	}
@@ -142,12 +44,12 @@ func reportHold(ctx context.Context, o Observer, limiter, key string, h Hold, ch
 // bound (and saying what was asked), and whether it holds the key at all
 // (a hold of a quota none of limits is holds nothing); or why it cannot be
 // set: an empty key, or a hold that is not positive.
-func (c commonConfig) hold(limits namedLimits, key string, h Hold) (Hold, bool, error) {
+func (c commonConfig) hold(limits namedLimits, key string, h headers.Hold) (headers.Hold, bool, error) {
 	switch {
 	case key == "":
 		return h, false, fmt.Errorf("pace: Hold: empty key (%s)", h.Reason)
 	case h.For <= 0:
-		return h, false, fmt.Errorf("pace: key %s: Hold for %v (%s): want a positive time", store.QuoteKey(key), h.For, h.Reason)
+		return h, false, fmt.Errorf("pace: key %s: headers.Hold for %v (%s): want a positive time", store.QuoteKey(key), h.For, h.Reason)
 	}
 	if bound := c.holdBound(); h.For > bound {
 		h.For, h.Asked = bound, max(h.Asked, h.For)
@@ -155,12 +57,12 @@ func (c commonConfig) hold(limits namedLimits, key string, h Hold) (Hold, bool, 
 	return h, limits.holds(h), nil
 }
 
-// Hold pauses key: in Redis, for every process of the fleet, no
+// headers.Hold pauses key: in Redis, for every process of the fleet, no
 // wait for key ends sooner than h.For from now (by Redis's clock), capped
 // at the limiter's MaxHold (see WithMaxHold); a hold of a quota that none
 // of the limits is (see Hold.Quota) holds nothing. While Redis is away, the
 // hold goes to this process's outage limiter alone.
-func (r *Redis) Hold(ctx context.Context, key string, h Hold) error {
+func (r *Redis) Hold(ctx context.Context, key string, h headers.Hold) error {
 	h, holds, err := r.config.hold(r.namedLimits, key, h)
 	if err != nil || !holds {
 		return err
@@ -184,7 +86,7 @@ func (r *Redis) Hold(ctx context.Context, key string, h Hold) error {
 }
 
 // holdLocally holds key on an outage's local limiter, if there is one.
-func holdLocally(ctx context.Context, local *Local, key string, h Hold) error {
+func holdLocally(ctx context.Context, local *Local, key string, h headers.Hold) error {
 	if local == nil {
 		return nil
 	}
@@ -216,10 +118,10 @@ func (r *Redis) replacedByHold(ctx context.Context, key string, t ticket) bool {
 	return err == nil && due < end
 }
 
-// Hold pauses key: no wait for key ends sooner than h.For from now,
+// headers.Hold pauses key: no wait for key ends sooner than h.For from now,
 // capped at the limiter's MaxHold (see WithMaxHold); a hold of a quota that
 // none of the limits is (see Hold.Quota) holds nothing.
-func (loc *Local) Hold(ctx context.Context, key string, h Hold) error {
+func (loc *Local) Hold(ctx context.Context, key string, h headers.Hold) error {
 	h, holds, err := loc.config.hold(loc.namedLimits, key, h)
 	if err != nil || !holds {
 		return err

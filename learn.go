@@ -20,7 +20,7 @@ type learning struct {
 }
 
 // Learn returns a copy of l that adopts the limit the upstream advertises:
-// from the first response that says how large the quota is (see Reading's
+// from the first response that says how large the quota is (see headers.Reading's
 // Limit and Window, its window defaulting to l's period), the key paces at
 // that rate instead of l's, with l's burst, in every process, until the key
 // is idle long enough to expire. l's rate is the ceiling: the upstream's

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetpace/pace/headers"
 	"github.com/fleetpace/pace/internal/redistest"
 	"github.com/fleetpace/pace/internal/store"
 	"github.com/redis/go-redis/v9"
@@ -159,7 +160,7 @@ func TestBadHolds(t *testing.T) {
 		"local": mustLocal(t, limit, WithObserver(log.observe), WithMaxHold(time.Minute))}
 	for lname, lim := range limiters {
 		t.Run(lname+"/a century and a day", func(t *testing.T) {
-			if err := lim.Hold(ctx, "long", Hold{For: MaxDelay + 24*time.Hour, Reason: "test"}); err != nil {
+			if err := lim.Hold(ctx, "long", headers.Hold{For: MaxDelay + 24*time.Hour, Reason: "test"}); err != nil {
 				t.Fatal(err)
 			}
 			capped, _ := log.last(EventHoldCapped)
@@ -175,11 +176,11 @@ func TestBadHolds(t *testing.T) {
 			}
 		})
 		for name, tc := range map[string]struct {
-			hold Hold
+			hold headers.Hold
 			want string
 		}{
-			"negative": {Hold{For: -time.Second, Reason: "test"}, "Hold for -1s"},
-			"zero":     {Hold{Reason: "test"}, "Hold for 0s"},
+			"negative": {headers.Hold{For: -time.Second, Reason: "test"}, "Hold for -1s"},
+			"zero":     {headers.Hold{Reason: "test"}, "Hold for 0s"},
 		} {
 			t.Run(lname+"/"+name, func(t *testing.T) {
 				if err := lim.Wait(ctx, name, 10); err != nil { // empty the bucket

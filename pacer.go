@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/http"
 	"time"
+
+	"github.com/fleetpace/pace/headers"
 )
 
 // A pacer is a limiter of pace's own, Local or Redis: the Transport asks it
@@ -21,7 +23,7 @@ type pacer interface {
 	Limiter
 	Acquire(ctx context.Context, key string, cost int) (*Slot, error)
 	TakeSlot(ctx context.Context, key string) (*Slot, error)
-	Hold(ctx context.Context, key string, h Hold) error
+	Hold(ctx context.Context, key string, h headers.Hold) error
 	Reserve(ctx context.Context, key string, estimate Costs) (*Reservation, error)
 	Settle(ctx context.Context, r *Reservation, actual Costs) error
 	MaxCost() int
@@ -30,7 +32,7 @@ type pacer interface {
 	waitGrant(ctx context.Context, key string, cost int) (grant, error)
 	// heedResponse applies what resp, the response to the request granted
 	// as g, which arrived at arrival, says of key, as far as h allows: its
-	// holds (ParseHold), its counters (ParseReadings), a refusal without a
+	// holds (headers.ParseHold), its counters (headers.ParseReadings), a refusal without a
 	// word. It runs past ctx's end; failures reach the limiter's observer.
 	heedResponse(ctx context.Context, key string, g grant, resp *http.Response, arrival time.Time, h heedScope)
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetpace/pace/headers"
 	"github.com/fleetpace/pace/internal/store"
 	"github.com/redis/go-redis/v9"
 )
@@ -418,7 +419,7 @@ func TestFixedWindowWaitsForTheNext(t *testing.T) {
 func TestQuotaHoldAndFallback(t *testing.T) {
 	ctx := context.Background()
 	r := mustRedis(t, newTestRedis(t), AllOf{PerSecond(1000), Window(100, time.Second), FixedWindow(100, time.Second)}, WithFleetSize(1))
-	if err := r.Hold(ctx, "k", Hold{For: 200 * time.Millisecond, Reason: "test"}); err != nil {
+	if err := r.Hold(ctx, "k", headers.Hold{For: 200 * time.Millisecond, Reason: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	b, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, MaxDelay, 0)

@@ -7,13 +7,15 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-retryablehttp"
+
+	"github.com/fleetpace/pace/headers"
 )
 
 // NewRetryClient returns a go-retryablehttp client whose every attempt goes
 // through t: each attempt waits for its own token and honours the holds that
 // responses set. It retries connection errors, 429s and 5xx responses
 // (retryablehttp's DefaultRetryPolicy) up to 4 times, and any other response
-// that holds its key (see ParseHold), such as GitHub's 403 of a secondary
+// that holds its key (see headers.ParseHold), such as GitHub's 403 of a secondary
 // limit (Retry-After, or X-RateLimit-Remaining: 0), but not a wait that
 // pace refused or could not decide (a *DeadlineError, ErrUnavailable, a bad
 // key or cost): trying again would fail the same way. After a response that
@@ -27,7 +29,7 @@ func NewRetryClient(t *Transport) *retryablehttp.Client {
 	c.CheckRetry = retryPolicy
 	c.Backoff = func(min, max time.Duration, attempt int, resp *http.Response) time.Duration {
 		if resp != nil {
-			if _, held := ParseHold(resp, time.Now(), DefaultMaxHold); held {
+			if _, held := headers.ParseHold(resp, time.Now(), DefaultMaxHold); held {
 				return 0
 			}
 		}
@@ -44,7 +46,7 @@ func retryPolicy(ctx context.Context, resp *http.Response, err error) (bool, err
 		return false, err
 	}
 	if err == nil && resp != nil && resp.StatusCode == http.StatusForbidden && ctx.Err() == nil {
-		if _, held := ParseHold(resp, time.Now(), DefaultMaxHold); held {
+		if _, held := headers.ParseHold(resp, time.Now(), DefaultMaxHold); held {
 			return true, nil // a rate limit's refusal: the next attempt waits out the hold
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/fleetpace/pace/headers"
 	"github.com/fleetpace/pace/internal/steer"
 	"github.com/fleetpace/pace/internal/store"
 )
@@ -21,7 +22,7 @@ type steering struct {
 
 // Sync steers the key of res, whose response said what readings say, for
 // the whole fleet: a Transport on a Redis reads every response's counters
-// (ParseReadings) and syncs the request's key with them by itself; a caller
+// (headers.ParseReadings) and syncs the request's key with them by itself; a caller
 // with a client of its own reserves each request and syncs it. refused says the upstream refused the request (a
 // 429), so that its units, which it did not spend, count as such. Each reading steers the bucket of the quota named
 // like it (or, when the response has one reading and the quota one limit,
@@ -36,7 +37,7 @@ type steering struct {
 //     limit's rate less theirs, leaving them what they spend in the next
 //     50 ms (for a window, until its reset); when they stop, the estimate
 //     decays and the fleet speeds up again;
-//   - for a quota that refills (Reading.Refills, a token bucket upstream),
+//   - for a quota that refills (headers.Reading.Refills, a token bucket upstream),
 //     the bucket's level becomes what is left for the fleet;
 //   - for a window, what is left for the fleet is spread evenly until the
 //     window resets, one request at a time, instead of a burst and then a
@@ -60,7 +61,7 @@ type steering struct {
 // The steering assumes the limit's burst is the upstream's (for a quota
 // that refills) and keeps the steered bucket for at least a minute after
 // its last reading.
-func (r *Redis) Sync(ctx context.Context, res *Reservation, readings []Reading, refused bool) error {
+func (r *Redis) Sync(ctx context.Context, res *Reservation, readings []headers.Reading, refused bool) error {
 	if res == nil || res.limiter != r {
 		return &requestError{"pace: Sync: a reservation this limiter did not make"}
 	}
@@ -71,7 +72,7 @@ func (r *Redis) Sync(ctx context.Context, res *Reservation, readings []Reading, 
 // b, which arrived at arrival; refused, the request was refused (a 429).
 // Readings of a refusal are never dropped: they account for units not
 // spent. Readings this process can tell are stale are dropped unasked.
-func (r *Redis) sync(ctx context.Context, key string, b store.Booking, readings []Reading, refused bool, arrival time.Time) error {
+func (r *Redis) sync(ctx context.Context, key string, b store.Booking, readings []headers.Reading, refused bool, arrival time.Time) error {
 	if !b.Granted {
 		return nil // booked without Redis
 	}
@@ -113,11 +114,11 @@ func (r *Redis) sync(ctx context.Context, key string, b store.Booking, readings 
 // elapsed after the response arrived. A reading that resets, or (for a
 // limit that learns) whose window ends, beyond the limiter's MaxHold is
 // the response's foreign data, which the observer hears ignored.
-func (r *Redis) steerings(ctx context.Context, key string, readings []Reading, elapsed time.Duration) []steering {
+func (r *Redis) steerings(ctx context.Context, key string, readings []headers.Reading, elapsed time.Duration) []steering {
 	bound := r.config.holdBound()
 	var steers []steering
 	for _, reading := range readings {
-		i := r.limitOf(reading.Name, reading.own, len(readings) == 1)
+		i := r.limitOf(reading.Name, reading.OwnQuota, len(readings) == 1)
 		if i < 0 || r.limits[i].kind != bucket || reading.Reset <= elapsed {
 			continue
 		}
@@ -147,27 +148,27 @@ func plainSteers(steers []steering) []store.Steer {
 
 // heedResponse implements pacer.
 func (r *Redis) heedResponse(ctx context.Context, key string, g grant, resp *http.Response, arrival time.Time, h heedScope) {
-	r.heed(context.WithoutCancel(ctx), key, g.t, hear(resp, arrival, r.config.holdBound()), h)
+	r.heed(context.WithoutCancel(ctx), key, g.t, headers.Hear(resp, arrival, r.config.holdBound()), h)
 }
 
 // heedResponse implements pacer.
 func (loc *Local) heedResponse(ctx context.Context, key string, g grant, resp *http.Response, arrival time.Time, h heedScope) {
-	loc.heed(context.WithoutCancel(ctx), key, g.t, hear(resp, arrival, loc.config.holdBound()), h)
+	loc.heed(context.WithoutCancel(ctx), key, g.t, headers.Hear(resp, arrival, loc.config.holdBound()), h)
 }
 
 // heed applies w: the holds first, since a hold takes the key's
 // next reading afresh, then the counters (see Sync), then, for a request
 // Redis booked, a refusal that neither explains to the key's rate, or a
 // success it listens for (see internal/steer).
-func (r *Redis) heed(ctx context.Context, key string, t ticket, w word, o heedScope) {
-	for _, h := range w.holds {
+func (r *Redis) heed(ctx context.Context, key string, t ticket, w headers.Word, o heedScope) {
+	for _, h := range w.Holds {
 		r.Hold(ctx, key, h)
 	}
-	if o.counters && len(w.readings) > 0 {
-		r.sync(ctx, key, t.booking, w.readings, w.refused, w.at)
+	if o.counters && len(w.Readings) > 0 {
+		r.sync(ctx, key, t.booking, w.Readings, w.Refused, w.At)
 	}
-	served := !w.refused && t.listening
-	if !o.refusals || !t.booking.Granted || (!served && (!w.refused || w.explained(r.namedLimits))) {
+	served := !w.Refused && t.listening
+	if !o.refusals || !t.booking.Granted || (!served && (!w.Refused || r.namedLimits.explains(w))) {
 		return
 	}
 	var share int64
@@ -179,19 +180,19 @@ func (r *Redis) heed(ctx context.Context, key string, t ticket, w word, o heedSc
 		return err
 	})
 	if share > 0 {
-		reportRate(ctx, r.config.observer, "redis", key, share, w.status)
+		reportRate(ctx, r.config.observer, "redis", key, share, w.Status)
 	}
 }
 
 // heed applies w: the holds, then a refusal that neither explains
 // to the key's rate, or a success it listens for (see internal/steer). Local
 // is not steered by counters.
-func (loc *Local) heed(ctx context.Context, key string, t ticket, w word, o heedScope) {
-	for _, h := range w.holds {
+func (loc *Local) heed(ctx context.Context, key string, t ticket, w headers.Word, o heedScope) {
+	for _, h := range w.Holds {
 		loc.Hold(ctx, key, h)
 	}
-	served := !w.refused && t.listening
-	if !o.refusals || t.local != loc || (!served && (!w.refused || w.explained(loc.namedLimits))) {
+	served := !w.Refused && t.listening
+	if !o.refusals || t.local != loc || (!served && (!w.Refused || loc.namedLimits.explains(w))) {
 		return
 	}
 	now := loc.now()
@@ -210,52 +211,21 @@ func (loc *Local) heed(ctx context.Context, key string, t ticket, w word, o heed
 		loc.retimes.Add(key, now.UnixMicro(), true, now) // its sleepers book anew
 	}
 	if cut {
-		reportRate(ctx, loc.config.observer, "local", key, share, w.status)
+		reportRate(ctx, loc.config.observer, "local", key, share, w.Status)
 	}
 }
 
-// A word is what one response said of its key's quota, read once: the
-// readings of its counters (ParseReadings), the holds they and its
-// Retry-After ask for (ParseHold), all on one clock, and whether the
-// upstream refused the request.
-type word struct {
-	readings []Reading
-	holds    []Hold
-	status   int
-	refused  bool      // a 429 or a 503
-	at       time.Time // when the response arrived
-}
-
-// hear reads what resp, which arrived at now, says: its readings, and the
-// holds they and its Retry-After ask for, each capped at max.
-func hear(resp *http.Response, now time.Time, max time.Duration) word {
-	clock := readingClock{header: resp.Header, now: now}
-	w := word{readings: readAll(resp.Header, &clock), at: now, status: resp.StatusCode,
-		refused: resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable}
-	status := strconv.Itoa(resp.StatusCode) + " "
-	if h, ok := retryAfter(resp, &clock, max, status); ok {
-		w.holds = append(w.holds, h)
-	}
-	for _, r := range w.readings {
-		if r.Remaining == 0 && !r.Refills {
-			h := Hold{Reason: status + r.Header, Quota: r.Name, only: len(w.readings) == 1, own: r.own}
-			w.holds = append(w.holds, capHold(r.Reset.Seconds(), max, h))
-		}
-	}
-	return w
-}
-
-// explained reports whether w explains its refusal for limits: a hold of
-// the key, or a reading of one of the limits with no unit left. A refusal
+// explains reports whether w explains its refusal for n: a hold of the
+// key, or a reading of one of the limits with no unit left. A refusal
 // nothing explains steers the key's rate (see internal/steer).
-func (w word) explained(limits namedLimits) bool {
-	for _, h := range w.holds {
-		if limits.holds(h) {
+func (n namedLimits) explains(w headers.Word) bool {
+	for _, h := range w.Holds {
+		if n.holds(h) {
 			return true
 		}
 	}
-	for _, r := range w.readings {
-		if r.Remaining == 0 && limits.limitOf(r.Name, r.own, len(w.readings) == 1) >= 0 {
+	for _, r := range w.Readings {
+		if r.Remaining == 0 && n.limitOf(r.Name, r.OwnQuota, len(w.Readings) == 1) >= 0 {
 			return true
 		}
 	}
@@ -280,8 +250,8 @@ func (n namedLimits) limitOf(name string, own, only bool) int {
 
 // holds reports whether h holds a key of these limits: a hold of the whole
 // key, or of a quota one of them is.
-func (n namedLimits) holds(h Hold) bool {
-	return h.Quota == "" || n.limitOf(h.Quota, h.own, h.only) >= 0
+func (n namedLimits) holds(h headers.Hold) bool {
+	return h.Quota == "" || n.limitOf(h.Quota, h.OwnQuota, h.OnlyReading) >= 0
 }
 
 // reportRate tells o that limiter cut key's rate, after the refusal the

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetpace/pace/headers"
 	"github.com/fleetpace/pace/internal/steer"
 	"github.com/fleetpace/pace/internal/store"
 	"github.com/redis/go-redis/v9"
@@ -69,8 +70,8 @@ func (l *eventLog) count(kind EventKind) int {
 
 // refillReading is a reading of an upstream's bucket: left units, full
 // again in reset.
-func refillReading(left int64, reset time.Duration) []Reading {
-	return []Reading{{Name: "requests", Remaining: left, Reset: reset, Refills: true, Header: "x-ratelimit-remaining-requests: " + strconv.FormatInt(left, 10)}}
+func refillReading(left int64, reset time.Duration) []headers.Reading {
+	return []headers.Reading{{Name: "requests", Remaining: left, Reset: reset, Refills: true, Header: "x-ratelimit-remaining-requests: " + strconv.FormatInt(left, 10)}}
 }
 
 // TestSyncTransitions: on an injected clock and a store that can fail, with
@@ -150,7 +151,7 @@ func TestSyncBadInput(t *testing.T) {
 	if res, err = quota.Reserve(ctx, "q", nil); err != nil {
 		t.Fatal(err)
 	}
-	unnamed := []Reading{{Name: "search", Remaining: 1, Reset: time.Second}, {Remaining: 1, Reset: time.Second}}
+	unnamed := []headers.Reading{{Name: "search", Remaining: 1, Reset: time.Second}, {Remaining: 1, Reset: time.Second}}
 	if err := quota.Sync(ctx, res, unnamed, false); err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +226,7 @@ func TestRetimeWakesSleepers(t *testing.T) {
 	}
 	waitForSubscriber(t, c, r.holdChannel())
 	synced := time.Now()
-	learn := []Reading{{Limit: 100, Window: time.Second, Remaining: 90, Reset: 100 * time.Millisecond, Refills: true, Header: "test"}}
+	learn := []headers.Reading{{Limit: 100, Window: time.Second, Remaining: 90, Reset: 100 * time.Millisecond, Refills: true, Header: "test"}}
 	if err := r.Sync(ctx, res, learn, false); err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +309,7 @@ func TestWindowEstimateOfOthers(t *testing.T) {
 			t.Fatalf("request %d: %v", i, err)
 		}
 		left -= 1 + others
-		window := []Reading{{Name: "requests", Remaining: left, Reset: 40 * time.Second, Header: "ratelimit: r=" + strconv.FormatInt(left, 10)}}
+		window := []headers.Reading{{Name: "requests", Remaining: left, Reset: 40 * time.Second, Header: "ratelimit: r=" + strconv.FormatInt(left, 10)}}
 		if err := fleet[i].Sync(ctx, res, window, false); err != nil {
 			t.Fatal(err)
 		}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetpace/pace/headers"
 	"github.com/fleetpace/pace/internal/redistest"
 	"github.com/fleetpace/pace/internal/store"
 	"github.com/redis/go-redis/v9"
@@ -89,7 +90,7 @@ func TestOutageKeepsKeysApart(t *testing.T) {
 			return bookWaits(t, r, booked, "hot", 300)
 		},
 		"one key held for 5s, one caller booked after the hold": func(r *Redis, booked <-chan Event) func() {
-			if err := r.Hold(context.Background(), "hot", Hold{For: 5 * time.Second, Reason: "test"}); err != nil {
+			if err := r.Hold(context.Background(), "hot", headers.Hold{For: 5 * time.Second, Reason: "test"}); err != nil {
 				t.Fatal(err)
 			}
 			return bookWaits(t, r, booked, "hot", 1)
@@ -144,7 +145,7 @@ func TestHoldAfterRestartReachesSleepers(t *testing.T) {
 	}
 	srv.Restart()
 	held := time.Now()
-	if err := holder.Hold(ctx, "k", Hold{For: time.Second, Reason: "test"}); err != nil {
+	if err := holder.Hold(ctx, "k", headers.Hold{For: time.Second, Reason: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("hold set %v after the restart", time.Since(held))

@@ -14,7 +14,7 @@
 // for one key are at most b + r*t, summed over the whole fleet.
 //
 // A Transport on Redis also reads the upstream's counters in every response
-// (how much is left, when it resets: ParseReadings) and steers the key with
+// (how much is left, when it resets: headers.ParseReadings) and steers the key with
 // them for the whole fleet (Redis.Sync): it leaves others their share of a
 // quota pace does not see whole, spreads a window's rest instead of
 // bursting and stalling, and can learn the limit the upstream advertises
@@ -89,7 +89,7 @@ type Transport struct {
 	Settle   Settler
 
 	// IgnoreCounters stops the Transport from steering a Redis
-	// by the upstream's counters in each response (see ParseReadings and
+	// by the upstream's counters in each response (see headers.ParseReadings and
 	// Redis.Sync), which it does by default. Holds are still heeded.
 	IgnoreCounters bool
 
@@ -112,8 +112,9 @@ var _ http.RoundTripper = (*Transport)(nil)
 // every path where Base does not receive it. Before it returns, what the
 // response says of the key's quota reaches the Limiter, when it is Local or
 // Redis, for the whole fleet (a Limiter of another kind is only waited on):
-// when it says the quota is spent (ParseHold), the key is held; when it states the upstream's counters (ParseReadings), they steer
-// the key on a Redis (Redis.Sync), unless IgnoreCounters; when it refuses
+// when it says the quota is spent (headers.ParseHold), the key is held;
+// when it states the upstream's counters (headers.ParseReadings), they
+// steer the key on a Redis (Redis.Sync), unless IgnoreCounters; when it refuses
 // the request without saying why (a 429 or 503, with neither Retry-After nor
 // counters that explain it), the key's rate is cut on Local or Redis (see
 // EventRate), unless IgnoreRefusals. Under a cap in flight (Concurrent),

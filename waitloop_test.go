@@ -7,6 +7,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/fleetpace/pace/headers"
 	"github.com/fleetpace/pace/internal/outage"
 )
 
@@ -62,7 +63,7 @@ func TestWaitLoop(t *testing.T) {
 			f.start(ctx, "k").end() // the burst
 			w := f.start(ctx, "k")  // asleep for 100 ms
 			time.Sleep(50 * time.Millisecond)
-			if err := f.r.Hold(ctx, "k", Hold{For: time.Second, Reason: "test"}); err != nil {
+			if err := f.r.Hold(ctx, "k", headers.Hold{For: time.Second, Reason: "test"}); err != nil {
 				t.Fatal(err)
 			}
 			err, took := w.end()

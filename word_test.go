@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/fleetpace/pace/headers"
 )
 
 // scriptedAPI is an upstream on loopback that answers its n-th request
@@ -276,23 +278,6 @@ func TestResourcesHoldWhatMapsToThem(t *testing.T) {
 	}
 }
 
-// TestOneClock: ParseHold and ParseReadings take a reset on one clock: a
-// 403 whose Date is 30 s behind ours, resetting 60 s after its Date, holds
-// for 60 s, as its reading resets in 60 s.
-func TestOneClock(t *testing.T) {
-	now := time.Now()
-	resp := response(403, "Date", now.Add(-30*time.Second).UTC().Format(http.TimeFormat),
-		"X-RateLimit-Limit", "5000", "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", strconv.FormatInt(now.Add(30*time.Second).Unix(), 10))
-	h, _ := ParseHold(resp, now, time.Hour)
-	readings := ParseReadings(resp, now)
-	if len(readings) != 1 || h.For != readings[0].Reset.Truncate(time.Millisecond)+time.Millisecond && h.For != readings[0].Reset {
-		t.Fatalf("hold %v, readings %+v; want one reading, and a hold as long as it resets", h.For, readings)
-	}
-	if h.For < 59*time.Second || h.For > 61*time.Second {
-		t.Errorf("hold %v, want 60 s: the Date's clock", h.For)
-	}
-}
-
 // TestHoldKeepsTheBurst: a PerHour(5000) bucket that 100 requests have
 // used, held for 2 s: the 60 requests after the hold go at once, with the
 // burst the key had, not at the hourly rate, on Local and on Redis.
@@ -309,7 +294,7 @@ func TestHoldKeepsTheBurst(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if err := lim.Hold(ctx, "k", Hold{For: 2 * time.Second, Reason: "test"}); err != nil {
+			if err := lim.Hold(ctx, "k", headers.Hold{For: 2 * time.Second, Reason: "test"}); err != nil {
 				t.Fatal(err)
 			}
 			start := time.Now()

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetpace/pace"
+	"github.com/fleetpace/pace/headers"
 	"github.com/fleetpace/pace/internal/redistest"
 )
 
@@ -36,7 +37,7 @@ func TestInspect(t *testing.T) {
 	if err := booked.Wait(ctx, "api", 1); err != nil { // the schedule is a second ahead
 		t.Fatal(err)
 	}
-	if err := booked.Hold(ctx, "held", pace.Hold{For: 30 * time.Second, Reason: "test"}); err != nil {
+	if err := booked.Hold(ctx, "held", headers.Hold{For: 30 * time.Second, Reason: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	window, err := pace.NewRedis(c, pace.Window(5, time.Minute), pace.WithFleetSize(1))

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/fleetpace/pace"
+	"github.com/fleetpace/pace/headers"
 	"github.com/fleetpace/pace/internal/redistest"
 )
 
@@ -56,7 +57,7 @@ func TestObserver(t *testing.T) {
 	if err := r.Wait(asleep, "k", 1); !errors.Is(err, context.Canceled) {
 		t.Fatalf("the cancelled wait: %v", err)
 	}
-	if err := r.Hold(ctx, "k", pace.Hold{For: 2 * time.Second, Reason: "429 Retry-After: 2"}); err != nil {
+	if err := r.Hold(ctx, "k", headers.Hold{For: 2 * time.Second, Reason: "429 Retry-After: 2"}); err != nil {
 		t.Fatal(err)
 	}
 	deadline, stop := context.WithTimeout(ctx, 10*time.Millisecond)

@@ -1,4 +1,4 @@
-package pace
+package headers
 
 import (
 	"net/http"
@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // want is a reading as the tests expect it.
@@ -133,7 +135,7 @@ func FuzzParseReadings(f *testing.F) {
 			"x-ratelimit-remaining-tokens", remaining, "x-ratelimit-reset-tokens", duration, "x-ratelimit-limit-tokens", limit,
 			"anthropic-ratelimit-requests-remaining", remaining, "anthropic-ratelimit-requests-reset", rfc3339)
 		for _, r := range ParseReadings(resp, holdNow) {
-			if r.Remaining < 0 || (r.Limit > 0 && r.Remaining > r.Limit) || r.Limit < 0 || r.Reset <= 0 || r.Reset > MaxDelay || r.Window < 0 {
+			if r.Remaining < 0 || (r.Limit > 0 && r.Remaining > r.Limit) || r.Limit < 0 || r.Reset <= 0 || r.Reset > store.MaxDelay || r.Window < 0 {
 				t.Fatalf("unsound reading %+v", r)
 			}
 		}

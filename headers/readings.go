@@ -1,4 +1,10 @@
-package pace
+// Package headers reads what an upstream's response says of its quotas, in
+// the dialects pace knows (GitHub's, the IETF draft's, OpenAI's and Azure's,
+// Anthropic's): its counters (ParseReadings) and the holds they and its
+// Retry-After ask for (ParseHold), on one clock (Hear). It reads the status
+// and headers only, never the body, and bounds every value it takes. A new
+// vendor's headers touch this package alone.
+package headers
 
 import (
 	"cmp"
@@ -7,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // A Reading is what a response said of one of the upstream's quotas: how
@@ -33,7 +41,9 @@ type Reading struct {
 	// x-ratelimit-reset: 1700000600".
 	Header string
 
-	own bool // Name is a quota of its own (a GitHub resource other than core): see limitOf
+	// OwnQuota: Name is a quota of its own (a GitHub resource other than
+	// core), which a reading is about alone, even as a response's only one.
+	OwnQuota bool
 }
 
 // ParseReadings reads what a response says of the upstream's quotas; now is
@@ -55,7 +65,7 @@ type Reading struct {
 // Date header (the upstream's own clock) disagrees with now by more than its
 // rounding to the second and a second of latency, against the Date; so is
 // a Retry-After date (see ParseHold). A value that is malformed, negative,
-// beyond MaxDelay or contradicted by its own headers (a remaining count
+// beyond store.MaxDelay or contradicted by its own headers (a remaining count
 // above the limit, a used count that does not add up) is ignored. Of two
 // readings of one name, the one with fewer units left wins.
 //
@@ -92,7 +102,7 @@ type readingSet []Reading
 // add adds r, when ok and sound; of two readings of one name, the one with
 // fewer units left stays.
 func (s *readingSet) add(r Reading, ok bool) {
-	if !ok || r.Remaining < 0 || (r.Limit > 0 && r.Remaining > r.Limit) || r.Reset <= 0 || r.Reset > MaxDelay {
+	if !ok || r.Remaining < 0 || (r.Limit > 0 && r.Remaining > r.Limit) || r.Reset <= 0 || r.Reset > store.MaxDelay {
 		return
 	}
 	for i, old := range *s {
@@ -152,7 +162,7 @@ func readPrefixed(h http.Header, f prefixedNames, clock *readingClock) (Reading,
 		return Reading{}, false
 	}
 	r := Reading{Name: h.Get(f.resource), Header: f.prefix + "Remaining: " + remaining + ", " + f.prefix + "Reset: " + reset}
-	r.own = r.Name != "" && !strings.EqualFold(r.Name, "core")
+	r.OwnQuota = r.Name != "" && !strings.EqualFold(r.Name, "core")
 	var ok bool
 	if r.Remaining, ok = count(remaining); !ok {
 		return r, false
@@ -203,7 +213,7 @@ func readIETF(h http.Header) []Reading {
 		for _, p := range policies {
 			if p.name == item.name {
 				r.Limit, _ = count(p.params["q"])
-				if w, ok := count(p.params["w"]); ok && w > 0 && w <= int64(MaxDelay/time.Second) {
+				if w, ok := count(p.params["w"]); ok && w > 0 && w <= int64(store.MaxDelay/time.Second) {
 					r.Window = time.Duration(w) * time.Second
 				}
 				r.Header += ", RateLimit-Policy: " + h.Get("RateLimit-Policy")
@@ -283,7 +293,7 @@ func secondsOrEpoch(s string, clock *readingClock, epochs bool) (time.Duration, 
 	if epochs && seconds > 1e9 {
 		seconds -= float64(clock.at().UnixNano()) / 1e9
 	}
-	if seconds > MaxDelay.Seconds() {
+	if seconds > store.MaxDelay.Seconds() {
 		return 0, false
 	}
 	return time.Duration(seconds * float64(time.Second)), true
