@@ -1,11 +1,47 @@
 package pace
 
 import (
+	"context"
 	"errors"
 	"io"
+	"net/http"
 	"sync"
 	"time"
 )
+
+// endingBody wraps resp's body so that, once it ends, its reservation (if
+// any) is settled with what p's Settler reads of it, and its slot (if any)
+// is freed. When the Settler cannot tell, the reservation keeps its
+// estimate. The settlement runs past the request's context: the response
+// has been counted already. The slot lapses if the body shows no sign of
+// life for a lease and is never closed, unless the caller said it always
+// closes it (WithBodyAlwaysClosed). An upgraded connection's body (a
+// 101's: a WebSocket) stays writable, and holds the slot until it closes.
+func (p paced) endingBody(ctx context.Context, resp *http.Response) io.ReadCloser {
+	b := &endingBody{body: resp.Body, slot: p.slot, length: resp.ContentLength}
+	if p.res != nil && p.settle != nil {
+		ctx = context.WithoutCancel(ctx)
+		b.settle = func(ends BodyEnds) {
+			if actual, ok := p.settle(resp, ends); ok {
+				p.pacer.Settle(ctx, p.res, actual) // a failure reaches the Limiter's observer
+			}
+		}
+	}
+	if !bodyAlwaysClosed(ctx) {
+		p.slot.watch(time.Now())
+	}
+	if w, ok := resp.Body.(io.Writer); ok && resp.StatusCode == http.StatusSwitchingProtocols {
+		return upgradedBody{b, w}
+	}
+	return b
+}
+
+// upgradedBody is the endingBody of an upgraded connection, which the
+// client writes to as well (httputil.ReverseProxy needs it so).
+type upgradedBody struct {
+	*endingBody
+	io.Writer
+}
 
 // endingBody passes a response body through as it comes and, once, when the
 // body reaches EOF or is closed, whichever comes first: calls settle (when
