@@ -34,6 +34,55 @@ type scanner interface {
 	Scan(ctx context.Context, cursor uint64, match string, count int64) *redis.ScanCmd
 }
 
+// runInspect runs pace inspect: the report of what pace keeps in Redis,
+// per key, once.
+func runInspect(ctx context.Context, args []string, out, errOut io.Writer) error {
+	return inspectCommand(ctx, "inspect", args, out, errOut)
+}
+
+// runWatch runs pace watch: the report of pace inspect, again and again.
+func runWatch(ctx context.Context, args []string, out, errOut io.Writer) error {
+	return inspectCommand(ctx, "watch", args, out, errOut)
+}
+
+// inspectCommand reads the flags of pace inspect, or watch (with -every),
+// and writes the report, once or every -every until ctx ends.
+func inspectCommand(ctx context.Context, name string, args []string, out, errOut io.Writer) error {
+	flags := newFlags(name, errOut)
+	target := redisFlags(flags)
+	known := limits{}
+	flags.Var(known, "limit", "a limit as pace.ParseLimit reads it, TEXT for a quota of one unnamed limit or NAME=TEXT for a named one, so that the report says what is left (again for each)")
+	asJSON := flags.Bool("json", false, "write the report as JSON")
+	every := time.Duration(0)
+	if name == "watch" {
+		flags.DurationVar(&every, "every", time.Second, "how often to refresh")
+	}
+	if err := flags.Parse(args); err != nil {
+		return err
+	}
+	if name == "watch" && every <= 0 {
+		return fmt.Errorf("-every %v: want a positive duration", every)
+	}
+	client, err := target.connect()
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	for {
+		if every > 0 {
+			fmt.Fprint(out, "\033[H\033[2J")
+		}
+		if err := inspect(ctx, out, client, *target.prefix, flags.Args(), known, *asJSON); err != nil || every == 0 {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(every):
+		}
+	}
+}
+
 // inspect reads every key of pace's under prefix (only those of keys, when
 // given; see matches) on each node, and writes a report per key to w, as
 // JSON when asJSON. Its reads are bounded (no command reads a whole large

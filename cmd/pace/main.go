@@ -31,9 +31,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -51,85 +49,89 @@ func main() {
 	}
 }
 
-const usage = `usage:
-  pace serve -upstream URL -limit TEXT [-listen ADDR] [-redis URL]   a reverse proxy that paces (or -config FILE)
-  pace inspect -redis URL [-prefix P] [-limit L]... [-json] [KEY...]   what pace keeps in Redis, per key
-  pace watch -redis URL [-prefix P] [-limit L]... [-every D] [KEY...]   the same, again every D
-  pace reset -redis URL [-prefix P] [-yes] KEY...         clear the keys' state (a dry run without -yes)
-(-cluster HOST:PORT,... instead of -redis for a Redis Cluster; a KEY is a key,
-a rule's name, or a host, with or without its port)
-`
+// A command is one of pace's commands: its line of the usage, and what
+// runs it with its arguments, writing its report to out and its usage and
+// logs to errOut. Each is in a file of its own.
+type command struct {
+	name, usage string
+	run         func(ctx context.Context, args []string, out, errOut io.Writer) error
+}
 
-// run runs the command of args, writing its report to out.
-func run(ctx context.Context, args []string, out, errOut io.Writer) error {
-	if len(args) > 0 && args[0] == "serve" {
-		return serve(ctx, args[1:], errOut)
-	}
-	if len(args) == 0 || !slices.Contains([]string{"inspect", "watch", "reset"}, args[0]) {
-		fmt.Fprint(errOut, usage)
-		return errors.New("want a command: serve, inspect, watch or reset")
-	}
-	command := args[0]
-	flags := flag.NewFlagSet("pace "+command, flag.ContinueOnError)
-	flags.SetOutput(errOut)
-	flags.Usage = func() {
-		fmt.Fprint(errOut, usage+"\nflags of pace "+command+":\n")
-		flags.PrintDefaults()
-	}
-	url := flags.String("redis", "", "the Redis URL (redis://HOST:PORT/DB)")
-	cluster := flags.String("cluster", "", "the addresses of a Redis Cluster's nodes, separated by commas")
-	prefix := flags.String("prefix", pace.DefaultPrefix, "the prefix of pace's keys (WithPrefix)")
-	var every *time.Duration
-	var asJSON, yes *bool
-	known := limits{}
-	switch command {
-	case "inspect", "watch":
-		flags.Var(known, "limit", "a limit as pace.ParseLimit reads it, TEXT for a quota of one unnamed limit or NAME=TEXT for a named one, so that the report says what is left (again for each)")
-		asJSON = flags.Bool("json", false, "write the report as JSON")
-		if command == "watch" {
-			every = flags.Duration("every", time.Second, "how often to refresh")
-		}
-	case "reset":
-		yes = flags.Bool("yes", false, "unlink the keys; without it, list what would be unlinked")
-	}
-	if err := flags.Parse(args[1:]); err != nil {
-		return err
-	}
-	if every != nil && *every <= 0 {
-		return fmt.Errorf("-every %v: want a positive duration", *every)
-	}
-	client, err := connect(*url, *cluster)
-	if err != nil {
-		return err
-	}
-	defer client.Close()
-	switch command {
-	case "inspect":
-		return inspect(ctx, out, client, *prefix, flags.Args(), known, *asJSON)
-	case "reset":
-		return reset(ctx, out, client, *prefix, flags.Args(), *yes)
-	}
-	for {
-		fmt.Fprint(out, "\033[H\033[2J")
-		if err := inspect(ctx, out, client, *prefix, flags.Args(), known, *asJSON); err != nil {
-			return err
-		}
-		time.Sleep(*every)
+// commands returns pace's commands (a func: their runs print the usage,
+// which lists them).
+func commands() []command {
+	return []command{
+		{"serve", "serve -upstream URL -limit TEXT [-listen ADDR] [-redis URL]   a reverse proxy that paces (or -config FILE)", runServe},
+		{"inspect", "inspect -redis URL [-prefix P] [-limit L]... [-json] [KEY...]   what pace keeps in Redis, per key", runInspect},
+		{"watch", "watch -redis URL [-prefix P] [-limit L]... [-every D] [KEY...]   the same, again every D", runWatch},
+		{"reset", "reset -redis URL [-prefix P] [-yes] KEY...         clear the keys' state (a dry run without -yes)", runReset},
 	}
 }
 
-// connect returns a client of the Redis at url, or of the cluster whose
-// nodes are listed.
-func connect(url, cluster string) (redis.UniversalClient, error) {
-	switch {
-	case (url == "") == (cluster == ""):
-		return nil, errors.New("want one of -redis URL and -cluster HOST:PORT,...")
-	case cluster != "":
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(cluster, ",")}), nil
+// usage lists the commands.
+func usage() string {
+	var b strings.Builder
+	b.WriteString("usage:\n")
+	for _, c := range commands() {
+		b.WriteString("  pace " + c.usage + "\n")
 	}
-	options, err := redis.ParseURL(url)
+	b.WriteString("(-cluster HOST:PORT,... instead of -redis for a Redis Cluster; a KEY is a key,\na rule's name, or a host, with or without its port)\n")
+	return b.String()
+}
+
+// run runs the command of args.
+func run(ctx context.Context, args []string, out, errOut io.Writer) error {
+	for _, c := range commands() {
+		if len(args) > 0 && args[0] == c.name {
+			return c.run(ctx, args[1:], out, errOut)
+		}
+	}
+	fmt.Fprint(errOut, usage())
+	var names []string
+	for _, c := range commands() {
+		names = append(names, c.name)
+	}
+	return fmt.Errorf("want a command: %s", strings.Join(names, ", "))
+}
+
+// newFlags returns the flag set of command, whose usage prints the
+// commands' and then its flags.
+func newFlags(command string, errOut io.Writer) *flag.FlagSet {
+	flags := flag.NewFlagSet("pace "+command, flag.ContinueOnError)
+	flags.SetOutput(errOut)
+	flags.Usage = func() {
+		fmt.Fprint(errOut, usage()+"\nflags of pace "+command+":\n")
+		flags.PrintDefaults()
+	}
+	return flags
+}
+
+// A redisTarget is the Redis a command reads, from its flags.
+type redisTarget struct {
+	url, cluster, prefix *string
+}
+
+// redisFlags adds the flags that name the Redis to flags.
+func redisFlags(flags *flag.FlagSet) redisTarget {
+	return redisTarget{
+		url:     flags.String("redis", "", "the Redis URL (redis://HOST:PORT/DB)"),
+		cluster: flags.String("cluster", "", "the addresses of a Redis Cluster's nodes, separated by commas"),
+		prefix:  flags.String("prefix", pace.DefaultPrefix, "the prefix of pace's keys (WithPrefix)"),
+	}
+}
+
+// connect returns a client of the Redis at t's URL, or of the cluster whose
+// nodes it lists.
+func (t redisTarget) connect() (redis.UniversalClient, error) {
+	switch {
+	case (*t.url == "") == (*t.cluster == ""):
+		return nil, errors.New("want one of -redis URL and -cluster HOST:PORT,...")
+	case *t.cluster != "":
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(*t.cluster, ",")}), nil
+	}
+	options, err := redis.ParseURL(*t.url)
 	if err != nil {
-		return nil, fmt.Errorf("-redis %q: %w", url, err)
+		return nil, fmt.Errorf("-redis %q: %w", *t.url, err)
 	}
 	return redis.NewClient(options), nil
 }

@@ -10,6 +10,23 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// runReset runs pace reset: it lists the Redis keys of the keys named, and
+// unlinks them with -yes.
+func runReset(ctx context.Context, args []string, out, errOut io.Writer) error {
+	flags := newFlags("reset", errOut)
+	target := redisFlags(flags)
+	yes := flags.Bool("yes", false, "unlink the keys; without it, list what would be unlinked")
+	if err := flags.Parse(args); err != nil {
+		return err
+	}
+	client, err := target.connect()
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	return reset(ctx, out, client, *target.prefix, flags.Args(), *yes)
+}
+
 // reset clears the state of the keys named (see matches) under prefix:
 // with yes, it unlinks their Redis keys, readBatch a round trip; without,
 // it lists what it would unlink, and unlinks nothing.

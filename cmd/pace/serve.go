@@ -30,6 +30,11 @@ const serveUsage = `usage:
   pace serve -config FILE
 `
 
+// runServe runs pace serve: see serve.
+func runServe(ctx context.Context, args []string, _, errOut io.Writer) error {
+	return serve(ctx, args, errOut)
+}
+
 // serve runs pace serve with args until ctx ends or a SIGINT or SIGTERM
 // comes, logging to logOut.
 func serve(ctx context.Context, args []string, logOut io.Writer) error {
