@@ -69,7 +69,7 @@ func TestServeConfigErrors(t *testing.T) {
 		"upstream no host":       {"routes:\n  - name: a\n    upstream: http:///v1\n    limit: 1/s\n", `upstream "http:///v1": want a host`},
 		"bad name":               {"routes:\n  - name: a b\n    upstream: http://x\n    limit: 1/s\n", `name "a b"`},
 		"costs of no limit":      {route("    limit: 1/s\n    costs: openai\n"), `costs "openai": want limits named [tokens]`},
-		"unknown costs":          {route("    limits: {tokens: 1/s}\n    costs: gemini\n"), `costs "gemini": want openai, anthropic or nothing`},
+		"unknown costs":          {route("    limits: {tokens: 1/s}\n    costs: gemini\n"), `costs "gemini": want anthropic, openai or nothing`},
 		"bad class header":       {route("    limit: 1/s\n    class_header: 'X Class'\n"), `class_header "X Class": not a header name`},
 		"unset api key":          {route("    limit: 1/s\n    api_key_env: PACE_TEST_EMPTY\n"), `api_key_env "PACE_TEST_EMPTY": that variable is empty or unset`},
 		"negative cap":           {route("    limit: 1/s\n    in_flight: -1\n"), "in_flight -1"},

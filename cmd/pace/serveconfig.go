@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -278,8 +279,8 @@ func (r *routeConfig) check() []error {
 	if r.MaxTokens < 0 {
 		add("max_tokens %d: want a positive count", r.MaxTokens)
 	}
-	if !slices.Contains([]string{"", "openai", "anthropic"}, r.Costs) {
-		add("costs %q: want openai, anthropic or nothing", r.Costs)
+	if _, known := costDialects[r.Costs]; r.Costs != "" && !known {
+		add("costs %q: want %s or nothing", r.Costs, strings.Join(slices.Sorted(maps.Keys(costDialects)), ", "))
 	}
 	for field, header := range map[string]string{"class_header": r.ClassHeader, "api_key_header": r.APIKeyHeader, "key_header": r.KeyHeader} {
 		if header != "" && !httptoken.Valid(header) {

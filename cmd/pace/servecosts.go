@@ -11,10 +11,36 @@ import (
 	"github.com/fleetpace/pace"
 )
 
-// The limits a route's costs are counted under, by the API it speaks.
-var costLimits = map[string][]string{
-	"openai":    {"tokens"},          // total tokens, as OpenAI's TPM counts them
-	"anthropic": {"input", "output"}, // Anthropic's ITPM and OTPM, either or both
+// A costDialect is how an API counts a request's tokens: the limits of a
+// route it counts them under, what a request is estimated at from its
+// prompt's tokens and those it may answer with, and what settles it from
+// the response's usage, under the limits of the route's quota it names.
+type costDialect struct {
+	limits   []string
+	estimate func(prompt, out int) pace.Costs
+	settler  func(limits map[string]string) pace.Settler
+}
+
+// costDialects are the APIs a route's costs may speak, by name.
+var costDialects = map[string]costDialect{
+	"openai": { // total tokens, as OpenAI's TPM counts them
+		limits:   []string{"tokens"},
+		estimate: func(prompt, out int) pace.Costs { return pace.Costs{"tokens": prompt + out} },
+		settler:  func(map[string]string) pace.Settler { return pace.OpenAIUsage("tokens") },
+	},
+	"anthropic": { // Anthropic's ITPM and OTPM, either or both
+		limits:   []string{"input", "output"},
+		estimate: func(prompt, out int) pace.Costs { return pace.Costs{"input": prompt, "output": out} },
+		settler: func(limits map[string]string) pace.Settler {
+			named := func(name string) string {
+				if _, ok := limits[name]; ok {
+					return name
+				}
+				return ""
+			}
+			return pace.AnthropicUsage(named("input"), named("output"))
+		},
+	},
 }
 
 // maxEstimatedBody is how much of a request's body is read to estimate
@@ -32,7 +58,7 @@ func checkCostLimits(c routeConfig, quota pace.AllOf) error {
 	if c.Costs == "" {
 		return nil
 	}
-	names := costLimits[c.Costs]
+	names := costDialects[c.Costs].limits
 	for _, name := range names {
 		if _, ok := c.Limits[name]; ok {
 			return nil
@@ -43,18 +69,7 @@ func checkCostLimits(c routeConfig, quota pace.AllOf) error {
 
 // settler returns the Settler of c's API's usage, under the limits of
 // its quota it counts.
-func settler(c routeConfig) pace.Settler {
-	if c.Costs == "openai" {
-		return pace.OpenAIUsage("tokens")
-	}
-	named := func(name string) string {
-		if _, ok := c.Limits[name]; ok {
-			return name
-		}
-		return ""
-	}
-	return pace.AnthropicUsage(named("input"), named("output"))
-}
+func settler(c routeConfig) pace.Settler { return costDialects[c.Costs].settler(c.Limits) }
 
 // A costsKey is the context key of a request's estimated costs.
 type costsKey struct{}
@@ -106,10 +121,7 @@ func withEstimate(ctx context.Context, r *http.Request, c routeConfig, bursts ma
 		}
 	}
 	prompt := int(min(size/bytesPerToken+1, 1<<30))
-	costs := pace.Costs{"tokens": prompt + out}
-	if c.Costs == "anthropic" {
-		costs = pace.Costs{"input": prompt, "output": out}
-	}
+	costs := costDialects[c.Costs].estimate(prompt, out)
 	for name, cost := range costs {
 		if burst, ok := bursts[name]; ok {
 			costs[name] = min(cost, burst) // so that a long request waits for a full bucket, never fails
