@@ -164,6 +164,7 @@ func declared(stmt ast.Stmt) []string {
 var packages = map[string]string{
 	"pace":          `"github.com/fleetpace/pace"`,
 	"paceotel":      `"github.com/fleetpace/pace/extra/paceotel"`,
+	"headers":       `"github.com/fleetpace/pace/headers"`,
 	"redis":         `"github.com/redis/go-redis/v9"`,
 	"logging":       `"github.com/redis/go-redis/v9/logging"`,
 	"retryablehttp": `"github.com/hashicorp/go-retryablehttp"`,
