@@ -101,25 +101,16 @@ func (rt *route) transport(st store, base http.RoundTripper) (*pace.Transport, e
 	}, nil
 }
 
-// rules returns the route's rules, each with a limiter of its own, and
-// refuses one that no request can reach.
+// rules returns the route's rules (checked: see routeConfig.checkRules),
+// each with a limiter of its own.
 func (rt *route) rules(st store) ([]pace.Rule, error) {
 	var rules []pace.Rule
 	rt.ruled = map[string]*pace.Redis{}
 	for i, r := range rt.config.Rules {
 		field := fmt.Sprintf("rules[%d] %q", i, r.Name)
-		if r.Path == "" && r.Method == "" {
-			return nil, fmt.Errorf("%s: no path and no method: it takes every request, and the route's limit and the rules after it can match none", field)
-		}
-		if r.Path != "" && !strings.HasPrefix(r.Path, strings.TrimSuffix(rt.upstream.Path, "/")) {
-			return nil, fmt.Errorf("%s: path %q: outside the upstream's path %q, it can match no request", field, r.Path, rt.upstream.Path)
-		}
 		rule := pace.Rule{Name: r.Name, PathPrefix: r.Path, Method: r.Method, Cost: r.Cost, KeyHeader: r.KeyHeader, Unlimited: r.Unlimited}
 		if !r.Unlimited {
-			limit, err := pace.ParseLimit(r.Limit)
-			if err != nil {
-				return nil, fmt.Errorf("%s: limit: %w", field, err)
-			}
+			limit, _ := pace.ParseLimit(r.Limit) // checked
 			limiter, err := rt.newLimiter(st, limit, field)
 			if err != nil {
 				return nil, err

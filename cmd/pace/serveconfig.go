@@ -295,6 +295,37 @@ func (r *routeConfig) check() []error {
 	if r.APIKeyEnv != "" && os.Getenv(r.APIKeyEnv) == "" {
 		add("api_key_env %q: that variable is empty or unset", r.APIKeyEnv)
 	}
+	if (r.Limit == "") != (len(r.Limits) == 0) {
+		if _, err := routeQuota(*r); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return append(errs, r.checkRules()...)
+}
+
+// checkRules returns what is wrong with r's rules: a limit ParseLimit
+// refuses, or a rule that no request can reach.
+func (r *routeConfig) checkRules() []error {
+	var errs []error
+	var upstream url.URL
+	if u, err := url.Parse(r.Upstream); err == nil {
+		upstream = *u
+	}
+	base := strings.TrimSuffix(upstream.Path, "/")
+	for i, rule := range r.Rules {
+		field := fmt.Sprintf("rules[%d] %q", i, rule.Name)
+		if rule.Path == "" && rule.Method == "" {
+			errs = append(errs, fmt.Errorf("%s: no path and no method: it takes every request, and the route's limit and the rules after it can match none", field))
+		}
+		if rule.Path != "" && !strings.HasPrefix(rule.Path, base) {
+			errs = append(errs, fmt.Errorf("%s: path %q: outside the upstream's path %q, it can match no request", field, rule.Path, upstream.Path))
+		}
+		if !rule.Unlimited {
+			if _, err := pace.ParseLimit(rule.Limit); err != nil {
+				errs = append(errs, fmt.Errorf("%s: limit: %w", field, err))
+			}
+		}
+	}
 	return errs
 }
 
