@@ -17,8 +17,10 @@ import (
 // (0.8 s of backlog), a critical request waits at most two token intervals;
 // the batch waiters all go, most in about the order they came (one whose
 // turn finds its slot taken, by the critical request or a newcomer that
-// found room between two turns, lines up again at the end); a batch
-// request whose turn would pass its deadline is refused at once.
+// found room between two turns, lines up again at the end), in the order
+// of the times the limiter booked them (not of their wake-ups, which a
+// loaded machine shuffles); a batch request whose turn would pass its
+// deadline is refused at once.
 //
 // The same holds under a daily cap beside the per-second limit (the
 // README's AllOf): the horizon is sized by the per-second limit, which
@@ -29,37 +31,40 @@ func TestClassesKeepRoomForCritical(t *testing.T) {
 	besideOthers(t)
 	const interval = 20 * time.Millisecond
 	var joined atomic.Int32 // batch requests booked or deferred
+	var dues sync.Map       // each batch waiter's booked time, by its number
 	observe := WithObserver(func(ctx context.Context, e Event) {
 		if classOf(ctx) == ClassBatch && (e.Kind == EventWait || e.Kind == EventClass) {
 			joined.Add(1)
+		}
+		if i, ok := ctx.Value(waiterKey{}).(int); ok && e.Kind == EventWait {
+			dues.Store(i, time.Now().Add(e.Delay))
 		}
 	})
 	perSecond := PerSecond(50).WithBurst(1)
 	for quotaName, q := range map[string]Quota{"per second": perSecond, "under a daily cap": AllOf{perSecond, Per(100000, 24*time.Hour)}} {
 		for name, l := range slotters(t, q, observe) {
-			t.Run(quotaName+"/"+name, func(t *testing.T) { checkRoomForCritical(t, l, interval, &joined) })
+			t.Run(quotaName+"/"+name, func(t *testing.T) { checkRoomForCritical(t, l, interval, &joined, &dues) })
 		}
 	}
 }
 
+// waiterKey is the context key of a batch waiter's number.
+type waiterKey struct{}
+
 // checkRoomForCritical is TestClassesKeepRoomForCritical on l, whose
 // interval is interval; joined counts the batch requests that booked or
-// deferred.
-func checkRoomForCritical(t *testing.T, l Limiter, interval time.Duration, joined *atomic.Int32) {
+// deferred, dues keeps the time each was booked for, by its number.
+func checkRoomForCritical(t *testing.T, l Limiter, interval time.Duration, joined *atomic.Int32, dues *sync.Map) {
 	batch := WithClass(context.Background(), ClassBatch)
-	var mu sync.Mutex
-	var order []int
 	joined.Store(0)
+	dues.Clear()
 	var wg sync.WaitGroup
 	began := time.Now()
 	for i := range 40 {
 		wg.Go(func() {
-			if err := l.Wait(batch, "k", 1); err != nil {
+			if err := l.Wait(context.WithValue(batch, waiterKey{}, i), "k", 1); err != nil {
 				t.Error(err)
 			}
-			mu.Lock()
-			order = append(order, i)
-			mu.Unlock()
 		})
 		for joined.Load() <= int32(i) { // in the line in turn
 			time.Sleep(time.Millisecond)
@@ -76,6 +81,13 @@ func checkRoomForCritical(t *testing.T, l Limiter, interval time.Duration, joine
 	refusedIn := time.Since(start)
 	cancel()
 	wg.Wait()
+	var order []int // the batch waiters, by the time they were booked for
+	dues.Range(func(i, _ any) bool { order = append(order, i.(int)); return true })
+	slices.SortFunc(order, func(a, b int) int {
+		at, _ := dues.Load(a)
+		bt, _ := dues.Load(b)
+		return at.(time.Time).Compare(bt.(time.Time))
+	})
 	if took := time.Since(began); took > 2*41*interval {
 		t.Errorf("the 40 batch waiters and the critical request took %v, want about %v: the line's turns spaced by the limit that binds", took, 41*interval)
 	}
