@@ -96,7 +96,7 @@ func checkHorizons(h map[Class]time.Duration) error {
 
 // horizonOf is how far ahead a request of the class ctx carries may book,
 // for costs under limits; 0 for no horizon.
-func horizonOf(ctx context.Context, config commonConfig, limits []Limit, costs *store.LimitCosts) time.Duration {
+func horizonOf(ctx context.Context, config *commonConfig, limits []Limit, costs *store.LimitCosts) time.Duration {
 	c := classOf(ctx)
 	if d := config.horizons[c]; d > 0 {
 		return d

@@ -171,7 +171,7 @@ func (r *Redis) waitGrant(ctx context.Context, key string, cost int) (grant, err
 		return grant{}, err
 	}
 	q := request{Request: store.Request{Key: key, Costs: uniform(cost)}}
-	q.horizon = horizonOf(ctx, r.config.commonConfig, r.limits, &q.Costs)
+	q.horizon = horizonOf(ctx, &r.config.commonConfig, r.limits, &q.Costs)
 	t, err := r.wait(ctx, q)
 	return grant{t}, err
 }
@@ -202,7 +202,7 @@ func (r *Redis) Reserve(ctx context.Context, key string, estimate Costs) (*Reser
 	if err != nil {
 		return nil, err
 	}
-	q := request{Request: store.Request{Key: key, Costs: costs, Settled: true, Estimated: r.estimated(estimate)}, horizon: horizonOf(ctx, r.config.commonConfig, r.limits, &costs)}
+	q := request{Request: store.Request{Key: key, Costs: costs, Settled: true, Estimated: r.estimated(estimate)}, horizon: horizonOf(ctx, &r.config.commonConfig, r.limits, &costs)}
 	t, err := r.wait(ctx, q)
 	if err != nil {
 		return nil, err

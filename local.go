@@ -207,7 +207,7 @@ func (loc *Local) Settle(ctx context.Context, r *Reservation, actual Costs) erro
 func (loc *Local) wait(ctx context.Context, key string, costs *store.LimitCosts, reserved bool, t *ticket) error {
 	o := loc.config.observer
 	for turn := false; ; {
-		horizon := horizonOf(ctx, loc.config, loc.limits, costs)
+		horizon := horizonOf(ctx, &loc.config, loc.limits, costs)
 		if turn {
 			horizon *= 2 // see Class
 		}

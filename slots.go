@@ -219,7 +219,7 @@ func smallestBurst(rates []Limit) int {
 
 // check reports a wait or reservation that a cap forbids: on a capped
 // quota, one whose context does not carry a slot of key (see holdingSlot).
-func (c slotCap) check(ctx context.Context, key string) error {
+func (c *slotCap) check(ctx context.Context, key string) error {
 	if c.needsSlot(ctx, key) {
 		return errCapped(key, c.limit)
 	}
@@ -228,7 +228,7 @@ func (c slotCap) check(ctx context.Context, key string) error {
 
 // needsSlot reports whether the quota has a cap and ctx carries no slot of
 // key.
-func (c slotCap) needsSlot(ctx context.Context, key string) bool {
+func (c *slotCap) needsSlot(ctx context.Context, key string) bool {
 	return c.capped && ctx.Value(slotMark{}) != key
 }
 
