@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,7 +33,7 @@ func newTestRedis(t testing.TB) *redis.Client {
 // against the models. Tests of timing, faults and fleets need the real one.
 func scriptRedis(t testing.TB) *redis.Client {
 	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err == nil || os.Getenv(tiers.AllVar) != "" {
+	if tiers.Runs("redis-server") {
 		return newTestRedis(t)
 	}
 	t.Log("redis-server is not installed: the scripts run on the embedded store (make test runs them on redis-server)")
@@ -353,7 +351,7 @@ func (m *modelCheck) refusalOf(step int, bk modelBooking, served bool) {
 	if err != nil {
 		m.t.Fatalf("step %d: refused: %v", step, err)
 	}
-	if want := m.model.refused(bk.key, bk.b, served, m.now(step, now), bucketBurst(r.limits)); share != want {
+	if want := m.model.refused(bk.key, bk.b, served, m.now(step, now), int64(store.BucketBurst(storeLimits(r.limits)))); share != want {
 		m.t.Fatalf("step %d: refused(%s, booked at %d, served %v) at %d: script %d, model %d", step, bk.key, bk.b.Now, served, now, share, want)
 	}
 	switch {

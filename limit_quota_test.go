@@ -169,7 +169,7 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 			if err != nil {
 				t.Fatalf("step %d: refused: %v", step, err)
 			}
-			if want := model.buckets.refused(bk.key, bk.b, served, now, bucketBurst(limiters[bk.limiter].limits)); share != want {
+			if want := model.buckets.refused(bk.key, bk.b, served, now, int64(store.BucketBurst(storeLimits(limiters[bk.limiter].limits)))); share != want {
 				t.Fatalf("step %d: refused(%s, booked at %d, served %v) at %d: script %d, model %d", step, bk.key, bk.b.Now, served, now, share, want)
 			}
 			counts[map[bool]string{true: "rate-cut", false: "rate-unchanged"}[share > 0]]++

@@ -24,8 +24,9 @@ import (
 //
 // A Local is safe for concurrent use. Create it with NewLocal.
 type Local struct {
-	namedLimits     // token buckets
-	costCap     int // the smallest burst: the most a request may cost under every limit
+	namedLimits       // token buckets
+	costCap     int   // the smallest burst: the most a request may cost under every limit
+	openBurst   int64 // the refusals before a key's rate opened that weigh nothing (store.BucketBurst)
 	cap         slotCap
 	slots       *semaphore    // the slots of cap, when the quota has one
 	lines       deferLines    // of the requests their class deferred
@@ -106,7 +107,8 @@ func NewLocal(q Quota, opts ...Option) (*Local, error) {
 // newLocal returns a Local of valid token buckets and configuration, on a
 // clock.
 func newLocal(limits namedLimits, config commonConfig, now func() time.Time) *Local {
-	loc := &Local{namedLimits: limits, config: config, now: now, seed: maphash.MakeSeed(), costCap: smallestBurst(limits.limits)}
+	loc := &Local{namedLimits: limits, config: config, now: now, seed: maphash.MakeSeed(), costCap: smallestBurst(limits.limits),
+		openBurst: int64(store.BucketBurst(storeLimits(limits.limits)))}
 	for _, l := range limits.limits {
 		loc.refill = max(loc.refill, time.Duration(l.burst)*time.Duration(float64(l.period)/l.count))
 	}

@@ -194,19 +194,6 @@ func newSlotCap(limits []Limit) ([]Limit, slotCap) {
 	return rates, slotCap{limit: limit, capped: capped, rated: len(rates) > 0}
 }
 
-// bucketBurst is the smallest burst of the buckets of limits, 0 for none
-// (the store's bucketBurst): the refusals before a key's rate opened that
-// weigh nothing.
-func bucketBurst(limits []Limit) int64 {
-	var least int64
-	for _, l := range limits {
-		if l.kind == bucket && (least == 0 || int64(l.burst) < least) {
-			least = int64(l.burst)
-		}
-	}
-	return least
-}
-
 // smallestBurst is the most a request may cost under every limit of rates:
 // their smallest burst or window count, or, without any, no bound.
 func smallestBurst(rates []Limit) int {

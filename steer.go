@@ -204,7 +204,7 @@ func (loc *Local) heed(ctx context.Context, key string, t ticket, w headers.Word
 		shard.mu.Unlock()
 		return
 	}
-	cut, wake := k.rate.Refused(now.UnixMicro(), t.start.UnixMicro(), bucketBurst(loc.limits))
+	cut, wake := k.rate.Refused(now.UnixMicro(), t.start.UnixMicro(), loc.openBurst)
 	share := k.rate.Bottom()
 	shard.mu.Unlock()
 	if wake {

@@ -129,7 +129,7 @@ type timedBody struct {
 }
 
 func (b *timedBody) Read(p []byte) (int, error) {
-	b.rc.SetReadDeadline(b.start.Add(b.grace + time.Duration(b.read)*time.Second/time.Duration(b.rate)))
+	b.rc.SetReadDeadline(b.start.Add(b.grace + earned(b.read, b.rate)))
 	n, err := b.ReadCloser.Read(p)
 	b.read += int64(n)
 	if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -137,6 +137,13 @@ func (b *timedBody) Read(p []byte) (int, error) {
 		b.cut = err
 	}
 	return n, err
+}
+
+// earned is the time read bytes earn at rate bytes a second: in whole
+// seconds (a century at most) and the rest, since bytes times a second
+// overflows a Duration past 9.2 GB.
+func earned(read, rate int64) time.Duration {
+	return time.Duration(min(read/rate, 100*365*24*3600))*time.Second + time.Duration(read%rate)*time.Second/time.Duration(rate)
 }
 
 // timedWriter is an answer each write of which must reach the client

@@ -123,6 +123,26 @@ func TestServeServesANewClientAtTheCap(t *testing.T) {
 	}
 }
 
+// TestEarned: the time a body's bytes earn, exact for the sizes bodies
+// have, and never negative for those they could have (before, 10 GB at
+// 1024 bytes a second overflowed to a deadline in the past).
+func TestEarned(t *testing.T) {
+	for _, tc := range []struct {
+		read, rate int64
+		want       time.Duration
+	}{
+		{0, 1024, 0},
+		{512, 1024, 500 * time.Millisecond},
+		{3 << 20, 1024, 3072 * time.Second},
+		{10e9, 1024, 9765625 * time.Second},
+		{1 << 62, 1, 100 * 365 * 24 * time.Hour},
+	} {
+		if got := earned(tc.read, tc.rate); got != tc.want {
+			t.Errorf("earned(%d, %d) = %v, want %v", tc.read, tc.rate, got, tc.want)
+		}
+	}
+}
+
 // TestBuffer: the budget of bytes held for estimates gives what is left,
 // once each, and takes back what is given back.
 func TestBuffer(t *testing.T) {

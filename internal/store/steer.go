@@ -17,7 +17,7 @@ func (s *Store) Refused(ctx context.Context, key string, b Booking, served bool,
 	}
 	keys := []string{s.rateKey(key)}
 	var reply [2]int64
-	if err := int64Reply(s.calls.Run(ctx, refusedScript, keys, op, b.Now, channel, key, s.bucketBurst()), reply[:]); err != nil {
+	if err := int64Reply(s.calls.Run(ctx, refusedScript, keys, op, b.Now, channel, key, BucketBurst(s.limits)), reply[:]); err != nil {
 		return 0, 0, s.fail(key, "refused", keys, err)
 	}
 	return reply[1], reply[0], nil
@@ -75,13 +75,14 @@ func flag(b bool) int {
 	return 0
 }
 
-// bucketBurst is the smallest burst of the quota's buckets, 0 for none: the
-// refusals of requests booked before a key's rate opened that weigh
-// nothing (a window's count is no burst of its rate: a sliding window's
-// refusals at the start are evidence, as HAProxy's memory of them is).
-func (s *Store) bucketBurst() int {
+// BucketBurst is the smallest burst of the buckets among limits, 0 for
+// none: the refusals of requests booked before a key's rate opened that
+// weigh nothing, in Redis and in Local (a window's count is no burst of
+// its rate: a sliding window's refusals at the start are evidence, as
+// HAProxy's memory of them is).
+func BucketBurst(limits []Limit) int {
 	least := 0
-	for _, l := range s.limits {
+	for _, l := range limits {
 		if l.Kind == Bucket && (least == 0 || l.Count < least) {
 			least = l.Count
 		}

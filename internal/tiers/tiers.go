@@ -21,15 +21,30 @@ const AllVar = "PACE_TEST_ALL"
 // that has it.
 func Need(tb testing.TB, name, pkg string) string {
 	tb.Helper()
-	bin, err := exec.LookPath(name)
+	bin, err := find(name)
 	if err != nil {
-		if bin, err = exec.LookPath(filepath.Join("/usr/sbin", name)); err == nil {
-			return bin
-		}
 		if os.Getenv(AllVar) != "" {
 			tb.Fatalf("%s is not installed (%v): install it with `apt-get install -y %s`; make test does", name, err, pkg)
 		}
 		tb.Skipf("%s is not installed: this test runs under make test, which installs %s", name, pkg)
 	}
 	return bin
+}
+
+// Runs reports whether the tests that Need name run: it is installed, or
+// AllVar is set (and a missing one fails them).
+func Runs(name string) bool {
+	_, err := find(name)
+	return err == nil || os.Getenv(AllVar) != ""
+}
+
+// find returns the path of the program name, on PATH or in /usr/sbin.
+func find(name string) (string, error) {
+	bin, err := exec.LookPath(name)
+	if err != nil {
+		if sbin, serr := exec.LookPath(filepath.Join("/usr/sbin", name)); serr == nil {
+			return sbin, nil
+		}
+	}
+	return bin, err
 }
