@@ -65,10 +65,12 @@ func TestRepayBounded(t *testing.T) {
 	}
 }
 
-// TestLoneOutageRepays: one process of two loses its link to Redis for 1.5
-// s while the other books the whole quota in Redis; back on Redis, the
-// first books what it granted alone, so that over the run the fleet stays
-// within its quota's b + r*t.
+// TestLoneOutageRepays: one process of two loses its link to Redis while
+// the other books the whole quota in Redis; back on Redis, the first books
+// what it granted alone, so that over the run the fleet stays within its
+// quota's b + r*t. The link comes back once the lone process has granted
+// tenLocal alone, however long its breaker took to confirm the outage on
+// this machine.
 func TestLoneOutageRepays(t *testing.T) {
 	besideOthers(t)
 	ctx := context.Background()
@@ -76,7 +78,7 @@ func TestLoneOutageRepays(t *testing.T) {
 	proxy := redistest.StartProxy(t, srv.Addr)
 	// A quota of a period (as an hour's, shortened): its burst is the
 	// period's count, so a lone outage's grants fit in its debt.
-	const rate, burst = 20, 60
+	const rate, burst, tenLocal = 20, 60, 10
 	limit := Per(burst, burst/rate*time.Second)
 	var repaid atomic.Int64
 	observe := WithObserver(func(_ context.Context, e Event) {
@@ -88,10 +90,11 @@ func TestLoneOutageRepays(t *testing.T) {
 	lone := mustRedis(t, redistest.ClientOf(t, proxy.Addr), limit, append(opts, observe)...)
 	other := mustRedis(t, srv.Client(t), limit, opts...)
 
-	const run = 4 * time.Second
+	const run = 6 * time.Second
 	start := time.Now()
 	var mu sync.Mutex
 	var grants, local int
+	wentLocal := make(chan struct{})
 	var wg sync.WaitGroup
 	for _, r := range []*Redis{lone, other} {
 		wg.Go(func() {
@@ -105,7 +108,9 @@ func TestLoneOutageRepays(t *testing.T) {
 				if time.Since(start) < run {
 					grants++
 					if g.t.limiter == "local" {
-						local++
+						if local++; local == tenLocal {
+							close(wentLocal)
+						}
 					}
 				}
 				mu.Unlock()
@@ -114,13 +119,16 @@ func TestLoneOutageRepays(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond)
 	proxy.SetLatency(3 * time.Second) // the lone process's calls time out
-	time.Sleep(1500 * time.Millisecond)
+	select {
+	case <-wentLocal:
+	case <-time.After(run / 2):
+	}
 	proxy.SetLatency(0)
 	wg.Wait()
 	bound := burst + rate*run.Seconds()
 	t.Logf("%d grants in %v (b + r*t = %.0f), %d of them local; %d units repaid", grants, run, bound, local, repaid.Load())
-	if local < 5 {
-		t.Fatalf("%d local grants: the lone process did not fall back", local)
+	if local < tenLocal {
+		t.Fatalf("%d local grants in %v of a lost link: the lone process did not fall back", local, run/2)
 	}
 	if repaid.Load() < int64(local)*3/4 {
 		t.Errorf("%d units repaid of %d granted locally", repaid.Load(), local)
