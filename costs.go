@@ -55,10 +55,10 @@ func (r *Reservation) Delay() time.Duration { return r.ticket.delay }
 // its request steers the key.
 func (r *Reservation) granted() grant { return grant{r.ticket} }
 
-// uniform is cost under each limit.
-func uniform(cost int) store.LimitCosts {
+// uniform is cost under each of n limits (0 beyond them).
+func uniform(cost, n int) store.LimitCosts {
 	var c store.LimitCosts
-	for i := range c {
+	for i := range n {
 		c[i] = cost
 	}
 	return c

@@ -170,7 +170,7 @@ func (r *Redis) waitGrant(ctx context.Context, key string, cost int) (grant, err
 	if err := r.cap.check(ctx, key); err != nil || !r.cap.rated {
 		return grant{}, err
 	}
-	q := request{Request: store.Request{Key: key, Costs: uniform(cost)}}
+	q := request{Request: store.Request{Key: key, Costs: uniform(cost, len(r.limits))}}
 	q.horizon = horizonOf(ctx, &r.config.commonConfig, r.limits, &q.Costs)
 	t, err := r.wait(ctx, q)
 	return grant{t}, err
@@ -273,12 +273,18 @@ func (r *Redis) sleep(ctx context.Context, key string, t ticket) error {
 // A ticket is a wait that a limiter granted: how long it is, who decided
 // it, and what to give back should its caller stop waiting.
 type ticket struct {
-	limiter   string // "redis", "local" or "open"
+	limiter string        // "redis", "local" or "open"
+	cause   error         // why Redis did not decide, if it did not
+	booking store.Booking // Redis's booking, when its Granted
+	local   *Local        // the local limiter that booked the wait too, or nil
+	localWait
+}
+
+// localWait is what a wait booked that a Local, alone, fills in: a
+// Local's Wait needs no more (nor to clear the rest of a ticket).
+type localWait struct {
 	delay     time.Duration
-	start     time.Time     // when the decision began, by the limiter's clock
-	cause     error         // why Redis did not decide, if it did not
-	booking   store.Booking // Redis's booking, when its Granted
-	local     *Local        // the local limiter that booked the wait too, or nil
+	start     time.Time // when the decision began, by the limiter's clock
 	res       localBooking
 	listening bool // the key's rate listens for a success (see internal/steer)
 }
@@ -351,7 +357,7 @@ func (r *Redis) pass(ctx context.Context, q request, start time.Time, b store.Bo
 		first.limiter, first.delay, first.booking, first.listening = "redis", b.Delay, b, b.Listening
 		return first, nil
 	}
-	t := ticket{limiter: "redis", delay: b.Delay, start: start, booking: b, local: gate, listening: b.Listening}
+	t := ticket{limiter: "redis", booking: b, local: gate, localWait: localWait{delay: b.Delay, start: start, listening: b.Listening}}
 	if gate == nil {
 		return t, nil
 	}

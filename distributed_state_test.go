@@ -338,7 +338,7 @@ func TestStateNoKeyCollides(t *testing.T) {
 	gaps := mustRedis(t, c, AllOf{PerSecond(100).Named("gaps"), PerHour(1000)}, WithObserver(log.observe))
 	for range 3 {
 		for _, r := range []*Redis{named, gaps} {
-			b, err := storeOf(r).Reserve(ctx, store.Request{Key: "fleet", Costs: uniform(1)}, MaxDelay, 0)
+			b, err := storeOf(r).Reserve(ctx, store.Request{Key: "fleet", Costs: uniform(1, store.MaxLimits)}, MaxDelay, 0)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -174,7 +174,7 @@ func (m *modelCheck) reserve(step int) {
 	cost := m.rng.Int64N(burst) + 1
 	budget := []time.Duration{MaxDelay, 0, time.Duration(m.rng.Int64N(5*a)) * time.Microsecond}[m.rng.IntN(3)]
 	notBefore := []time.Duration{0, 0, time.Duration(m.rng.Int64N(3*a)) * time.Microsecond}[m.rng.IntN(3)]
-	q := store.Request{Key: key, Costs: uniform(int(cost)), Settled: true}
+	q := store.Request{Key: key, Costs: uniform(int(cost), store.MaxLimits), Settled: true}
 	if m.rng.IntN(2) == 0 {
 		q.Estimated = 1
 	}
@@ -268,7 +268,7 @@ func (m *modelCheck) settle(step int) {
 	}
 	r, a, burst := m.limiterOf(bk.key)
 	actual := m.rng.Int64N(2*burst + 2)
-	settled, now, err := storeOf(r).Settle(context.Background(), bk.key, bk.b, uniform(int(actual)))
+	settled, now, err := storeOf(r).Settle(context.Background(), bk.key, bk.b, uniform(int(actual), store.MaxLimits))
 	if err != nil || !settled {
 		m.t.Fatalf("step %d: settle: %v, %v", step, settled, err)
 	}
@@ -369,11 +369,11 @@ func (m *modelCheck) refusalOf(step int, bk modelBooking, served bool) {
 // refusal, is dropped, for 3 s more at most.
 func (m *modelCheck) recover(step int) {
 	const key = "z"
-	m.reserveWith(step, store.Request{Key: key, Costs: uniform(1), Settled: true}, MaxDelay, 0)
+	m.reserveWith(step, store.Request{Key: key, Costs: uniform(1, store.MaxLimits), Settled: true}, MaxDelay, 0)
 	m.refusalOf(step, m.bookings[len(m.bookings)-1], false)
 	time.Sleep(5 * time.Second)
 	for deadline := time.Now().Add(3 * time.Second); m.counts["rate-recovered"] == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		m.reserveWith(step, store.Request{Key: key, Costs: uniform(1), Settled: true}, MaxDelay, 0)
+		m.reserveWith(step, store.Request{Key: key, Costs: uniform(1, store.MaxLimits), Settled: true}, MaxDelay, 0)
 	}
 }
 
@@ -405,14 +405,14 @@ func (m *modelCheck) probeKey(step int, key string) (bool, steerModel) {
 	r, a, burst := m.limiterOf(key)
 	var last modelBooking
 	for i := int64(0); i <= burst; i++ { // the burst, and one that waits
-		m.reserveWith(step, store.Request{Key: key, Costs: uniform(1), Settled: true}, MaxDelay, 0)
+		m.reserveWith(step, store.Request{Key: key, Costs: uniform(1, store.MaxLimits), Settled: true}, MaxDelay, 0)
 		last = m.bookings[len(m.bookings)-1]
 	}
 	probes := m.counts["sync-probe"]
 	for _, left := range []int64{100, 99, 1} {
 		st := store.Steer{Remaining: left, Reset: time.Duration(60000*a) * time.Microsecond}
 		m.syncOne(step, r, a, burst, last, st, false)
-		m.reserveWith(step, store.Request{Key: key, Costs: uniform(1), Settled: true}, MaxDelay, 0)
+		m.reserveWith(step, store.Request{Key: key, Costs: uniform(1, store.MaxLimits), Settled: true}, MaxDelay, 0)
 		last = m.bookings[len(m.bookings)-1]
 	}
 	var s steerModel
@@ -472,7 +472,7 @@ func checkDeadlineBooksNothing(t *testing.T, c redis.UniversalClient) {
 	r := mustRedis(t, c, PerSecond(20).WithBurst(1))
 	firstBooked := time.Now()
 	for range 10 {
-		if _, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, MaxDelay, 0); err != nil {
+		if _, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1, store.MaxLimits)}, MaxDelay, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -481,7 +481,7 @@ func checkDeadlineBooksNothing(t *testing.T, c redis.UniversalClient) {
 	if err := r.Wait(ctx, "warm-up", 1); err != nil {
 		t.Fatal(err)
 	}
-	before, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, 0, 0) // a probe: refused, books nothing
+	before, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1, store.MaxLimits)}, 0, 0) // a probe: refused, books nothing
 	if err != nil || before.Granted {
 		t.Fatalf("probe: %+v, %v", before, err)
 	}
@@ -504,7 +504,7 @@ func checkDeadlineBooksNothing(t *testing.T, c redis.UniversalClient) {
 	if elapsed >= 25*time.Millisecond {
 		t.Errorf("Wait took %v to refuse, want well within its deadline of 50ms: it must not wait", elapsed)
 	}
-	after, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, 0, 0)
+	after, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1, store.MaxLimits)}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -534,7 +534,7 @@ func TestRedisMaxWait(t *testing.T) {
 			t.Fatalf("wait %d: %v", i, err)
 		}
 	}
-	storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, MaxDelay, 0) // the next caller would wait about 200 ms
+	storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1, store.MaxLimits)}, MaxDelay, 0) // the next caller would wait about 200 ms
 	err := r.Wait(ctx, "k", 1)
 	var de *DeadlineError
 	if !errors.As(err, &de) || !errors.Is(err, context.DeadlineExceeded) || de.Budget != 150*time.Millisecond || de.Delay < 150*time.Millisecond {
@@ -555,7 +555,7 @@ func checkCancelGivesBack(t *testing.T, c redis.UniversalClient) {
 			booked <- e
 		}
 	}))
-	if _, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, MaxDelay, 0); err != nil { // empty the bucket
+	if _, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1, store.MaxLimits)}, MaxDelay, 0); err != nil { // empty the bucket
 		t.Fatal(err)
 	}
 	var cancels []context.CancelFunc
@@ -585,7 +585,7 @@ func checkCancelGivesBack(t *testing.T, c redis.UniversalClient) {
 		firstFive.Wait()
 		lastFive.Wait()
 	}()
-	before, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, 0, 0)
+	before, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1, store.MaxLimits)}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -595,7 +595,7 @@ func checkCancelGivesBack(t *testing.T, c redis.UniversalClient) {
 	}
 	lastFive.Wait() // each Wait returns once its refund is done
 
-	after, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, 0, 0)
+	after, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1, store.MaxLimits)}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -620,7 +620,7 @@ func TestRedisSurvivesScriptFlush(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
 	r := mustRedis(t, c, PerSecond(10).WithBurst(1)) // 100 ms a token
-	first, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, MaxDelay, 0)
+	first, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1, store.MaxLimits)}, MaxDelay, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -630,7 +630,7 @@ func TestRedisSurvivesScriptFlush(t *testing.T) {
 	if err := c.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	second, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, MaxDelay, 0)
+	second, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1, store.MaxLimits)}, MaxDelay, 0)
 	if err != nil {
 		t.Fatalf("reserve after SCRIPT FLUSH: %v", err)
 	}
@@ -655,7 +655,7 @@ func TestRedisKeyLayout(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
 	r := mustRedis(t, c, PerMinute(60).WithBurst(3), WithPrefix("quota:")) // 1 s a token
-	b, err := storeOf(r).Reserve(ctx, store.Request{Key: "api.example.com:443", Costs: uniform(2)}, MaxDelay, 0)
+	b, err := storeOf(r).Reserve(ctx, store.Request{Key: "api.example.com:443", Costs: uniform(2, store.MaxLimits)}, MaxDelay, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -415,7 +415,7 @@ func TestFixedWindowWaitsForTheNext(t *testing.T) {
 	var b store.Booking
 	for i := range 4 {
 		var err error
-		if b, err = storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, MaxDelay, 0); err != nil {
+		if b, err = storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1, store.MaxLimits)}, MaxDelay, 0); err != nil {
 			t.Fatal(err)
 		}
 		if i < 3 && b.Delay != 0 {
@@ -437,7 +437,7 @@ func TestQuotaHoldAndFallback(t *testing.T) {
 	if err := r.Hold(ctx, "k", headers.Hold{For: 200 * time.Millisecond, Reason: "test"}); err != nil {
 		t.Fatal(err)
 	}
-	b, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, MaxDelay, 0)
+	b, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1, store.MaxLimits)}, MaxDelay, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -127,27 +127,28 @@ func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
 	if loc.cap.needsSlot(ctx, key) {
 		return waitWithSlot(ctx, loc, key, cost)
 	}
-	var t ticket
-	return loc.waitFor(ctx, key, cost, &t)
+	var w localWait
+	return loc.waitFor(ctx, key, cost, &w)
 }
 
 // waitGrant implements pacer.
 func (loc *Local) waitGrant(ctx context.Context, key string, cost int) (grant, error) {
-	var g grant
-	err := loc.waitFor(ctx, key, cost, &g.t)
+	g := grant{ticket{limiter: "local", local: loc}}
+	if err := loc.cap.check(ctx, key); err != nil {
+		return grant{}, err
+	}
+	err := loc.waitFor(ctx, key, cost, &g.t.localWait)
 	return g, err
 }
 
-// waitFor waits as Wait does, and puts what it booked in t.
-func (loc *Local) waitFor(ctx context.Context, key string, cost int, t *ticket) error {
-	if err := checkWait(ctx, loc.costCap, key, cost); err != nil {
+// waitFor waits as Wait does, by a caller that needs no slot, and puts
+// what it booked in w.
+func (loc *Local) waitFor(ctx context.Context, key string, cost int, w *localWait) error {
+	if err := checkWait(ctx, loc.costCap, key, cost); err != nil || !loc.cap.rated {
 		return err
 	}
-	if err := loc.cap.check(ctx, key); err != nil || !loc.cap.rated {
-		return err
-	}
-	costs := uniform(cost)
-	return loc.wait(ctx, key, &costs, false, t)
+	costs := uniform(cost, len(loc.limits))
+	return loc.wait(ctx, key, &costs, false, w)
 }
 
 // Acquire waits for a slot of key's cap in flight, then for cost under the
@@ -180,8 +181,8 @@ func (loc *Local) Reserve(ctx context.Context, key string, estimate Costs) (*Res
 	if err != nil {
 		return nil, err
 	}
-	r := &Reservation{limiter: loc, key: key, estimate: costs}
-	if err := loc.wait(ctx, key, &costs, true, &r.ticket); err != nil {
+	r := &Reservation{limiter: loc, key: key, estimate: costs, ticket: ticket{limiter: "local", local: loc}}
+	if err := loc.wait(ctx, key, &costs, true, &r.ticket.localWait); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -205,8 +206,8 @@ func (loc *Local) Settle(ctx context.Context, r *Reservation, actual Costs) erro
 
 // wait books costs for key and sleeps until they are due, booking anew
 // after a hold that came meanwhile, or a cut of the key's rate, and puts
-// what it booked in t. reserved says it is a reservation's wait.
-func (loc *Local) wait(ctx context.Context, key string, costs *store.LimitCosts, reserved bool, t *ticket) error {
+// what it booked in w. reserved says it is a reservation's wait.
+func (loc *Local) wait(ctx context.Context, key string, costs *store.LimitCosts, reserved bool, w *localWait) error {
 	o := loc.config.observer
 	for turn := false; ; {
 		horizon := horizonOf(ctx, &loc.config, loc.limits, costs)
@@ -215,9 +216,9 @@ func (loc *Local) wait(ctx context.Context, key string, costs *store.LimitCosts,
 		}
 		now := loc.now()
 		own := waitBudget(ctx, loc.config.maxWait, now)
-		t.limiter, t.start, t.local, t.res = "local", now, loc, localBooking{}
+		w.start = now
 		var note rateNote
-		delay, ok := loc.reserve(key, costs, now, now, classBudget(own, horizon), &t.res, &note)
+		delay, ok := loc.reserve(key, costs, now, now, classBudget(own, horizon), &w.res, &note)
 		if note.recovered {
 			reportRate(ctx, loc.config.observer, "local", key, steer.Full, 0)
 		}
@@ -225,13 +226,13 @@ func (loc *Local) wait(ctx context.Context, key string, costs *store.LimitCosts,
 			if err := loc.deferred(ctx, loc.asked(o, "local", key, costs, reserved), costs, delay-horizon, own, horizon); err != nil {
 				return err
 			}
-			turn = true
+			turn, w.res = true, localBooking{}
 			continue
 		}
 		if !ok {
 			return refuse(ctx, o, loc.asked(o, "local", key, costs, reserved), delay, classBudget(own, horizon))
 		}
-		t.delay, t.listening = delay, note.listening
+		w.delay, w.listening = delay, note.listening
 		if o != nil { // the event is built for an observer alone: the path without one stays as quick as rate.Limiter's
 			e := loc.asked(o, "local", key, costs, reserved)
 			e.Kind, e.Delay = EventWait, delay
@@ -239,10 +240,11 @@ func (loc *Local) wait(ctx context.Context, key string, costs *store.LimitCosts,
 		}
 		switch err := sleepUnlessRetimed(ctx, &loc.retimes, key, delay, now.UnixMicro()); {
 		case errors.Is(err, steer.ErrRetimed):
-			loc.cancel(key, t.res, loc.now())
+			loc.cancel(key, w.res, loc.now())
+			w.res = localBooking{}
 			continue // the key's rate was cut while this caller slept
 		case err != nil:
-			loc.cancel(key, t.res, loc.now())
+			loc.cancel(key, w.res, loc.now())
 			e := loc.asked(o, "local", key, costs, reserved)
 			e.Kind, e.Delay, e.Err = EventCancel, delay, err
 			o.emit(ctx, e)
@@ -253,6 +255,7 @@ func (loc *Local) wait(ctx context.Context, key string, costs *store.LimitCosts,
 		}
 		// A hold came while this caller slept, and its time lies before
 		// the hold's end: it books anew, after the hold.
+		w.res = localBooking{}
 	}
 }
 

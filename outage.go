@@ -85,7 +85,7 @@ func (r *Redis) decideWithout(ctx context.Context, q request, local *Local, caus
 	now := r.now()
 	switch r.config.policy {
 	case FailOpen:
-		return ticket{limiter: "open", start: now, cause: cause}, nil
+		return ticket{limiter: "open", cause: cause, localWait: localWait{start: now}}, nil
 	case FailClosed:
 		return ticket{}, r.unavailable(ctx, q.Key, q.Costs[0], cause)
 	}
@@ -137,7 +137,7 @@ func (e *unavailableError) Unwrap() []error {
 
 // decideLocally books the wait on local, the outage's local limiter.
 func (r *Redis) decideLocally(ctx context.Context, q request, local *Local, now time.Time, budget time.Duration) (ticket, error) {
-	t := ticket{limiter: "local", start: now, local: local}
+	t := ticket{limiter: "local", local: local, localWait: localWait{start: now}}
 	delay, ok := local.reserve(q.Key, &q.Costs, now, now, budget, &t.res, nil)
 	if !ok {
 		return ticket{}, r.refuse(ctx, q, "local", delay, budget)

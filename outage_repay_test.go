@@ -52,7 +52,7 @@ func TestRepayBounded(t *testing.T) {
 			if err := r.Wait(now, "k", 1); err == nil {
 				t.Errorf("a grant beyond the %d left after a debt of %d", left, tc.debt)
 			}
-			b, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, 0, 0)
+			b, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1, store.MaxLimits)}, 0, 0)
 			if err != nil {
 				t.Fatal(err)
 			}

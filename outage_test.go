@@ -279,7 +279,7 @@ func (f *failoverTest) decide(key string, budget time.Duration) (ticket, error) 
 		ctx, cancel = context.WithDeadline(ctx, f.clock.Now().Add(budget))
 		defer cancel()
 	}
-	return f.r.decideAsking(ctx, request{Request: store.Request{Key: key, Costs: uniform(1)}})
+	return f.r.decideAsking(ctx, request{Request: store.Request{Key: key, Costs: uniform(1, store.MaxLimits)}})
 }
 
 // grant decides a request that must be granted, and returns its ticket.
@@ -479,12 +479,12 @@ func TestFailover(t *testing.T) {
 			booked := f.grant("k", 0) // Redis: bucket of 1, now empty
 			f.fail()
 			first := f.grant("k", 0)
-			err := f.r.giveBack(context.Background(), request{Request: store.Request{Key: "k", Costs: uniform(1)}}, first, context.Canceled)
+			err := f.r.giveBack(context.Background(), request{Request: store.Request{Key: "k", Costs: uniform(1, store.MaxLimits)}}, first, context.Canceled)
 			if !errors.Is(err, context.Canceled) {
 				f.t.Fatalf("giveBack: %v", err)
 			}
 			f.checkDelay("after the cancel, the next local grant", f.grant("k", 0).delay, first.delay, first.delay)
-			err = f.r.giveBack(context.Background(), request{Request: store.Request{Key: "k", Costs: uniform(1)}}, booked, context.Canceled)
+			err = f.r.giveBack(context.Background(), request{Request: store.Request{Key: "k", Costs: uniform(1, store.MaxLimits)}}, booked, context.Canceled)
 			if !errors.Is(err, errNotGivenBack) || f.store.refunds != 0 {
 				f.t.Errorf("a Redis booking cancelled during the outage: %v, %d refunds; want it kept, and said so", err, f.store.refunds)
 			}

@@ -172,7 +172,7 @@ func TestFleetCountsProcesses(t *testing.T) {
 	other := mustRedis(t, c, PerSecond(300), WithFleetName("other"))
 	beat := func(r *Redis, skew time.Duration) {
 		t.Helper()
-		b, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1)}, MaxDelay, 0)
+		b, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1, store.MaxLimits)}, MaxDelay, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

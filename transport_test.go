@@ -180,7 +180,7 @@ func TestTransportCancelsPromptly(t *testing.T) {
 	case <-time.After(time.Second):
 		t.Fatalf("RoundTrip still waiting a second after its cancel (its turn was %v away)", delay)
 	}
-	if b, err := storeOf(lim).Reserve(context.Background(), store.Request{Key: "upstream:80", Costs: uniform(1)}, 0, 0); err != nil || b.Delay < 9*time.Second || b.Delay > 10*time.Second {
+	if b, err := storeOf(lim).Reserve(context.Background(), store.Request{Key: "upstream:80", Costs: uniform(1, store.MaxLimits)}, 0, 0); err != nil || b.Delay < 9*time.Second || b.Delay > 10*time.Second {
 		t.Errorf("next caller would wait %v (%v), want under 10s: the cancelled token came back", b.Delay, err)
 	}
 }
