@@ -52,6 +52,7 @@ type Redis struct {
 	fleet    *fleet
 
 	cap           slotCap        // the quota's cap in flight, if any
+	slotCap       *store.SlotCap // the cap, as its calls to Redis name it
 	slotWaiters   slotWaiters    // this process's requests in line for a slot
 	fallbackSlots *semaphore     // slots of this process's share of the cap while Redis is away
 	held          heldKeys       // the fleet's holds this process heard of
@@ -116,6 +117,7 @@ func newRedis(q Quota, now func() time.Time, opts ...RedisOption) (*Redis, error
 	if err := r.config.validate(); err != nil {
 		return nil, err
 	}
+	r.slotCap = store.NewSlotCap(limitName(c.limit), c.limit.burst, r.lease(), r.holdChannel())
 	r.fleet = newFleet(r.config.prefix, r.config.fleetName, r.config.fleetSize)
 	r.id = newLimiterID()
 	r.fallbackSlots = newSemaphore(r.lease(), now, r.config.observer, "local")
@@ -332,6 +334,9 @@ func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budg
 		return ticket{}, err
 	}
 	r.beat(ctx, b.Now, now)
+	if b.SlotBusy {
+		return ticket{}, errSlotBusy
+	}
 	if b.Recovered {
 		reportRate(ctx, r.config.observer, "redis", q.Key, steer.Full, 0)
 	}

@@ -170,7 +170,7 @@ func (s *fakeStore) Slots(_ context.Context, _ string, c store.SlotCall) (store.
 	case c.Op == store.SlotRelease:
 		delete(s.slotHolders, c.ID)
 		reply.State = store.SlotNone
-	case c.Op == store.SlotRenew || s.slotHolders[c.ID] || len(s.slotHolders) < c.Limit:
+	case c.Op == store.SlotRenew || s.slotHolders[c.ID] || len(s.slotHolders) < c.Cap.Limit:
 		s.slotHolders[c.ID] = true
 	default:
 		reply.State = store.SlotWaiting

@@ -243,20 +243,71 @@ func holdingSlot(ctx context.Context, key string) context.Context {
 }
 
 // acquire takes a slot of key from l, when its quota has a cap, then waits
-// for cost under its rate limits; if that fails, the slot goes back.
+// for cost under its rate limits (see pacer.admit); if that fails, the
+// slot goes back. Without a cap, the slot is one whose Release does
+// nothing.
 func acquire(ctx context.Context, l pacer, key string, cost int) (*Slot, error) {
-	slot, err := l.TakeSlot(ctx, key)
-	if err != nil {
-		return nil, err
-	}
-	if ctx = WithSlot(ctx, slot); slot == nil {
+	slot, _, err := l.admit(ctx, key, cost)
+	if err == nil && slot == nil {
 		slot = &Slot{key: key}
 	}
-	if err := l.Wait(ctx, key, cost); err != nil {
-		slot.Release()
-		return nil, err
+	return slot, err
+}
+
+// slotThenWait takes a slot of key from l, when its quota has a cap, in line
+// if it must, then waits for cost under its rate limits, and returns both;
+// if the wait fails, the slot goes back.
+func slotThenWait(ctx context.Context, l pacer, key string, cost int) (*Slot, grant, error) {
+	slot, err := l.TakeSlot(ctx, key)
+	if err != nil {
+		return nil, grant{}, err
 	}
-	return slot, nil
+	g, err := l.waitGrant(WithSlot(ctx, slot), key, cost)
+	if err != nil {
+		slot.Release()
+		return nil, grant{}, err
+	}
+	return slot, g, nil
+}
+
+// errSlotBusy says that a booking that would have taken a slot of its
+// key's cap with it found none free, and booked nothing.
+var errSlotBusy = errors.New("pace: no slot free")
+
+// admit implements pacer. While Redis answers, a request under a cap with
+// rates takes a free slot with its booking, in one script call
+// (lua/take.lua); when none is free, or someone waits for one, it goes in
+// line (TakeSlot), then waits.
+func (r *Redis) admit(ctx context.Context, key string, cost int) (*Slot, grant, error) {
+	if !r.cap.capped || !r.cap.rated {
+		return slotThenWait(ctx, r, key, cost)
+	}
+	if err := checkWait(ctx, r.costCap, key, cost); err != nil {
+		return nil, grant{}, err
+	}
+	start := r.now()
+	q := request{Request: store.Request{Key: key, Costs: uniform(cost, len(r.limits))}}
+	q.Take = store.SlotTake{ID: r.slotWaiters.mint(r.id), Cap: r.slotCap}
+	q.horizon = horizonOf(ctx, &r.config.commonConfig, r.limits, &q.Costs)
+	t, err := r.wait(ctx, q)
+	switch {
+	case errors.Is(err, errSlotBusy):
+		return slotThenWait(ctx, r, key, cost)
+	case err != nil:
+		r.slotCall(context.WithoutCancel(ctx), key, store.SlotCall{Op: store.SlotRelease, ID: q.Take.ID}) // if the booking took it
+		return nil, grant{}, err
+	case t.limiter != "redis": // decided without Redis: the slot, as the FailurePolicy says, after the wait
+		slot, err := r.TakeSlot(ctx, key)
+		return slot, grant{t}, err
+	}
+	r.config.observer.emit(ctx, Event{Kind: EventSlot, Limiter: "redis", Key: key, Cost: 1, Delay: r.now().Sub(start)})
+	return newSlot(ctx, redisSlots{r}, key, q.Take.ID, "redis", r.lease(), r.config.observer), grant{t}, nil
+}
+
+// admit implements pacer: a slot of key's cap, in line if it must, then
+// the wait.
+func (loc *Local) admit(ctx context.Context, key string, cost int) (*Slot, grant, error) {
+	return slotThenWait(ctx, loc, key, cost)
 }
 
 // The slots of a Redis limiter's cap of requests in flight live in Redis
@@ -273,22 +324,27 @@ func acquire(ctx context.Context, l pacer, key string, cost int) (*Slot, error) 
 type slotWaiters struct {
 	mu    sync.Mutex
 	ids   map[string]chan struct{}
-	count uint64 // ids minted
+	count atomic.Uint64 // ids minted
 }
 
 // join mints an id for a request of the limiter member that joins a line, and returns
 // it with the channel that tells it its slot.
 func (w *slotWaiters) join(member string) (string, chan struct{}) {
+	id := w.mint(member)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.ids == nil {
 		w.ids = make(map[string]chan struct{})
 	}
-	w.count++
-	id := member + ":" + strconv.FormatUint(w.count, 10)
 	told := make(chan struct{}, 1)
 	w.ids[id] = told
 	return id, told
+}
+
+// mint returns a new id of a request of the limiter member, unique in the
+// fleet.
+func (w *slotWaiters) mint(member string) string {
+	return member + ":" + strconv.FormatUint(w.count.Add(1), 10)
 }
 
 // leave forgets id.
@@ -417,7 +473,7 @@ func (r *Redis) takeSlotWithout(ctx context.Context, key string, cause error) (*
 // under the quota's cap. Slots of others that lapsed are reported to the
 // observer.
 func (r *Redis) slotCall(ctx context.Context, key string, c store.SlotCall) (store.SlotsReply, error) {
-	c.Name, c.Limit, c.Lease, c.Channel = limitName(r.cap.limit), r.cap.limit.burst, r.lease(), r.holdChannel()
+	c.Cap = r.slotCap
 	reply, err := r.store.Slots(ctx, key, c)
 	if reply.Expired > 0 {
 		r.config.observer.emit(ctx, Event{Kind: EventSlotExpire, Limiter: "redis", Key: key, Cost: int(reply.Expired)})

@@ -217,6 +217,11 @@ func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(
 		}
 		return p, p.limiter.Wait(ctx, p.key, cost)
 	}
+	if estimate == nil {
+		var err error
+		p.slot, p.grant, err = p.pacer.admit(ctx, p.key, cost)
+		return p, err
+	}
 	slot, err := p.pacer.TakeSlot(ctx, p.key)
 	if err != nil {
 		return p, err
@@ -225,12 +230,10 @@ func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(
 	waited := false
 	defer func() {
 		if !waited {
-			p.slot.Release() // the wait failed, or Estimate panicked
+			p.slot.Release() // the reservation failed, or Estimate panicked
 		}
 	}()
-	if estimate == nil {
-		p.grant, err = p.pacer.waitGrant(ctx, p.key, cost)
-	} else if p.res, err = p.pacer.Reserve(ctx, p.key, estimate(req)); err == nil {
+	if p.res, err = p.pacer.Reserve(ctx, p.key, estimate(req)); err == nil {
 		p.grant = p.res.granted()
 	}
 	waited = err == nil

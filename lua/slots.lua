@@ -25,43 +25,15 @@
 local holders, line, waiters = 1, 2, 3
 local op, id, cap, lease = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 
--- check refuses KEYS[i] when it is not a sorted set, or holds a lease that
--- ends beyond horizon; it returns the last member's score.
-local function check(i)
-  local last = read(i, 'ZRANGE', -1, -1, 'WITHSCORES')
-  if i ~= line and last[2] and tonumber(last[2]) > now + horizon then
-    foreign(i, 'holds a lease that ends beyond any pace grants')
-  end
-  return last[2]
-end
-check(holders)
-local last_place = check(line)
-check(waiters)
-
--- expire makes KEYS[i] (and, for the waiters, the line) live a lease
--- beyond its longest lease, so that the call that purges a lapsed lease
--- can tell.
-local function expire(i)
-  local last = redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')
-  if last[2] then
-    local ms = math.ceil((tonumber(last[2]) - now + lease) / 1000) + 1
-    redis.call('PEXPIRE', KEYS[i], ms)
-    if i == waiters then
-      redis.call('PEXPIRE', KEYS[line], ms)
-    end
-  end
-end
-
-local expired = redis.call('ZREMRANGEBYSCORE', KEYS[holders], '-inf', now)
-for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[waiters], '-inf', now)) do
-  redis.call('ZREM', KEYS[waiters], w)
-  redis.call('ZREM', KEYS[line], w)
-end
+slot_check(holders)
+local last_place = slot_check(line, true)
+slot_check(waiters)
+local expired = slot_purge(holders, line, waiters)
 
 -- The common case: a free slot and nobody in line.
 if op == 'acquire' and not last_place and redis.call('ZCARD', KEYS[holders]) < cap then
   redis.call('ZADD', KEYS[holders], now + lease, id)
-  expire(holders)
+  slot_expire(holders, lease)
   local first = redis.call('ZRANGE', KEYS[holders], 0, 0, 'WITHSCORES')
   return {string.format('%d', now), 'held', first[2], expired}
 end
@@ -105,7 +77,7 @@ elseif redis.call('ZSCORE', KEYS[line], id) then
   state = 'waiting'
 end
 
-expire(holders)
-expire(waiters)
+slot_expire(holders, lease)
+slot_expire(waiters, lease, line)
 local first = redis.call('ZRANGE', KEYS[holders], 0, 0, 'WITHSCORES')
 return {string.format('%d', now), state, first[2] or '0', expired}

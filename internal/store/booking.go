@@ -13,8 +13,9 @@ import (
 // Request is what a booking needs of a request: its key, its cost under
 // each limit, whether it will be settled and which of its costs are
 // estimates, whether it is the failover's probe, whose call may answer
-// late (see Caller.RunLong), and the number of its booking's call (see
-// Reserve; 0 for a new one).
+// late (see Caller.RunLong), the number of its booking's call (see
+// Reserve; 0 for a new one), and the slot it takes with its booking, if
+// any.
 type Request struct {
 	Key       string
 	Costs     LimitCosts
@@ -22,6 +23,15 @@ type Request struct {
 	Estimated LimitSet
 	Probe     bool
 	Call      uint64
+	Take      SlotTake
+}
+
+// SlotTake is the slot of a cap of requests in flight that a booking
+// takes with it, in the same call (see lua/take.lua): the request's id,
+// and the cap; none when Cap is nil.
+type SlotTake struct {
+	ID  string
+	Cap *SlotCap
 }
 
 // Booking is what the reserve script decided.
@@ -36,6 +46,7 @@ type Booking struct {
 	ID        string           // the booking's id: its call's record, its grants in sliding windows, its settlement
 	Costs     LimitCosts
 	Estimated LimitSet // the limits whose costs are a reservation's estimates
+	SlotBusy  bool     // the request's Take found no slot free, and nothing was booked
 }
 
 // Due is when the request goes, by Redis's clock, in microseconds.
@@ -74,12 +85,18 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 		}
 		args = append(args, int64(q.Estimated))
 	}
+	if q.Take.Cap != nil {
+		script, keys, args = s.withTake(script, keys, args, key, q.Take)
+	}
 	if q.Probe {
 		cmd = s.calls.RunLong(ctx, nil, script, keys, args...) // a late booking stays: one request's cost
 	} else {
 		cmd = s.calls.Run(ctx, script, keys, args...)
 	}
 	err := int64Reply(cmd, reply[:5+2*n])
+	if err == nil && q.Take.Cap != nil && reply[0] == -1 {
+		return Booking{SlotBusy: true, Now: reply[2]}, nil
+	}
 	if err == nil && (reply[0] < 0 || reply[0] > 1 || reply[1] < 0) {
 		err = fmt.Errorf("replied %v, want [granted delay now finish... booked... listening recovered]", append([]int64(nil), reply[:5+2*n]...))
 	}
@@ -91,6 +108,17 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 	copy(b.Booked[:], reply[3+n:3+2*n])
 	b.Listening, b.Recovered = reply[3+2*n] == 1, reply[4+2*n] == 1
 	return b, nil
+}
+
+// withTake returns the booking script that takes slot with the booking,
+// with its keys and arguments.
+func (s *Store) withTake(script *redis.Script, keys []string, args []any, key string, slot SlotTake) (*redis.Script, []string, []any) {
+	take := reserveTakeScript
+	if script == quotaScript {
+		take = quotaTakeScript
+	}
+	keys = append(keys, s.tagged(key, slot.Cap.suffixes)...)
+	return take, keys, append(args, slot.ID, slot.Cap.args[0], slot.Cap.args[1])
 }
 
 // NewCall returns the number of a new booking's call: with the member, its

@@ -32,25 +32,49 @@ var (
 	heldScript    = newScript("held")
 	settleScript  = newScript("booking", "settle")
 	syncScript    = newScript("sync")
-	slotsScript   = newScript("slots")
+	slotsScript   = newScript("slot", "slots")
+	releaseScript = redis.NewScript(part("release")) // no prelude: see lua/release.lua
 	lineScript    = newScript("line")
 	repayScript   = newScript("repay")
 	checkScript   = newScript("check")
+
+	// The booking scripts that take a slot of a cap with the booking.
+	reserveTakeScript = newTakeScript("reserve")
+	quotaTakeScript   = newTakeScript("quota")
 )
 
 // newScript is the script of the parts named (lua/NAME.lua), after the
 // constants the scripts share and the common prelude.
 func newScript(parts ...string) *redis.Script {
+	return redis.NewScript(scriptText(parts...))
+}
+
+// newTakeScript is the booking script body (reserve or quota) that takes a
+// slot of a cap with its booking: lua/take.lua before it, and the body run
+// as a function whose reply take.lua's slot_taken completes.
+func newTakeScript(body string) *redis.Script {
+	return redis.NewScript(scriptText("rate", "record", "slot", "take") +
+		"return slot_taken((function()\n" + part(body) + "\nend)())\n")
+}
+
+// scriptText is the text of the parts named, after the constants the
+// scripts share and the common prelude.
+func scriptText(parts ...string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "local horizon = %d\nlocal max_refill = %d\n", Horizon.Microseconds(), MaxRefill.Microseconds())
 	for _, name := range append([]string{"common"}, parts...) {
-		source, err := lua.FS.ReadFile(name + ".lua")
-		if err != nil {
-			panic(err) // embedded: a missing part is a mistake of the build
-		}
-		b.Write(source)
+		b.WriteString(part(name))
 	}
-	return redis.NewScript(b.String())
+	return b.String()
+}
+
+// part is the text of lua/NAME.lua.
+func part(name string) string {
+	source, err := lua.FS.ReadFile(name + ".lua")
+	if err != nil {
+		panic(err) // embedded: a missing part is a mistake of the build
+	}
+	return string(source)
 }
 
 // maxDelayArg is MaxDelay as a script argument, boxed once.

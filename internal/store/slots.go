@@ -10,24 +10,44 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// SlotCall is one call of the slots script (lua/slots.lua): what to do
-// (SlotAcquire, SlotWait, SlotRenew or SlotRelease) for which request id,
-// under which cap (its name and size), with which lease, telling waiters on
-// which channel.
-type SlotCall struct {
-	Op, ID  string
-	Name    string
-	Limit   int
-	Lease   time.Duration
-	Channel string
-	Probe   bool // the failover's probe: the call goes on after its timeout (see Caller.RunLong), and a late answer's slot is released
+// SlotCap is a limiter's cap of requests in flight, as its slots' calls
+// name it: its size, the lease of a slot, and the channel that tells
+// waiters their slot. Create it with NewSlotCap.
+type SlotCap struct {
+	Limit    int
+	Lease    time.Duration
+	Channel  string
+	suffixes []string // of its keys: its holders', line's and waiters'
+	args     [3]any   // the limit, the lease in microseconds and the channel, boxed once
 }
 
-// Slots runs the slots script for key.
+// NewSlotCap returns the cap named name of limit slots, each with lease,
+// whose waiters are told on channel.
+func NewSlotCap(name string, limit int, lease time.Duration, channel string) *SlotCap {
+	return &SlotCap{Limit: limit, Lease: lease, Channel: channel,
+		suffixes: []string{SlotsSuffix + name, LineSuffix + name, WaitersSuffix + name},
+		args:     [3]any{limit, lease.Microseconds(), channel}}
+}
+
+// SlotCall is one call of the slots script (lua/slots.lua): what to do
+// (SlotAcquire, SlotWait, SlotRenew or SlotRelease) for which request id,
+// under which cap.
+type SlotCall struct {
+	Op, ID string
+	Cap    *SlotCap
+	Probe  bool // the failover's probe: the call goes on after its timeout (see Caller.RunLong), and a late answer's slot is released
+}
+
+// Slots runs the slots script for key. A release with nobody in line,
+// the common one, needs no script (see release).
 func (s *Store) Slots(ctx context.Context, key string, c SlotCall) (SlotsReply, error) {
-	base := s.prefix + "{" + key + "}"
-	keys := []string{base + SlotsSuffix + c.Name, base + LineSuffix + c.Name, base + WaitersSuffix + c.Name}
-	args := []any{c.Op, c.ID, c.Limit, c.Lease.Microseconds(), c.Channel, key}
+	if c.Op == SlotRelease && !c.Probe {
+		if done, err := s.release(ctx, key, c.Cap, c.ID); done || err != nil {
+			return SlotsReply{State: SlotNone}, err
+		}
+	}
+	keys := s.tagged(key, c.Cap.suffixes)
+	args := []any{c.Op, c.ID, c.Cap.args[0], c.Cap.args[1], c.Cap.args[2], key}
 	var cmd *redis.Cmd
 	if c.Probe {
 		cmd = s.calls.RunLong(ctx, func(*redis.Cmd) { s.leave(ctx, keys, args) }, slotsScript, keys, args...)
@@ -52,6 +72,20 @@ func (s *Store) Slots(ctx context.Context, key string, c SlotCall) (SlotsReply, 
 		return SlotsReply{}, fmt.Errorf("pace: key %s: the slots script replied %v, want a time, a state, a time and a count", QuoteKey(key), val)
 	}
 	return reply, nil
+}
+
+// release frees the slot id of key's cap c, when nobody
+// is in line, the common case, in a script of two commands
+// (lua/release.lua), and reports whether it did. Otherwise (someone in
+// line, or a key of another type than pace writes) the slots script does
+// the release, hands the slot on, or names the key.
+func (s *Store) release(ctx context.Context, key string, c *SlotCap, id string) (bool, error) {
+	keys := s.tagged(key, c.suffixes[:2])
+	left, err := s.calls.Run(ctx, releaseScript, keys, id).Int64()
+	if err != nil {
+		return false, s.fail(key, "release", keys, err)
+	}
+	return left == 1, nil
 }
 
 // leave releases the slot, or the place in line, that a call of args,
