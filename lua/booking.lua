@@ -10,13 +10,13 @@ local function unit(steer, tat, a, b)
 end
 
 -- read_booking reads, and checks, limit i's keys for a booking at due: a
--- bucket's schedule (TAT) and steering; or, for a fixed window of length a
--- when with_count, the field of the booking's window and its count.
+-- bucket's schedule (TAT), how many gaps it has and its steering; or, for a
+-- fixed window of length a when with_count, the field of the booking's
+-- window and its count.
 local function read_booking(i, kind, a, due, with_count)
   if kind == 1 then
     local tat, steer = read_bucket(2 * i - 1)
-    read(2 * i, 'ZCARD')
-    return tat, nil, nil, steer
+    return tat, nil, read(2 * i, 'ZCARD'), steer
   elseif kind == 2 then
     read(2 * i - 1, 'ZCARD')
   elseif with_count then

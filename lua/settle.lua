@@ -29,11 +29,12 @@ local id, due = ARGV[1], tonumber(ARGV[2])
 local mark = #KEYS
 local n = (mark - 1) / 2
 
--- settle_bucket moves a bucket's schedule by units (each unit long) and its
--- CEILING by the units it is known to have spent beyond what its booking
--- counted (spent).
-local function settle_bucket(key, gaps, tat, steer, a, units, unit, free, spent)
-  local diff = units * unit
+-- settle_bucket moves a bucket of configured interval a and burst b, its
+-- gaps at KEYS[gaps] (how many: gapped), by units, and its CEILING by the
+-- units it is known to have spent beyond what its booking counted (spent).
+local function settle_bucket(key, gaps, gapped, tat, steer, a, b, units, spent)
+  local diff = 0
+  if units ~= 0 then diff = units * unit(steer, tat, a, b) end
   count_booked(steer, units)
   move_ceiling(steer, a, spent, now)
   if diff > 0 then
@@ -41,12 +42,15 @@ local function settle_bucket(key, gaps, tat, steer, a, units, unit, free, spent)
     if tat and tat > now then base = tat end
     write_bucket(key, math.min(base + diff, now + horizon), steer)
   elseif diff < 0 and tat and tat > now then
-    moved_back(steer, free)
+    if steer then
+      moved_back(steer, math.max(bucket_allow(tat, steer, a, b, 1, now), now))
+    end
     tat = tat + diff
     if tat > now or steer then
       write_bucket(key, math.max(tat, now), steer)
-      -- Gaps beyond the new tail no longer stand for anything.
-      redis.call('ZREMRANGEBYSCORE', gaps, '(' .. string.format('%d', tat), '+inf')
+      if gapped > 0 then -- gaps beyond the new tail no longer stand for anything
+        redis.call('ZREMRANGEBYSCORE', gaps, '(' .. string.format('%d', tat), '+inf')
+      end
     else
       redis.call('DEL', key, gaps)
     end
@@ -71,12 +75,19 @@ local function settle_sliding(key, a, b, estimate, actual)
   end
 end
 
--- Read and check every key before writing any: each bucket's TAT, and the
--- count of a fixed window's booked window.
+-- Read and check every key before writing any: each bucket's TAT and
+-- count of gaps, and the count of a fixed window's booked window. A limit
+-- whose actual cost is its booked one, not an estimate, is left as it is,
+-- unread (kind 0).
+local mask = tonumber(ARGV[5 * n + 3])
 local kinds, tats, fields, used, steers = {}, {}, {}, {}, {}
 for i = 1, n do
   kinds[i] = tonumber(ARGV[5 * i - 2])
-  tats[i], fields[i], used[i], steers[i] = read_booking(i, kinds[i], tonumber(ARGV[5 * i - 1]), due, true)
+  if ARGV[5 * i + 1] == ARGV[5 * i + 2] and not estimated(mask, i) then
+    kinds[i] = 0
+  else
+    tats[i], fields[i], used[i], steers[i] = read_booking(i, kinds[i], tonumber(ARGV[5 * i - 1]), due, true)
+  end
 end
 if not redis.call('SET', KEYS[mark], '1', 'NX', 'PX', 60000) then
   return {0, now}
@@ -87,9 +98,8 @@ for i = 1, n do
   local estimate, actual = tonumber(ARGV[5 * i + 1]), tonumber(ARGV[5 * i + 2])
   local key = KEYS[2 * i - 1]
   if kinds[i] == 1 then
-    local free = math.max(bucket_allow(tats[i], steers[i], a, b, 1, now), now)
-    local spent = actual - known(tonumber(ARGV[5 * n + 3]), i, estimate)
-    settle_bucket(key, KEYS[2 * i], tats[i], steers[i], a, actual - estimate, unit(steers[i], tats[i], a, b), free, spent)
+    local spent = actual - known(mask, i, estimate)
+    settle_bucket(key, KEYS[2 * i], used[i], tats[i], steers[i], a, b, actual - estimate, spent)
   elseif kinds[i] == 2 then
     settle_sliding(key, a, b, estimate, actual)
   elseif used[i] then
