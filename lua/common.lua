@@ -28,6 +28,15 @@ local function read(i, command, ...)
   return reply
 end
 
+-- any_exists reports whether any of KEYS[i], for the indices given, is
+-- there: one command, where reading keys that are seldom there (a hold, a
+-- call's record) would take one each.
+local function any_exists(...)
+  local names = {}
+  for j, i in ipairs({...}) do names[j] = KEYS[i] end
+  return redis.call('EXISTS', unpack(names)) > 0
+end
+
 -- number is the number that text, read at KEYS[i], stands for (nil for
 -- no text): a whole number from 0 (or at_least, when given) to at_most,
 -- else foreign. Whatever the form of the text (Lua reads "0x10" and "1e3"

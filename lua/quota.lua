@@ -32,12 +32,15 @@
 -- 1 when the key's rate listens for a success, and 1 when the key's rate was
 -- dropped, back at the configured one. reserve.lua is the same for one
 -- bucket.
-local again = recorded(#KEYS)
-if again then return again end
+-- The hold, the rate after refusals and the record are seldom there: they
+-- are read only when one is.
 local n = #KEYS - 3
+local seldom = any_exists(n + 1, n + 2, n + 3)
+local again = seldom and recorded(n + 3)
+if again then return again end
 local kinds, as, bs, costs, stored, steers = {}, {}, {}, {}, {}, {}
 local due = now + tonumber(ARGV[2])
-local held = time(n + 1, read(n + 1, 'GET'))
+local held = seldom and time(n + 1, read(n + 1, 'GET')) or nil
 if held and held > due then due = held end
 local unit = nil -- see rate.lua
 
@@ -62,7 +65,7 @@ for i = 1, n do
   if cost > 0 and (not unit or cost * per < unit) then unit = cost * per end
 end
 
-local rate, recovered, listening = read_rate(n + 2), 0, 0
+local rate, recovered, listening = seldom and read_rate(n + 2) or nil, 0, 0
 if rate and rate_recovered(rate, now) then
   rate, recovered = nil, 1 -- dropped below, once every key is read
 end

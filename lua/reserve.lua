@@ -27,14 +27,17 @@
 -- when the key's rate listens for a success (see refused.lua), and 1 when
 -- the key's rate was dropped, back at the configured one. All are whole
 -- numbers, which Redis replies exactly.
-local again = recorded(4)
+-- The hold, the rate after refusals and the record are seldom there: they
+-- are read only when one is.
+local seldom = any_exists(2, 3, 4)
+local again = seldom and recorded(4)
 if again then return again end
 local a, b, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local arrival = now + tonumber(ARGV[5])
 local stored, steer = read_bucket(1)
-local held = time(2, read(2, 'GET'))
+local held = seldom and time(2, read(2, 'GET')) or nil
 if held and held > arrival then arrival = held end
-local rate, recovered = read_rate(3), 0
+local rate, recovered = seldom and read_rate(3) or nil, 0
 if rate and rate_recovered(rate, now) then
   redis.call('DEL', KEYS[3])
   rate, recovered = nil, 1
