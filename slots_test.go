@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetpace/pace/internal/redistest"
 	"github.com/fleetpace/pace/internal/store"
 	"github.com/redis/go-redis/v9"
 )
@@ -306,4 +307,97 @@ func errorHas(err error, parts ...string) bool {
 		}
 	}
 	return true
+}
+
+// TestSlotsTakenWithTheBooking: on a real Redis, a capped request with a
+// slot free and nobody in line takes its slot with its booking, in one
+// script call, and frees it in one more (before, three: a slot, a booking,
+// a release); one that finds the cap full goes in line and gets the slot
+// the release hands on; a call asked again finds its own slot. Foreign
+// data at the cap's keys is a *KeyError naming the key, which stays as it
+// was.
+func TestSlotsTakenWithTheBooking(t *testing.T) {
+	ctx := context.Background()
+	c := newTestRedis(t)
+	r := mustRedis(t, c, AllOf{PerSecond(1000), Concurrent(1)}, WithFleetSize(1))
+	calls := func() int64 {
+		stats, err := redistest.CommandStats(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return stats["evalsha"].Calls + stats["eval"].Calls
+	}
+	r.Wait(ctx, "warm", 1) // the scripts loaded, the heartbeat sent
+	before := calls()
+	slot, err := r.Acquire(ctx, "k", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := calls() - before
+	if took != 1 {
+		t.Errorf("a free slot took %d script calls with its booking, want 1", took)
+	}
+	// The cap full, the next request goes in line; the release, which
+	// finds it there, hands the slot on.
+	next := make(chan error, 1)
+	go func() {
+		s, err := r.Acquire(ctx, "k", 1)
+		if err == nil {
+			err = s.Release()
+		}
+		next <- err
+	}()
+	line := "pace:{k}" + store.LineSuffix + limitName(Concurrent(1))
+	for deadline := time.Now().Add(10 * time.Second); c.ZCard(ctx, line).Val() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the second request never joined the line")
+		}
+	}
+	if err := slot.Release(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-next:
+		if err != nil {
+			t.Errorf("the request in line: %v", err)
+		}
+	case <-time.After(time.Second): // a lease, when the hand-over is lost
+		t.Errorf("the request in line was not handed the slot within a second of its release")
+	}
+	before = calls()
+	if slot, err = r.Acquire(ctx, "k", 1); err == nil {
+		err = slot.Release()
+	}
+	if n := calls() - before; err != nil || n != 2 {
+		t.Errorf("a slot taken and freed with nobody in line: %d script calls (%v), want 2", n, err)
+	}
+
+	// A call asked again (its answer lost) finds the slot its first call
+	// took: it is not turned away by a cap its own slot fills.
+	st, holders := storeOf(r), "pace:{again}"+store.SlotsSuffix+limitName(Concurrent(1))
+	q := store.Request{Key: "again", Costs: uniform(1, store.MaxLimits), Call: st.NewCall(), Take: store.SlotTake{ID: "again:1", Cap: r.slotCap}}
+	for i := range 2 {
+		if b, err := st.Reserve(ctx, q, MaxDelay, 0); err != nil || b.SlotBusy || !b.Granted {
+			t.Errorf("call %d of one booking with its slot: %+v, %v; want it granted, with the slot", i+1, b, err)
+		}
+	}
+	if n := c.ZCard(ctx, holders).Val(); n != 1 {
+		t.Errorf("%d holders after a call asked twice, want 1", n)
+	}
+
+	for i, suffix := range []string{store.SlotsSuffix, store.LineSuffix} {
+		key := fmt.Sprintf("foreign%d", i)
+		redisKey := "pace:{" + key + "}" + suffix + limitName(Concurrent(1))
+		if err := c.Set(ctx, redisKey, "x", time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+		_, err := r.Acquire(ctx, key, 1)
+		var keyErr *KeyError
+		if !errors.As(err, &keyErr) || keyErr.RedisKey != redisKey || !strings.Contains(err.Error(), "holds a string") {
+			t.Errorf("a string at %s: %v, want a *KeyError naming it", redisKey, err)
+		}
+		if v := c.Get(ctx, redisKey).Val(); v != "x" {
+			t.Errorf("the foreign key %s holds %q after Acquire, want it as it was", redisKey, v)
+		}
+	}
 }
