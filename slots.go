@@ -294,7 +294,9 @@ func (r *Redis) admit(ctx context.Context, key string, cost int) (*Slot, grant, 
 	case errors.Is(err, errSlotBusy):
 		return slotThenWait(ctx, r, key, cost)
 	case err != nil:
-		r.slotCall(context.WithoutCancel(ctx), key, store.SlotCall{Op: store.SlotRelease, ID: q.Take.ID}) // if the booking took it
+		if r.failover.Mode() != outage.Outage { // the booking may have taken it
+			r.slotCall(context.WithoutCancel(ctx), key, store.SlotCall{Op: store.SlotRelease, ID: q.Take.ID})
+		}
 		return nil, grant{}, err
 	case t.limiter != "redis": // decided without Redis: the slot, as the FailurePolicy says, after the wait
 		slot, err := r.TakeSlot(ctx, key)

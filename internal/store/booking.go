@@ -89,7 +89,7 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 		script, keys, args = s.withTake(script, keys, args, key, q.Take)
 	}
 	if q.Probe {
-		cmd = s.calls.RunLong(ctx, nil, script, keys, args...) // a late booking stays: one request's cost
+		cmd = s.calls.RunLong(ctx, s.lateTake(ctx, q), script, keys, args...)
 	} else {
 		cmd = s.calls.Run(ctx, script, keys, args...)
 	}
@@ -108,6 +108,17 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 	copy(b.Booked[:], reply[3+n:3+2*n])
 	b.Listening, b.Recovered = reply[3+2*n] == 1, reply[4+2*n] == 1
 	return b, nil
+}
+
+// lateTake is what undoes the late answer of a probe's booking that took
+// q's slot: nobody holds it. A late booking stays: one request's cost.
+func (s *Store) lateTake(ctx context.Context, q Request) func(*redis.Cmd) {
+	if q.Take.Cap == nil {
+		return nil
+	}
+	return func(*redis.Cmd) {
+		s.Slots(context.WithoutCancel(ctx), q.Key, SlotCall{Op: SlotRelease, ID: q.Take.ID, Cap: q.Take.Cap})
+	}
 }
 
 // withTake returns the booking script that takes slot with the booking,
