@@ -19,6 +19,11 @@ import (
 // sendFor sends requests to url through a Transport on lim (with
 // IgnoreRefusals as given), from goroutines, one after the other each,
 // for d, and returns when each was answered and with what.
+// sentAt is the key of the time a request of sendFor's was sent, in its
+// context: an observer tells from it, and the grant's Delay, the span of
+// times the limiter booked the grant for.
+type sentAt struct{}
+
 func sendFor(t *testing.T, lim Limiter, url string, goroutines int, d time.Duration, ignore bool) []quotaapi.Arrival {
 	t.Helper()
 	transport := &Transport{Limiter: lim, Key: func(*http.Request) string { return t.Name() }, IgnoreRefusals: ignore}
@@ -31,7 +36,7 @@ func sendFor(t *testing.T, lim Limiter, url string, goroutines int, d time.Durat
 	for range goroutines {
 		wg.Go(func() {
 			for {
-				ctx, cancel := context.WithDeadline(context.Background(), end)
+				ctx, cancel := context.WithDeadline(context.WithValue(context.Background(), sentAt{}, time.Now()), end)
 				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 				resp, err := client.Do(req)
 				cancel()
