@@ -26,7 +26,7 @@ func tokensUsed(t *testing.T, lim pacer, key string) int {
 // streamServer streams the OpenAI sample's chunks, one at a time, each once
 // the test says so on next (closed: all the rest at once).
 func streamServer(t *testing.T, next <-chan struct{}) *httptest.Server {
-	chunks := strings.SplitAfter(openAIStream, "\n\n")
+	chunks := strings.SplitAfter(apiSample(t, "openai-stream.txt"), "\n\n")
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.(http.Flusher).Flush() // the headers, before any chunk
@@ -60,7 +60,7 @@ func TestBodySettlesAtEOF(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	buf := make([]byte, 64<<10)
-	for i, chunk := range strings.SplitAfter(openAIStream, "\n\n") {
+	for i, chunk := range strings.SplitAfter(apiSample(t, "openai-stream.txt"), "\n\n") {
 		if used := tokensUsed(t, lim, "llm"); used != 400 {
 			t.Fatalf("before chunk %d: %d tokens used, want the estimate, 400", i, used)
 		}
@@ -90,7 +90,7 @@ func TestBodySettlesAtEOF(t *testing.T) {
 func TestBodyEndsEarly(t *testing.T) {
 	for name, read := range map[string]func(io.ReadCloser){
 		"closed after 10%": func(body io.ReadCloser) {
-			io.ReadFull(body, make([]byte, len(openAIStream)/10))
+			io.ReadFull(body, make([]byte, len(apiSample(t, "openai-stream.txt"))/10))
 			body.Close()
 		},
 		"never closed": func(io.ReadCloser) {},
@@ -152,7 +152,7 @@ func TestBodySettlesWhenDecoded(t *testing.T) {
 			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 				w.Header().Set("Content-Type", "application/json")
 				w.(http.Flusher).Flush() // no Content-Length: the body streams
-				io.WriteString(w, openAIChat)
+				io.WriteString(w, apiSample(t, "openai-chat.json"))
 				w.(http.Flusher).Flush()
 				time.Sleep(200 * time.Millisecond) // the end of the stream comes late
 			}))
@@ -186,7 +186,7 @@ func TestBodySettlesWhenDecoded(t *testing.T) {
 // once all of it has passed, and a prefix of one that stops before its last
 // byte is not.
 func FuzzJSONEnd(f *testing.F) {
-	f.Add([]byte(openAIChat), 10)
+	f.Add([]byte(apiSample(f, "openai-chat.json")), 10)
 	f.Add([]byte(`{"a":"}\"{","b":[1,{"c":"]"}]}`), 3)
 	f.Add([]byte(`data: {"x":1}`), 1)
 	f.Add([]byte(` [ ] `), 2)
