@@ -416,7 +416,7 @@ func (r *Redis) deferred(ctx context.Context, q request, earliest time.Duration)
 			retry = lined
 		}
 		return err
-	})
+	}, nil)
 	if own := waitBudget(ctx, r.config.maxWait, r.now()); retry+q.horizon > own {
 		return refuse(ctx, r.config.observer, r.asked(q, "redis"), retry+q.horizon, own)
 	}
@@ -444,14 +444,10 @@ var errNotGivenBack = errors.New("pace: tokens not given back: Redis is unavaila
 // refund gives booking b back to Redis, unless Redis is away: then the
 // tokens stay booked rather than hold the caller for a call timeout.
 func (r *Redis) refund(ctx context.Context, key string, b store.Booking) error {
-	_, err := r.shared(ctx, key, true, func() error {
+	return r.shared(ctx, key, true, func() error {
 		_, _, err := r.store.Refund(ctx, key, b)
 		return err
-	})
-	if errors.Is(err, errAway) {
-		return errNotGivenBack
-	}
-	return err
+	}, func(*Local) error { return errNotGivenBack })
 }
 
 // Settle settles res with the actual costs (see Reservation): one script
@@ -486,17 +482,15 @@ func (r *Redis) Settle(ctx context.Context, res *Reservation, actual Costs) erro
 // settleShared settles a reservation that Redis booked; while Redis is
 // away, on the outage's local limiter instead.
 func (r *Redis) settleShared(ctx context.Context, res *Reservation, actual store.LimitCosts) error {
-	local, err := r.shared(ctx, res.key, true, func() error {
+	return r.shared(ctx, res.key, true, func() error {
 		_, _, err := r.store.Settle(ctx, res.key, res.ticket.booking, actual)
 		return err
+	}, func(local *Local) error {
+		if local != nil && local != res.ticket.local {
+			local.settle(res.key, res.estimate, actual, r.now())
+		}
+		return fmt.Errorf("pace: key %s: the settlement is kept by this process alone: %w", store.QuoteKey(res.key), ErrUnavailable)
 	})
-	if !errors.Is(err, errAway) {
-		return err
-	}
-	if local != nil && local != res.ticket.local {
-		local.settle(res.key, res.estimate, actual, r.now())
-	}
-	return fmt.Errorf("pace: key %s: the settlement is kept by this process alone: %w", store.QuoteKey(res.key), ErrUnavailable)
 }
 
 // pipeliner is a client that can send several commands in one round trip.

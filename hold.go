@@ -2,7 +2,6 @@ package pace
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -68,21 +67,14 @@ func (r *Redis) Hold(ctx context.Context, key string, h headers.Hold) error {
 		return err
 	}
 	r.listen()
-	var changed bool
-	var end int64
-	local, err := r.shared(ctx, key, true, func() (err error) {
-		changed, end, err = r.store.Hold(ctx, key, h.For, r.holdChannel())
+	return r.shared(ctx, key, true, func() error {
+		changed, end, err := r.store.Hold(ctx, key, h.For, r.holdChannel())
+		if err == nil {
+			r.heard(key, end, h.For)
+			reportHold(ctx, r.config.observer, "redis", key, h, changed)
+		}
 		return err
-	})
-	if errors.Is(err, errAway) {
-		return holdLocally(ctx, local, key, h)
-	}
-	if err != nil {
-		return err
-	}
-	r.heard(key, end, h.For)
-	reportHold(ctx, r.config.observer, "redis", key, h, changed)
-	return nil
+	}, func(local *Local) error { return holdLocally(ctx, local, key, h) })
 }
 
 // holdLocally holds key on an outage's local limiter, if there is one.

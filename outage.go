@@ -205,33 +205,39 @@ func (r *Redis) callTimeout() time.Duration {
 	return r.calls.Timeout()
 }
 
-// shared runs call, a Redis call for key beside a request's booking (a
-// hold, a refund, a settlement, a sync, a line, a rate's news), unless Redis
-// is taken to be away: then it returns errAway and the outage's local
-// limiter, without calling. A failure is recorded; one the breaker
-// confirms returns errAway, wrapping it, and the outage's local limiter.
-// With retry, a failure the breaker does not confirm calls again (its
-// outage.ConfirmRow-th confirms), else it is returned as it is.
-func (r *Redis) shared(ctx context.Context, key string, retry bool, call func() error) (*Local, error) {
+// shared runs viaRedis, a Redis call for key beside a request's booking
+// (a hold, a refund, a settlement, a sync, a line, a rate's news), or,
+// while Redis is taken to be away, without, with the outage's local
+// limiter (nil when the policy paces nothing locally), and returns the
+// error of the one it ran; without may be nil: nothing to do without
+// Redis. A failure of viaRedis is recorded; one the breaker confirms runs
+// without. With retry, a failure the breaker does not confirm calls again
+// (its outage.ConfirmRow-th confirms), else it is returned as it is. So
+// the outage is decided here alone: its callers say what each way does.
+func (r *Redis) shared(ctx context.Context, key string, retry bool, viaRedis func() error, without func(*Local) error) error {
 	if down, local := r.failover.Down(); down {
-		return local, errAway
+		return runWithout(without, local)
 	}
 	for failures := 0; ; failures++ {
 		began := r.now()
-		err := call()
+		err := viaRedis()
 		away, local, recorded := r.outcome(ctx, redisCall{key: key, route: outage.ViaRedis, began: began, failures: failures}, err)
 		switch {
 		case away:
-			return local, fmt.Errorf("%w: %w", errAway, err)
+			return runWithout(without, local)
 		case !errors.Is(recorded, errUnconfirmed) || !retry:
-			return nil, err
+			return err
 		}
 	}
 }
 
-// errAway says that Redis is taken to be away: the call was not made, or
-// its failure confirmed an outage.
-var errAway = errors.New("pace: Redis is away")
+// runWithout runs without, if any, with local.
+func runWithout(without func(*Local) error, local *Local) error {
+	if without == nil {
+		return nil
+	}
+	return without(local)
+}
 
 // What a process granted alone during an outage, booked on the shared keys
 // once it is back on Redis: the others may have spent the whole limit in

@@ -77,26 +77,25 @@ func (r *Redis) sync(ctx context.Context, key string, b store.Booking, readings 
 		return nil // booked without Redis
 	}
 	now := r.now()
-	var steers []steering
-	var plain []store.Steer
-	var reply store.SyncReply
-	_, err := r.shared(ctx, key, false, func() (err error) {
-		steers = r.steerings(ctx, key, readings, now.Sub(arrival))
-		plain = plainSteers(steers)
+	return r.shared(ctx, key, false, func() error {
+		steers := r.steerings(ctx, key, readings, now.Sub(arrival))
+		plain := plainSteers(steers)
 		if len(steers) == 0 || !r.syncs.Due(key, b, plain, refused, now) {
-			steers = nil
-			return nil
+			return nil // nothing to steer
 		}
-		reply, err = r.store.Sync(ctx, key, b, plain, refused, r.holdChannel())
-		return err
-	})
-	if steers == nil {
-		return nil // nothing to steer, or Redis away
-	}
-	if err != nil {
-		return err
-	}
-	r.syncs.Note(key, plain, reply, now)
+		reply, err := r.store.Sync(ctx, key, b, plain, refused, r.holdChannel())
+		if err != nil {
+			return err
+		}
+		r.syncs.Note(key, plain, reply, now)
+		r.reportSteers(ctx, key, steers, reply)
+		return nil
+	}, nil)
+}
+
+// reportSteers tells the observer what each of steers did to key, as the
+// sync's reply says.
+func (r *Redis) reportSteers(ctx context.Context, key string, steers []steering, reply store.SyncReply) {
 	for i, st := range steers {
 		kinds := [...][]EventKind{{EventStaleReading}, {EventReading}, {EventReading, EventLearned}}[min(reply.Results[i], 2)]
 		for _, kind := range kinds {
@@ -107,7 +106,6 @@ func (r *Redis) sync(ctx context.Context, key string, b store.Booking, readings 
 			r.config.observer.emit(ctx, e)
 		}
 	}
-	return nil
 }
 
 // steerings returns what readings tell the limits of key they steer,
@@ -171,17 +169,16 @@ func (r *Redis) heed(ctx context.Context, key string, t ticket, w headers.Word, 
 	if !o.refusals || !t.booking.Granted || (!served && (!w.Refused || r.namedLimits.explains(w))) {
 		return
 	}
-	var share int64
-	r.shared(ctx, key, false, func() (err error) { // away, the outage's pacing has no rate of the key's
+	r.shared(ctx, key, false, func() error { // away, the outage's pacing has no rate of the key's
 		if served && !r.retimes.News(key, t.booking.Now, r.now()) {
 			return nil
 		}
-		share, _, err = r.store.Refused(ctx, key, t.booking, served, r.holdChannel())
+		share, _, err := r.store.Refused(ctx, key, t.booking, served, r.holdChannel())
+		if share > 0 {
+			reportRate(ctx, r.config.observer, "redis", key, share, w.Status)
+		}
 		return err
-	})
-	if share > 0 {
-		reportRate(ctx, r.config.observer, "redis", key, share, w.Status)
-	}
+	}, nil)
 }
 
 // heed applies w: the holds, then a refusal that neither explains
