@@ -285,7 +285,6 @@ func (r *Redis) admit(ctx context.Context, key string, cost int) (*Slot, grant, 
 	if err := checkWait(ctx, r.costCap, key, cost); err != nil {
 		return nil, grant{}, err
 	}
-	start := r.now()
 	q := request{Request: store.Request{Key: key, Costs: uniform(cost, len(r.limits))}}
 	q.Take = store.SlotTake{ID: r.slotWaiters.mint(r.id), Cap: r.slotCap}
 	q.horizon = horizonOf(ctx, &r.config.commonConfig, r.limits, &q.Costs)
@@ -302,7 +301,7 @@ func (r *Redis) admit(ctx context.Context, key string, cost int) (*Slot, grant, 
 		slot, err := r.TakeSlot(ctx, key)
 		return slot, grant{t}, err
 	}
-	r.config.observer.emit(ctx, Event{Kind: EventSlot, Limiter: "redis", Key: key, Cost: 1, Delay: r.now().Sub(start)})
+	r.config.observer.emit(ctx, Event{Kind: EventSlot, Limiter: "redis", Key: key, Cost: 1}) // no time in line
 	return newSlot(ctx, redisSlots{r}, key, q.Take.ID, "redis", r.lease(), r.config.observer), grant{t}, nil
 }
 
