@@ -11,20 +11,18 @@ import (
 )
 
 // SlotCap is a limiter's cap of requests in flight, as its slots' calls
-// name it: its size, the lease of a slot, and the channel that tells
-// waiters their slot. Create it with NewSlotCap.
+// name it: its size (Limit), the keys of its holders, line and waiters,
+// and its lease and channel. Create it with NewSlotCap.
 type SlotCap struct {
 	Limit    int
-	Lease    time.Duration
-	Channel  string
 	suffixes []string // of its keys: its holders', line's and waiters'
-	args     [3]any   // the limit, the lease in microseconds and the channel, boxed once
+	args     [3]any   // the limit, the lease in microseconds and the channel that tells waiters their slot, boxed once
 }
 
 // NewSlotCap returns the cap named name of limit slots, each with lease,
 // whose waiters are told on channel.
 func NewSlotCap(name string, limit int, lease time.Duration, channel string) *SlotCap {
-	return &SlotCap{Limit: limit, Lease: lease, Channel: channel,
+	return &SlotCap{Limit: limit,
 		suffixes: []string{SlotsSuffix + name, LineSuffix + name, WaitersSuffix + name},
 		args:     [3]any{limit, lease.Microseconds(), channel}}
 }
@@ -74,9 +72,9 @@ func (s *Store) Slots(ctx context.Context, key string, c SlotCall) (SlotsReply, 
 	return reply, nil
 }
 
-// release frees the slot id of key's cap c, when nobody
-// is in line, the common case, in a script of two commands
-// (lua/release.lua), and reports whether it did. Otherwise (someone in
+// release frees the slot id of key's cap c, when nobody is in line, the
+// common case, in a script of two commands (lua/release.lua), and reports
+// whether it did. Otherwise (someone in
 // line, or a key of another type than pace writes) the slots script does
 // the release, hands the slot on, or names the key.
 func (s *Store) release(ctx context.Context, key string, c *SlotCap, id string) (bool, error) {
