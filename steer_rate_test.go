@@ -19,10 +19,19 @@ import (
 // sendFor sends requests to url through a Transport on lim (with
 // IgnoreRefusals as given), from goroutines, one after the other each,
 // for d, and returns when each was answered and with what.
-// sentAt is the key of the time a request of sendFor's was sent, in its
-// context: an observer tells from it, and the grant's Delay, the span of
-// times the limiter booked the grant for.
+// sentAt is the key of a request of sendFor's in its context (a *sent):
+// an observer tells from it, and a grant's Delay, the span of times the
+// limiter booked the request for.
 type sentAt struct{}
+
+// sent is one request of sendFor's: when it was sent, whether it was
+// served, and the span of times its last booking was for (set by an
+// observer; a booking the key's retiming replaced is not its last).
+type sent struct {
+	at     time.Time
+	served atomic.Bool
+	span   atomic.Pointer[[2]time.Time]
+}
 
 func sendFor(t *testing.T, lim Limiter, url string, goroutines int, d time.Duration, ignore bool) []quotaapi.Arrival {
 	t.Helper()
@@ -36,13 +45,15 @@ func sendFor(t *testing.T, lim Limiter, url string, goroutines int, d time.Durat
 	for range goroutines {
 		wg.Go(func() {
 			for {
-				ctx, cancel := context.WithDeadline(context.WithValue(context.Background(), sentAt{}, time.Now()), end)
+				record := &sent{at: time.Now()}
+				ctx, cancel := context.WithDeadline(context.WithValue(context.Background(), sentAt{}, record), end)
 				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 				resp, err := client.Do(req)
 				cancel()
 				if err != nil {
 					return // the next grant would come after the end
 				}
+				record.served.Store(true)
 				resp.Body.Close()
 				mu.Lock()
 				answers = append(answers, quotaapi.Arrival{At: time.Now(), Status: resp.StatusCode})
