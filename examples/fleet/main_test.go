@@ -174,20 +174,26 @@ func TestDemoFaults(t *testing.T) {
 // its count lags by up to a second, so a rate above it is accepted for a
 // while and then refused whole; 3.0% to 8.1% of the requests refused
 // over the controller's tuning (it was 1.4% to 1.5% when each refusal cut
-// by 30%). Figures in docs/counters.md.
+// by 30%). Figures in docs/counters.md. Against nginx at 50 before pace at
+// 100, the refusals of the first second, which cut the rate to nginx's,
+// are bounded apart from those after it.
 func TestDemoAgainstRealLimiters(t *testing.T) {
 	for _, tc := range []struct {
 		limiter         string
 		rate, burst     int // the limiter's
 		limit           string
 		served, refused float64 // the least share of what the limiter lets through served, the most share of the requests refused
+		// early, when above 0, bounds the refusals of the first second
+		// alone, those that cut a rate set at twice the limiter's, and
+		// refused then bounds the share of the requests refused after it.
+		early int
 	}{
-		{"nginx", 200, 10, "200/s burst 10", 0.97, 0.002},
-		{"nginx", 200, 1, "200/s burst 1", 0.90, 0.005}, // 98.6% to 99.9%; beside a CPU hog 75.1% to 97.7%
-		{"nginx", 200, 10, "400/s burst 10", 0.93, 0.03},
-		{"nginx", 50, 5, "100/s burst 5", 0.93, 0.045},
-		{"haproxy", 200, 0, "200/s sliding", 0.93, 0.02},
-		{"haproxy", 200, 0, "400/s burst 10", 0.85, 0.09},
+		{"nginx", 200, 10, "200/s burst 10", 0.97, 0.002, 0},
+		{"nginx", 200, 1, "200/s burst 1", 0.90, 0.005, 0}, // 98.6% to 99.9%; beside a CPU hog 75.1% to 97.7%
+		{"nginx", 200, 10, "400/s burst 10", 0.93, 0.03, 0},
+		{"nginx", 50, 5, "100/s burst 5", 0.93, 0.03, 15}, // 10 or 11 in the first second, 1.2% to 2.0% after it (3.7% to 4.5% in all)
+		{"haproxy", 200, 0, "200/s sliding", 0.93, 0.02, 0},
+		{"haproxy", 200, 0, "400/s burst 10", 0.85, 0.09, 0},
 	} {
 		t.Run(fmt.Sprintf("%s %d burst %d, pace %s", tc.limiter, tc.rate, tc.burst, tc.limit), func(t *testing.T) {
 			pairs.Run(t)
@@ -199,8 +205,13 @@ func TestDemoAgainstRealLimiters(t *testing.T) {
 			s := demo(t, "-redis", "redis://"+srv.Addr+"/0", "-target", url, "-procs", "4", "-workers", "4", "-duration", "8s", "-limit", tc.limit)
 			served, refused := float64(s.OK)/bound, float64(s.TooMany)/float64(s.Requests)
 			t.Logf("%s: %d served, %.1f%% of %.0f; %d refused, %.1f%% of %d requests", tc.limit, s.OK, 100*served, bound, s.TooMany, 100*refused, s.Requests)
+			if early := s.TooMany - s.TooManyLate; tc.early > 0 {
+				if refused = float64(s.TooManyLate) / float64(s.Requests); early > tc.early {
+					t.Errorf("%d refused in the first second, want at most %d", early, tc.early)
+				}
+			}
 			if served < tc.served || refused > tc.refused {
-				t.Errorf("served %.1f%%, refused %.1f%%; want at least %.0f%% and at most %.1f%%", 100*served, 100*refused, 100*tc.served, 100*tc.refused)
+				t.Errorf("served %.1f%%, refused %.1f%% (after the first second, where it bounds the first apart); want at least %.0f%% and at most %.1f%%", 100*served, 100*refused, 100*tc.served, 100*tc.refused)
 			}
 		})
 	}
