@@ -90,8 +90,8 @@ func BenchmarkSettle(b *testing.B) {
 }
 
 // BenchmarkSlots: a wait under a cap of requests in flight that is never
-// full (a slot taken and freed, two script calls, beside the rate wait's
-// one), beside a plain wait under the same rate limit in the same run.
+// full (the slot taken with the booking, in one script call, and freed in
+// one more), beside a plain wait under the same rate limit in the same run.
 func BenchmarkSlots(b *testing.B) {
 	ctx := context.Background()
 	_, c := benchRedis(b)
