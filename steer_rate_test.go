@@ -33,6 +33,44 @@ type sent struct {
 	span   atomic.Pointer[[2]time.Time]
 }
 
+// bookedSpans keeps the requests of sendFor that a limiter made with its
+// observer booked, so that a test counts grants by the times they were
+// booked for, not by their arrivals, which a loaded machine shifts past a
+// window's end.
+type bookedSpans struct {
+	mu       sync.Mutex
+	requests map[*sent]bool
+}
+
+// observer is the option that tells b of each booking.
+func (b *bookedSpans) observer() Option {
+	return WithObserver(func(ctx context.Context, e Event) {
+		if record, ok := ctx.Value(sentAt{}).(*sent); ok && e.Kind == EventWait {
+			record.span.Store(&[2]time.Time{record.at.Add(e.Delay), time.Now().Add(e.Delay)})
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			if b.requests == nil {
+				b.requests = map[*sent]bool{}
+			}
+			b.requests[record] = true // a request booked again (its key retimed) is one
+		}
+	})
+}
+
+// within counts the requests served whose last booking's whole span lies
+// within d of start.
+func (b *bookedSpans) within(start time.Time, d time.Duration) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for record := range b.requests {
+		if span := record.span.Load(); record.served.Load() && !span[0].Before(start) && !span[1].After(start.Add(d)) {
+			n++
+		}
+	}
+	return n
+}
+
 func sendFor(t *testing.T, lim Limiter, url string, goroutines int, d time.Duration, ignore bool) []quotaapi.Arrival {
 	t.Helper()
 	transport := &Transport{Limiter: lim, Key: func(*http.Request) string { return t.Name() }, IgnoreRefusals: ignore}
