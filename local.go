@@ -133,10 +133,10 @@ func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
 
 // waitGrant implements pacer.
 func (loc *Local) waitGrant(ctx context.Context, key string, cost int) (grant, error) {
-	g := grant{ticket{limiter: "local", local: loc}}
 	if err := loc.cap.check(ctx, key); err != nil {
 		return grant{}, err
 	}
+	g := grant{ticket{limiter: "local", local: loc}}
 	err := loc.waitFor(ctx, key, cost, &g.t.localWait)
 	return g, err
 }

@@ -293,7 +293,7 @@ func (r *Redis) admit(ctx context.Context, key string, cost int) (*Slot, grant, 
 	case errors.Is(err, errSlotBusy):
 		return slotThenWait(ctx, r, key, cost)
 	case err != nil:
-		if r.failover.Mode() != outage.Outage { // the booking may have taken it
+		if mayHaveTaken(err) && r.failover.Mode() != outage.Outage {
 			r.slotCall(context.WithoutCancel(ctx), key, store.SlotCall{Op: store.SlotRelease, ID: q.Take.ID})
 		}
 		return nil, grant{}, err
@@ -303,6 +303,16 @@ func (r *Redis) admit(ctx context.Context, key string, cost int) (*Slot, grant, 
 	}
 	r.config.observer.emit(ctx, Event{Kind: EventSlot, Limiter: "redis", Key: key, Cost: 1}) // no time in line
 	return newSlot(ctx, redisSlots{r}, key, q.Take.ID, "redis", r.lease(), r.config.observer), grant{t}, nil
+}
+
+// mayHaveTaken reports whether a wait that took its slot with its booking
+// (Redis.admit) and failed with err may hold the slot: not when its
+// booking was refused, whose script frees any slot the request held
+// (lua/take.lua), so that the common failure, a caller's deadline, costs
+// no call to free it.
+func mayHaveTaken(err error) bool {
+	var refused *DeadlineError
+	return !errors.As(err, &refused)
 }
 
 // admit implements pacer: a slot of key's cap, in line if it must, then

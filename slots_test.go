@@ -384,6 +384,15 @@ func TestSlotsTakenWithTheBooking(t *testing.T) {
 	if n := c.ZCard(ctx, holders).Val(); n != 1 {
 		t.Errorf("%d holders after a call asked twice, want 1", n)
 	}
+	// Booked again and refused (its key retimed while it slept, and its
+	// deadline near), the request keeps no slot.
+	q.Call = st.NewCall()
+	if b, err := st.Reserve(ctx, q, -time.Microsecond, 0); err != nil || b.Granted || b.SlotBusy {
+		t.Errorf("a booking of the request refused: %+v, %v; want it refused, not busy", b, err)
+	}
+	if n := c.ZCard(ctx, holders).Val(); n != 0 {
+		t.Errorf("%d holders after the request's booking was refused, want 0", n)
+	}
 
 	for i, suffix := range []string{store.SlotsSuffix, store.LineSuffix} {
 		key := fmt.Sprintf("foreign%d", i)

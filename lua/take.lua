@@ -35,12 +35,16 @@ if not take_free then
 end
 
 -- slot_taken takes the slot for a granted booking (reply), from its time
--- to a lease beyond, and returns reply. The holders live a lease beyond
+-- to a lease beyond, or, for a refused one, frees the slot an earlier
+-- booking of the request took (its key retimed, or a hold came, while it
+-- slept), and returns reply. The holders live a lease beyond
 -- their longest lease (see slot_expire): a key this call made gets its
 -- expiry, and one that held leases already a later one only (GT).
 local function slot_taken(reply)
   for _, k in ipairs(take_keys) do KEYS[#KEYS + 1] = k end
-  if reply[1] == 1 then
+  if reply[1] ~= 1 then -- refused: a booking of this request's asked again keeps no slot either
+    redis.call('ZREM', KEYS[take_holders], take_id)
+  else
     local ends = now + reply[2] + take_lease
     redis.call('ZADD', KEYS[take_holders], ends, take_id)
     local ms = math.ceil((ends - now + take_lease) / 1000) + 1
