@@ -172,7 +172,7 @@ func TestDemoFaults(t *testing.T) {
 // and the refusals weigh next to nothing: the fleet is served as if
 // nothing steered it. HAProxy at 200 before pace at 400 is the hard case:
 // its count lags by up to a second, so a rate above it is accepted for a
-// while and then refused whole; 3.0% to 8.1% of the requests refused
+// while and then refused whole; 2.5% to 9.3% of the requests refused
 // over the controller's tuning (it was 1.4% to 1.5% when each refusal cut
 // by 30%). Figures in docs/counters.md. Against nginx at 50 before pace at
 // 100, the refusals of the first second, which cut the rate to nginx's,
@@ -193,7 +193,7 @@ func TestDemoAgainstRealLimiters(t *testing.T) {
 		{"nginx", 200, 10, "400/s burst 10", 0.93, 0.03, 0},
 		{"nginx", 50, 5, "100/s burst 5", 0.93, 0.03, 15}, // 10 or 11 in the first second, 1.2% to 2.0% after it (3.7% to 4.5% in all)
 		{"haproxy", 200, 0, "200/s sliding", 0.93, 0.02, 0},
-		{"haproxy", 200, 0, "400/s burst 10", 0.85, 0.09, 0},
+		{"haproxy", 200, 0, "400/s burst 10", 0.85, 0.10, 0}, // two modes: 2.5% to 3.0%, or 8.0% to 9.3% when its count's lag lines up with the cuts
 	} {
 		t.Run(fmt.Sprintf("%s %d burst %d, pace %s", tc.limiter, tc.rate, tc.burst, tc.limit), func(t *testing.T) {
 			pairs.Run(t)
