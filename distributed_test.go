@@ -144,11 +144,11 @@ func (m *modelCheck) sameState(step int) {
 			m.t.Fatalf("step %d: reading %s: %v", step, key, err)
 		}
 		fields := strings.Fields(stored)
-		if len(fields) == 12 {
+		if len(fields) == store.SteeredFields {
 			ceiling, _ := strconv.ParseInt(fields[11], 10, 64)
 			fields[11] = strconv.FormatInt(max(ceiling, m.lastNow), 10)
 		}
-		want := fmt.Sprint(m.model.tat[key], s.seen, s.till, s.spread, s.learned, s.left, s.base, s.synced, s.booked, s.foreign, s.order, max(s.ceiling, m.lastNow))
+		want := fmt.Sprint(m.model.tat[key], s.seen, s.till, s.spread, s.learned, s.left, s.base, s.synced, s.booked, s.foreign, s.order, max(s.ceiling, m.lastNow), s.implied)
 		if got := strings.Join(fields, " "); got != want {
 			m.t.Fatalf("step %d: key %s's bucket in Redis is %q, in the model %q", step, key, got, want)
 		}
@@ -380,8 +380,8 @@ func (m *modelCheck) recover(step int) {
 // probe drives a window of a key of its own into a probe (see spend in
 // lua/sync.lua): readings of 100, then 99 left in a window of 60 s (the
 // first steers the bucket, the second is the baseline of others'
-// spending), then, a request later, one of 1 left, which says that others
-// spend all of it. Others' spending is told only by a request that waited
+// spending), then, a request apart, of 50 and of 1 left, which say twice
+// in a row that others spend all of it. Others' spending is told only by a request that waited
 // for its turn: the window is long enough that, spread over it, the 99
 // units leave 600 ms between turns, more than a step takes on a loaded
 // machine (in a window of 600 ms, 6 ms apart, a request of a cold make
@@ -396,7 +396,7 @@ func (m *modelCheck) probe(step int) {
 		}
 		state += fmt.Sprintf(" %s: %+v;", key, s)
 	}
-	m.t.Errorf("the window of 1 left after 99, a request later, was not probed, on 3 keys:%s", state)
+	m.t.Errorf("the window of 50 then 1 left after 99, a request apart, was not probed, on 3 keys:%s", state)
 }
 
 // probeKey runs probe's readings on key, and returns whether they probed
@@ -409,7 +409,7 @@ func (m *modelCheck) probeKey(step int, key string) (bool, steerModel) {
 		last = m.bookings[len(m.bookings)-1]
 	}
 	probes := m.counts["sync-probe"]
-	for _, left := range []int64{100, 99, 1} {
+	for _, left := range []int64{100, 99, 50, 1} {
 		st := store.Steer{Remaining: left, Reset: time.Duration(60000*a) * time.Microsecond}
 		m.syncOne(step, r, a, burst, last, st, false)
 		m.reserveWith(step, store.Request{Key: key, Costs: uniform(1, store.MaxLimits), Settled: true}, MaxDelay, 0)

@@ -10,7 +10,7 @@ import (
 // steerModel is a steered bucket's state in the Go model, as lua/common.lua
 // keeps it after the TAT: all whole microseconds or units.
 type steerModel struct {
-	seen, till, spread, learned, left, base, synced, booked, foreign, order, ceiling int64
+	seen, till, spread, learned, left, base, synced, booked, foreign, order, ceiling, implied int64
 
 	probing bool // the window's spread is a probe (for the model check's counts)
 }
@@ -228,12 +228,13 @@ func (s *steerModel) estimateForeign(a, left, due int64, refills bool, now int64
 	}
 	units := expected - float64(s.booked-s.synced) - float64(left)
 	var f float64
-	if float64(dt) >= syncTau || (refills && s.foreign == 0) {
+	if float64(dt) >= syncTau || (refills && s.implied == 0) {
 		f = units * 1e12 / float64(dt)
 	} else {
-		f = float64(s.foreign) - float64(s.foreign)*float64(dt)/syncTau + units*1e12/syncTau
+		f = float64(s.implied) - float64(s.implied)*float64(dt)/syncTau + units*1e12/syncTau
 	}
-	s.foreign = int64(max(min(math.Floor(f), 1e15), -1e15))
+	implied := int64(max(min(math.Floor(f), 1e15), -1e15))
+	s.foreign, s.implied = min(s.implied, implied), implied
 }
 
 // written is write_bucket's effect on a steering: a spread that has ended

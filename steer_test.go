@@ -281,18 +281,19 @@ func TestStaleReadingAcrossProcesses(t *testing.T) {
 }
 
 // TestWindowEstimateOfOthers: on a real redis-server, the readings of a
-// window (4000 units, resetting in 40 s) from 8 processes in turn. Three
+// window (4000 units, resetting in 40 s) from 9 processes in turn. Three
 // units the fleet's bookings do not explain, over one spread interval
 // (10 ms), the jitter of arrivals, do not hold the window until its reset:
-// the next request goes at its spread. Others then seen spending 2000 at
-// once, more than the window has left at their rate, leave the fleet a
-// probe, a request a second, not a hold of 40 s; once they have stopped,
+// the next request goes at its spread. Others then seen spending 1000 at
+// once, twice in a row, more than the window has left at their rate, leave
+// the fleet a probe, a request a second, not a hold of 40 s (once is not
+// enough: see TestReorderedArrivalsAreNotOthers); once they have stopped,
 // the probe's reading spreads the rest again.
 func TestWindowEstimateOfOthers(t *testing.T) {
 	besideOthers(t)
 	ctx := context.Background()
 	c := newTestRedis(t)
-	var fleet [8]*Redis // each syncs once: a process syncs a key every 50 ms at most
+	var fleet [9]*Redis // each syncs once: a process syncs a key every 50 ms at most
 	for i := range fleet {
 		fleet[i] = mustRedis(t, c, PerSecond(200).WithBurst(10))
 	}
@@ -322,11 +323,91 @@ func TestWindowEstimateOfOthers(t *testing.T) {
 	if d := next(4, 0); d > 100*time.Millisecond {
 		t.Errorf("after 3 units unexplained over 10 ms, the next request waited %v; want its spread (10 ms), not the reset", d)
 	}
-	next(5, 2000)
-	if d := next(6, 0); d < 900*time.Millisecond || d > 1100*time.Millisecond {
-		t.Errorf("after others spent 2000 at once, the next request waited %v; want a probe's second", d)
+	if d := next(5, 1000); d > 100*time.Millisecond {
+		t.Errorf("after others spent 1000 at once, the next request waited %v; want its spread until a second reading says so too", d)
 	}
-	if d := next(7, 0); d > 100*time.Millisecond {
+	next(6, 1000)
+	if d := next(7, 0); d < 900*time.Millisecond || d > 1100*time.Millisecond {
+		t.Errorf("after others spent 1000 at once twice in a row, the next request waited %v; want a probe's second", d)
+	}
+	if d := next(8, 0); d > 100*time.Millisecond {
 		t.Errorf("after the probe's reading (others stopped), the next request waited %v; want the rest's spread (20 ms)", d)
+	}
+}
+
+// TestReorderedArrivalsAreNotOthers: on a real redis-server, the readings
+// of a window (400 units, resetting in 40 s) from processes in turn, each
+// of a request booked a spread (100 ms) after the one before. When a
+// request booked later arrives at the upstream first, the reading of the
+// earlier one counts it, and the later one's reading does not count it
+// again: one unit unexplained, then one too many, which the fleet's
+// bookings explain together. Neither slows the spread: it stays within 1%
+// of what is left over the time left (with others' rate taken from one
+// reading, 2 units a second until the reset would slow it by a fifth).
+// Others who spend a unit a spread in two readings in a row are others:
+// the spread slows.
+func TestReorderedArrivalsAreNotOthers(t *testing.T) {
+	besideOthers(t)
+	ctx := context.Background()
+	c := newTestRedis(t)
+	var fleet [10]*Redis // each syncs once: a process syncs a key every 50 ms at most
+	for i := range fleet {
+		fleet[i] = mustRedis(t, c, PerSecond(100).WithBurst(1))
+	}
+	left := int64(400)
+	reserve := func(i int) *Reservation {
+		t.Helper()
+		res, err := fleet[i].Reserve(ctx, "k", nil)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		return res
+	}
+	sync := func(i int, res *Reservation, left int64) {
+		t.Helper()
+		window := []headers.Reading{{Name: "requests", Remaining: left, Reset: 40 * time.Second, Header: "ratelimit: r=" + strconv.FormatInt(left, 10)}}
+		if err := fleet[i].Sync(ctx, res, window, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// spread returns the bucket's spread over the ideal: the time until the
+	// reset over the units left for the fleet, less those booked ahead.
+	spread := func(when string) float64 {
+		t.Helper()
+		v, err := c.Get(ctx, storeOf(fleet[0]).BucketKey("k")).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.Fields(v)
+		tat, _ := strconv.ParseInt(f[0], 10, 64)
+		till, _ := strconv.ParseInt(f[2], 10, 64)
+		apart, _ := strconv.ParseInt(f[3], 10, 64)
+		units, _ := strconv.ParseInt(f[5], 10, 64)
+		ideal := float64(till-tat) / float64(units)
+		t.Logf("%s: spread %d µs, %.3f of (till - TAT) / units left", when, apart, float64(apart)/ideal)
+		return float64(apart) / ideal
+	}
+	for i := range 3 { // the first reading; one of a request that did not wait; the first baseline
+		left--
+		sync(i, reserve(i), left)
+	}
+	third, fourth := reserve(3), reserve(4)
+	left -= 2
+	sync(3, third, left) // the fourth arrived first: counted
+	if s := spread("one unit unexplained"); s > 1.01 {
+		t.Errorf("after one unit of a reordered arrival, the spread is %.3f of the ideal, want at most 1.01", s)
+	}
+	sync(4, fourth, left) // booked before the reading applied: stale
+	left--
+	sync(5, reserve(5), left) // one too many: the fourth is among the bookings since
+	if s := spread("then one too many"); s > 1.01 {
+		t.Errorf("after the reordered arrival's pair, the spread is %.3f of the ideal, want at most 1.01", s)
+	}
+	for i := 6; i < 10; i++ { // others spend a unit a spread
+		left -= 2
+		sync(i, reserve(i), left)
+	}
+	if s := spread("others spent a unit a spread, 4 readings in a row"); s < 1.5 {
+		t.Errorf("after others spent a unit a spread in 4 readings, the spread is %.3f of the ideal, want it slowed (at least 1.5)", s)
 	}
 }

@@ -74,6 +74,13 @@ end
 -- since tells nothing either, nor does a reading with no baseline (SEEN 0:
 -- the first reading, or one of a request that did not wait, whose burst
 -- may have arrived in any order).
+--
+-- The rate a reading implies (IMPLIED) counts as others' (FOREIGN) only
+-- when the reading before it implied as much: a request that arrived
+-- before one booked earlier is counted by the upstream in one reading and
+-- by the fleet's bookings in the next, a unit unexplained and then one
+-- too many, which is noise, not others. Spread over a window's time left,
+-- one such unit taken as a rate would slow the fleet for the whole window.
 local function estimate_foreign(steer, a, left, due, refills)
   local dt = due - steer.seen
   if steer.seen == 0 or dt <= 0 or (refills and steer.till > 0) or (not refills and steer.till <= now) then
@@ -91,12 +98,13 @@ local function estimate_foreign(steer, a, left, due, refills)
   -- quota that refills takes its first at face value (it is spent over
   -- 50 ms, and each response corrects it: one too low costs 429s).
   local f
-  if dt >= tau or (refills and steer.foreign == 0) then
+  if dt >= tau or (refills and steer.implied == 0) then
     f = units * 1e12 / dt
   else
-    f = steer.foreign - steer.foreign * dt / tau + units * 1e12 / tau
+    f = steer.implied - steer.implied * dt / tau + units * 1e12 / tau
   end
-  steer.foreign = math.max(math.min(math.floor(f), 1e15), -1e15)
+  f = math.max(math.min(math.floor(f), 1e15), -1e15)
+  steer.foreign, steer.implied = math.min(steer.implied, f), f
 end
 
 -- spend applies a reading's units left (less those booked since its
@@ -185,7 +193,7 @@ end
 local function take_in(tat, steer, r)
   local left = r.left - since(tat, steer, r.a, r.finish, r.booked, r.due, r.burst, r.cost)
   local first = not steer
-  steer = steer or {seen = 0, till = 0, spread = 0, learned = 0, left = 0, base = 0, synced = 0, booked = 0, foreign = 0, order = 0,
+  steer = steer or {seen = 0, till = 0, spread = 0, learned = 0, left = 0, base = 0, synced = 0, booked = 0, foreign = 0, order = 0, implied = 0,
     ceiling = tat or now}
   if not first and not r.burst and held <= steer.seen then estimate_foreign(steer, r.a, left, r.due, r.refills) end
   steer.seen, steer.left, steer.base, steer.synced = r.due, math.max(left, -2^53), r.booked, steer.booked

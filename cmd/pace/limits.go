@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetpace/pace"
+	layout "github.com/fleetpace/pace/internal/store" // the Redis keys pace keeps
 )
 
 // limits are the limits inspect is told of (-limit TEXT, or NAME=TEXT), by
@@ -104,7 +105,7 @@ func bucketState(p *part, text string, l pace.Limit, known bool, now time.Time) 
 		wait := time.Duration(max(ahead-(burst-1)*interval, 0)) * time.Microsecond
 		state = fmt.Sprintf("limit %s: %d of %d tokens left, a new request waits %v; %s", l, int(max(math.Floor(burst-ahead/interval), 0)), l.Burst(), wait.Round(time.Millisecond), state)
 	}
-	if len(fields) == 12 {
+	if len(fields) == layout.SteeredFields {
 		p.kind = "bucket, steered by the upstream's counters"
 		state += "; " + readings(fields, now)
 	}
