@@ -20,23 +20,21 @@ type subscriber interface {
 	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
 }
 
-// listen starts, once, the subscription through which the limiter hears of
-// the fleet's holds, on a goroutine of its own, so that no request waits for
-// it. Close ends it.
-func (r *Redis) listen() {
-	r.listenOnce.Do(func() {
-		s, ok := r.client.(subscriber)
-		if !ok {
-			return
-		}
-		ctx, stop := context.WithCancel(context.Background())
-		ps := s.Subscribe(ctx) // no channel yet: no I/O on the caller's goroutine
-		r.stopListening = func() {
-			stop()
-			ps.Close()
-		}
-		r.listening.Go(func() { r.receiveHolds(ctx, ps) })
-	})
+// subscribe starts the subscription through which the limiter hears of
+// the fleet's holds, on a goroutine of its own, so that no request waits
+// for it (see listen). Close ends it.
+func (r *Redis) subscribe() {
+	s, ok := r.client.(subscriber)
+	if !ok {
+		return
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	ps := s.Subscribe(ctx) // no channel yet: no I/O on the caller's goroutine
+	r.stopListening = func() {
+		stop()
+		ps.Close()
+	}
+	r.listening.Go(func() { r.receiveHolds(ctx, ps) })
 }
 
 // Resubscribing after a broken subscription waits from minResubscribe,

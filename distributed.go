@@ -169,13 +169,25 @@ func (r *Redis) waitGrant(ctx context.Context, key string, cost int) (grant, err
 	if err := checkWait(ctx, r.costCap, key, cost); err != nil {
 		return grant{}, err
 	}
-	if err := r.cap.check(ctx, key); err != nil || !r.cap.rated {
-		return grant{}, err
+	if r.cap.capped {
+		if err := r.cap.check(ctx, key); err != nil || !r.cap.rated {
+			return grant{}, err
+		}
 	}
 	q := request{Request: store.Request{Key: key, Costs: uniform(cost, len(r.limits))}}
 	q.horizon = horizonOf(ctx, &r.config.commonConfig, r.limits, &q.Costs)
 	t, err := r.wait(ctx, q)
 	return grant{t}, err
+}
+
+// admit implements pacer: under a cap in flight, a slot and the wait
+// (admitCapped); else the wait alone.
+func (r *Redis) admit(ctx context.Context, key string, cost int) (*Slot, grant, error) {
+	if r.cap.capped {
+		return r.admitCapped(ctx, key, cost)
+	}
+	g, err := r.waitGrant(ctx, key, cost)
+	return nil, g, err
 }
 
 // Acquire waits for a slot of key's cap in flight, first come first
@@ -252,7 +264,7 @@ func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 		case err != nil:
 			return ticket{}, r.giveBack(ctx, q, t, err)
 		}
-		if !r.replacedByHold(ctx, q.Key, t) {
+		if t.delay <= 0 || !r.replacedByHold(ctx, q.Key, t) { // a caller that did not sleep missed no hold
 			if t.limiter == "local" {
 				r.failover.Owe(q.Key, q.Costs, store.LimitCosts{})
 			}
@@ -262,6 +274,9 @@ func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 		// slept: its time belongs to a schedule the hold replaced.
 	}
 }
+
+// listen subscribes, once, to the fleet's holds (see subscribe).
+func (r *Redis) listen() { r.listenOnce.Do(r.subscribe) }
 
 // sleep sleeps for t's delay, unless ctx ends first, or, for a booking in
 // Redis, the key is retimed meanwhile (steer.ErrRetimed, or steer.ErrRecut).
@@ -465,7 +480,7 @@ func (r *Redis) Settle(ctx context.Context, res *Reservation, actual Costs) erro
 	if !res.settled.CompareAndSwap(false, true) {
 		return nil
 	}
-	r.capDebts(ctx, r.config.observer, "redis", res, &costs, r.config.holdBound())
+	r.capDebts(ctx, r.config.observer, "redis", res, &costs, r.config.maxHold)
 	t := res.ticket
 	if t.booking.Granted {
 		err = r.settleShared(ctx, res, costs)

@@ -50,7 +50,7 @@ func (c commonConfig) hold(limits namedLimits, key string, h headers.Hold) (head
 	case h.For <= 0:
 		return h, false, fmt.Errorf("pace: key %s: headers.Hold for %v (%s): want a positive time", store.QuoteKey(key), h.For, h.Reason)
 	}
-	if bound := c.holdBound(); h.For > bound {
+	if bound := c.maxHold; h.For > bound {
 		h.For, h.Asked = bound, max(h.Asked, h.For)
 	}
 	return h, limits.holds(h), nil
@@ -86,13 +86,10 @@ func holdLocally(ctx context.Context, local *Local, key string, h headers.Hold) 
 }
 
 // replacedByHold reports whether a hold replaced the time of ticket t while
-// its caller slept. A caller booked before the hold channel's subscription
-// last stood may have missed the hold's message, and reads the key's hold
-// from Redis.
+// its caller slept (for t's delay, not 0). A caller booked before the hold
+// channel's subscription last stood may have missed the hold's message, and
+// reads the key's hold from Redis.
 func (r *Redis) replacedByHold(ctx context.Context, key string, t ticket) bool {
-	if t.delay <= 0 {
-		return false // it did not sleep
-	}
 	if t.local != nil && t.local.heldPast(key, t.start.Add(t.delay)) {
 		return true
 	}

@@ -99,7 +99,7 @@ func NewLocal(q Quota, opts ...Option) (*Local, error) {
 	}
 	loc := newLocal(newNamedLimits(limits), config, time.Now)
 	if loc.cap = c; c.capped {
-		loc.slots = newSemaphore(config.leaseOrDefault(), loc.now, config.observer, "local")
+		loc.slots = newSemaphore(config.lease, loc.now, config.observer, "local")
 	}
 	return loc, nil
 }
@@ -133,12 +133,24 @@ func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
 
 // waitGrant implements pacer.
 func (loc *Local) waitGrant(ctx context.Context, key string, cost int) (grant, error) {
-	if err := loc.cap.check(ctx, key); err != nil {
-		return grant{}, err
+	if loc.cap.capped {
+		if err := loc.cap.check(ctx, key); err != nil {
+			return grant{}, err
+		}
 	}
 	g := grant{ticket{limiter: "local", local: loc}}
 	err := loc.waitFor(ctx, key, cost, &g.t.localWait)
 	return g, err
+}
+
+// admit implements pacer: under a cap in flight, a slot of key's cap, in
+// line if it must, then the wait; else the wait alone.
+func (loc *Local) admit(ctx context.Context, key string, cost int) (*Slot, grant, error) {
+	if loc.cap.capped {
+		return slotThenWait(ctx, loc, key, cost)
+	}
+	g, err := loc.waitGrant(ctx, key, cost)
+	return nil, g, err
 }
 
 // waitFor waits as Wait does, by a caller that needs no slot, and puts
@@ -199,7 +211,7 @@ func (loc *Local) Settle(ctx context.Context, r *Reservation, actual Costs) erro
 	if !r.settled.CompareAndSwap(false, true) {
 		return nil
 	}
-	loc.capDebts(ctx, loc.config.observer, "local", r, &costs, loc.config.holdBound())
+	loc.capDebts(ctx, loc.config.observer, "local", r, &costs, loc.config.maxHold)
 	loc.settle(r.key, r.estimate, costs, loc.now())
 	return loc.settled(ctx, loc.config.observer, "local", r.key, &r.estimate, &costs, nil)
 }

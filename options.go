@@ -22,12 +22,12 @@ type RedisOption interface {
 type commonConfig struct {
 	observer Observer
 	maxWait  time.Duration
-	maxHold  time.Duration // 0 for DefaultMaxHold
-	lease    time.Duration // 0 for DefaultLease
+	maxHold  time.Duration // the longest anything a response says may delay a key (validate makes 0 DefaultMaxHold)
+	lease    time.Duration // a slot's lease (validate makes 0 DefaultLease)
 	horizons map[Class]time.Duration
 }
 
-func (c commonConfig) validate() error {
+func (c *commonConfig) validate() error {
 	switch {
 	case c.maxWait < 0:
 		return fmt.Errorf("pace: WithMaxWait(%v): negative", c.maxWait)
@@ -36,14 +36,9 @@ func (c commonConfig) validate() error {
 	case c.lease != 0 && (c.lease < minLease || c.lease > maxLease):
 		return fmt.Errorf("pace: WithLease(%v): want from %v to %v", c.lease, minLease, maxLease)
 	}
+	c.maxHold, c.lease = cmp.Or(c.maxHold, DefaultMaxHold), cmp.Or(c.lease, DefaultLease)
 	return checkHorizons(c.horizons)
 }
-
-// holdBound is the longest anything a response says may delay a key.
-func (c commonConfig) holdBound() time.Duration { return cmp.Or(c.maxHold, DefaultMaxHold) }
-
-// leaseOrDefault is the lease of a slot.
-func (c commonConfig) leaseOrDefault() time.Duration { return cmp.Or(c.lease, DefaultLease) }
 
 // DefaultLease is how long a slot of a cap in flight (Concurrent) outlives
 // its holder's last renewal; see WithLease.
@@ -89,7 +84,7 @@ func defaultRedisConfig() redisConfig {
 	}
 }
 
-func (c redisConfig) validate() error {
+func (c *redisConfig) validate() error {
 	switch {
 	case strings.ContainsAny(c.prefix, "{}"):
 		return fmt.Errorf("pace: WithPrefix(%q): a prefix may not contain '{' or '}', which pace uses for the Redis Cluster hash tag", c.prefix)

@@ -164,7 +164,7 @@ type redisCall struct {
 // policy is FallbackLocal), and err: wrapped in errUnconfirmed for a
 // failure the breaker did not confirm.
 func (r *Redis) outcome(ctx context.Context, call redisCall, err error) (away bool, local *Local, _ error) {
-	if !store.IsOutage(err) {
+	if err == nil || !store.IsOutage(err) {
 		if call.route == outage.ViaProbe {
 			r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: call.key, Cost: call.cost, Delay: r.failover.Recover(r.now(), r.callTimeout())})
 		}

@@ -67,21 +67,5 @@ func (m *matcher) matches(req *http.Request) bool {
 		(m.method == "" || strings.EqualFold(m.method, req.Method))
 }
 
-// portOf returns the port req goes to: its URL's, or its scheme's default
-// (443 for https and wss, 80 for http and ws), or "" for another scheme
-// without a port.
-func portOf(req *http.Request) string {
-	if port := req.URL.Port(); port != "" {
-		return port
-	}
-	switch strings.ToLower(req.URL.Scheme) {
-	case "https", "wss":
-		return "443"
-	case "http", "ws":
-		return "80"
-	}
-	return ""
-}
-
 // validHeaderName says whether name is empty or a header's name.
 func validHeaderName(name string) bool { return name == "" || httptoken.Valid(name) }

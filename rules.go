@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"reflect"
 	"strconv"
 	"strings"
 )
@@ -146,19 +145,6 @@ func checkRule(r Rule) error {
 		return fmt.Errorf("pace: rule %q: cost %d exceeds the burst %d of its limiter", r.Name, r.Cost, p.MaxCost())
 	}
 	return nil
-}
-
-// isNil says whether l holds a nil pointer (such as the *Redis of a
-// NewRedis that failed), or another nil, whose methods would panic.
-func isNil(l Limiter) bool {
-	if l == nil {
-		return false
-	}
-	switch v := reflect.ValueOf(l); v.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
-		return v.IsNil()
-	}
-	return false
 }
 
 // decide returns the rule that takes req, and the request's key and cost

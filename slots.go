@@ -274,12 +274,12 @@ func slotThenWait(ctx context.Context, l pacer, key string, cost int) (*Slot, gr
 // key's cap with it found none free, and booked nothing.
 var errSlotBusy = errors.New("pace: no slot free")
 
-// admit implements pacer. While Redis answers, a request under a cap with
-// rates takes a free slot with its booking, in one script call
-// (lua/take.lua); when none is free, or someone waits for one, it goes in
-// line (TakeSlot), then waits.
-func (r *Redis) admit(ctx context.Context, key string, cost int) (*Slot, grant, error) {
-	if !r.cap.capped || !r.cap.rated {
+// admitCapped is admit under a cap in flight. While Redis answers, a
+// request under a cap with rates takes a free slot with its booking, in one
+// script call (lua/take.lua); when none is free, or someone waits for one,
+// it goes in line (TakeSlot), then waits.
+func (r *Redis) admitCapped(ctx context.Context, key string, cost int) (*Slot, grant, error) {
+	if !r.cap.rated {
 		return slotThenWait(ctx, r, key, cost)
 	}
 	if err := checkWait(ctx, r.costCap, key, cost); err != nil {
@@ -313,12 +313,6 @@ func (r *Redis) admit(ctx context.Context, key string, cost int) (*Slot, grant, 
 func mayHaveTaken(err error) bool {
 	var refused *DeadlineError
 	return !errors.As(err, &refused)
-}
-
-// admit implements pacer: a slot of key's cap, in line if it must, then
-// the wait.
-func (loc *Local) admit(ctx context.Context, key string, cost int) (*Slot, grant, error) {
-	return slotThenWait(ctx, loc, key, cost)
 }
 
 // The slots of a Redis limiter's cap of requests in flight live in Redis
@@ -493,7 +487,7 @@ func (r *Redis) slotCall(ctx context.Context, key string, c store.SlotCall) (sto
 }
 
 // lease is how long a slot outlives its holder's last renewal.
-func (r *Redis) lease() time.Duration { return r.config.leaseOrDefault() }
+func (r *Redis) lease() time.Duration { return r.config.lease }
 
 // redisSlots is the slotOwner of a Redis limiter's slots.
 type redisSlots struct{ r *Redis }

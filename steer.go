@@ -113,7 +113,7 @@ func (r *Redis) reportSteers(ctx context.Context, key string, steers []steering,
 // limit that learns) whose window ends, beyond the limiter's MaxHold is
 // the response's foreign data, which the observer hears ignored.
 func (r *Redis) steerings(ctx context.Context, key string, readings []headers.Reading, elapsed time.Duration) []steering {
-	bound := r.config.holdBound()
+	bound := r.config.maxHold
 	var steers []steering
 	for _, reading := range readings {
 		i := r.limitOf(reading.Name, reading.OwnQuota, len(readings) == 1)
@@ -146,12 +146,12 @@ func plainSteers(steers []steering) []store.Steer {
 
 // heedResponse implements pacer.
 func (r *Redis) heedResponse(ctx context.Context, key string, g grant, resp *http.Response, arrival time.Time, h heedScope) {
-	r.heed(context.WithoutCancel(ctx), key, g.t, headers.Hear(resp, arrival, r.config.holdBound()), h)
+	r.heed(context.WithoutCancel(ctx), key, g.t, headers.Hear(resp, arrival, r.config.maxHold), h)
 }
 
 // heedResponse implements pacer.
 func (loc *Local) heedResponse(ctx context.Context, key string, g grant, resp *http.Response, arrival time.Time, h heedScope) {
-	loc.heed(context.WithoutCancel(ctx), key, g.t, headers.Hear(resp, arrival, loc.config.holdBound()), h)
+	loc.heed(context.WithoutCancel(ctx), key, g.t, headers.Hear(resp, arrival, loc.config.maxHold), h)
 }
 
 // heed applies w: the holds first, since a hold takes the key's

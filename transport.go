@@ -49,6 +49,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"reflect"
 	"strings"
 	"time"
 
@@ -132,7 +133,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	handed := false // the slot to the response's body
 	defer func() {
-		if !handed {
+		if !handed && p.slot != nil {
 			p.slot.Release() // Base failed, or panicked
 		}
 	}()
@@ -278,4 +279,33 @@ func HostKey(req *http.Request) string {
 		return strings.ToLower(req.URL.Host)
 	}
 	return net.JoinHostPort(strings.ToLower(host), port)
+}
+
+// portOf returns the port req goes to: its URL's, or its scheme's default
+// (443 for https and wss, 80 for http and ws), or "" for another scheme
+// without a port.
+func portOf(req *http.Request) string {
+	if port := req.URL.Port(); port != "" {
+		return port
+	}
+	switch strings.ToLower(req.URL.Scheme) {
+	case "https", "wss":
+		return "443"
+	case "http", "ws":
+		return "80"
+	}
+	return ""
+}
+
+// isNil says whether l holds a nil pointer (such as the *Redis of a
+// NewRedis that failed), or another nil, whose methods would panic.
+func isNil(l Limiter) bool {
+	if l == nil {
+		return false
+	}
+	switch v := reflect.ValueOf(l); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return v.IsNil()
+	}
+	return false
 }
