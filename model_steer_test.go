@@ -227,6 +227,7 @@ func (s *steerModel) estimateForeign(a, left, due int64, refills bool, now int64
 		expected += float64(dt) / float64(s.interval(a))
 	}
 	units := expected - float64(s.booked-s.synced) - float64(left)
+	previous := s.implied
 	var f float64
 	if float64(dt) >= syncTau || (refills && s.implied == 0) {
 		f = units * 1e12 / float64(dt)
@@ -234,7 +235,10 @@ func (s *steerModel) estimateForeign(a, left, due int64, refills bool, now int64
 		f = float64(s.implied) - float64(s.implied)*float64(dt)/syncTau + units*1e12/syncTau
 	}
 	implied := int64(max(min(math.Floor(f), 1e15), -1e15))
-	s.foreign, s.implied = min(s.implied, implied), implied
+	s.foreign, s.implied = implied, implied
+	if !refills {
+		s.foreign = min(s.foreign, previous)
+	}
 }
 
 // written is write_bucket's effect on a steering: a spread that has ended

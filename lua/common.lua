@@ -97,7 +97,7 @@ end
 --            booking's count after it tells the units booked after it
 --   FOREIGN  an estimate of the rate at which others spend the quota, in
 --            units per 10^6 s (below 0 when the fleet's own bookings
---            overstate what it spent): the lower of the last two IMPLIED
+--            overstate what it spent); of a window, the lower of the last two IMPLIED
 --   ORDER    the next free time before the schedule last moved back: a
 --            request booked since but due before it went out of order
 --   CEILING  the schedule of the bucket alone, at the upstream's interval

@@ -75,12 +75,15 @@ end
 -- the first reading, or one of a request that did not wait, whose burst
 -- may have arrived in any order).
 --
--- The rate a reading implies (IMPLIED) counts as others' (FOREIGN) only
--- when the reading before it implied as much: a request that arrived
+-- A window's rate a reading implies (IMPLIED) counts as others' (FOREIGN)
+-- only when the reading before it implied as much: a request that arrived
 -- before one booked earlier is counted by the upstream in one reading and
 -- by the fleet's bookings in the next, a unit unexplained and then one
 -- too many, which is noise, not others. Spread over a window's time left,
 -- one such unit taken as a rate would slow the fleet for the whole window.
+-- A quota that refills takes each at once: it leaves others what they
+-- spend in the next 50 ms, where such a unit weighs a unit, and a rate
+-- believed late costs 429s.
 local function estimate_foreign(steer, a, left, due, refills)
   local dt = due - steer.seen
   if steer.seen == 0 or dt <= 0 or (refills and steer.till > 0) or (not refills and steer.till <= now) then
@@ -104,7 +107,12 @@ local function estimate_foreign(steer, a, left, due, refills)
     f = steer.implied - steer.implied * dt / tau + units * 1e12 / tau
   end
   f = math.max(math.min(math.floor(f), 1e15), -1e15)
-  steer.foreign, steer.implied = math.min(steer.implied, f), f
+  if refills then
+    steer.foreign = f
+  else
+    steer.foreign = math.min(steer.implied, f)
+  end
+  steer.implied = f
 end
 
 -- spend applies a reading's units left (less those booked since its
