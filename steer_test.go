@@ -291,29 +291,16 @@ func TestStaleReadingAcrossProcesses(t *testing.T) {
 // the probe's reading spreads the rest again.
 func TestWindowEstimateOfOthers(t *testing.T) {
 	besideOthers(t)
-	ctx := context.Background()
-	c := newTestRedis(t)
-	var fleet [9]*Redis // each syncs once: a process syncs a key every 50 ms at most
-	for i := range fleet {
-		fleet[i] = mustRedis(t, c, PerSecond(200).WithBurst(10))
-	}
+	w := newWindowFleet(t, 9, PerSecond(200).WithBurst(10), 40*time.Second)
 	left := int64(4000)
-	// next books a request in process i (within 2 s) and steers the key
-	// with what the upstream then says is left: the fleet's request, and
-	// others' units, spent.
+	// next books a request in process i and steers the key with what the
+	// upstream then says is left: the fleet's request, and others' units,
+	// spent.
 	next := func(i int, others int64) time.Duration {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		res, err := fleet[i].Reserve(ctx, "k", nil)
-		if err != nil {
-			t.Fatalf("request %d: %v", i, err)
-		}
+		res := w.reserve(i)
 		left -= 1 + others
-		window := []headers.Reading{{Name: "requests", Remaining: left, Reset: 40 * time.Second, Header: "ratelimit: r=" + strconv.FormatInt(left, 10)}}
-		if err := fleet[i].Sync(ctx, res, window, false); err != nil {
-			t.Fatal(err)
-		}
+		w.sync(i, res, left)
 		return res.Delay()
 	}
 	for i := range 3 {
@@ -348,33 +335,14 @@ func TestWindowEstimateOfOthers(t *testing.T) {
 // the spread slows.
 func TestReorderedArrivalsAreNotOthers(t *testing.T) {
 	besideOthers(t)
-	ctx := context.Background()
-	c := newTestRedis(t)
-	var fleet [10]*Redis // each syncs once: a process syncs a key every 50 ms at most
-	for i := range fleet {
-		fleet[i] = mustRedis(t, c, PerSecond(100).WithBurst(1))
-	}
+	w := newWindowFleet(t, 10, PerSecond(100).WithBurst(1), 40*time.Second)
+	ctx, c, reserve, sync := t.Context(), w.client, w.reserve, w.sync
 	left := int64(400)
-	reserve := func(i int) *Reservation {
-		t.Helper()
-		res, err := fleet[i].Reserve(ctx, "k", nil)
-		if err != nil {
-			t.Fatalf("request %d: %v", i, err)
-		}
-		return res
-	}
-	sync := func(i int, res *Reservation, left int64) {
-		t.Helper()
-		window := []headers.Reading{{Name: "requests", Remaining: left, Reset: 40 * time.Second, Header: "ratelimit: r=" + strconv.FormatInt(left, 10)}}
-		if err := fleet[i].Sync(ctx, res, window, false); err != nil {
-			t.Fatal(err)
-		}
-	}
 	// spread returns the bucket's spread over the ideal: the time until the
 	// reset over the units left for the fleet, less those booked ahead.
 	spread := func(when string) float64 {
 		t.Helper()
-		v, err := c.Get(ctx, storeOf(fleet[0]).BucketKey("k")).Result()
+		v, err := c.Get(ctx, storeOf(w.fleet[0]).BucketKey("k")).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -409,5 +377,47 @@ func TestReorderedArrivalsAreNotOthers(t *testing.T) {
 	}
 	if s := spread("others spent a unit a spread, 4 readings in a row"); s < 1.5 {
 		t.Errorf("after others spent a unit a spread in 4 readings, the spread is %.3f of the ideal, want it slowed (at least 1.5)", s)
+	}
+}
+
+// windowFleet is a fleet of processes on one real redis-server that book
+// key "k" in turn and steer it with readings of a window: each process
+// syncs once, since a process syncs a key every 50 ms at most.
+type windowFleet struct {
+	t      *testing.T
+	client *redis.Client
+	fleet  []*Redis
+	reset  time.Duration // how far the window's reset lies from each reading
+}
+
+// newWindowFleet starts a fleet of n processes, each pacing the key at
+// limit, whose readings say the window resets in reset.
+func newWindowFleet(t *testing.T, n int, limit Limit, reset time.Duration) *windowFleet {
+	w := &windowFleet{t: t, client: newTestRedis(t), reset: reset}
+	for range n {
+		w.fleet = append(w.fleet, mustRedis(t, w.client, limit))
+	}
+	return w
+}
+
+// reserve books a request in process i, within 2 s.
+func (w *windowFleet) reserve(i int) *Reservation {
+	w.t.Helper()
+	ctx, cancel := context.WithTimeout(w.t.Context(), 2*time.Second)
+	defer cancel()
+	res, err := w.fleet[i].Reserve(ctx, "k", nil)
+	if err != nil {
+		w.t.Fatalf("request %d: %v", i, err)
+	}
+	return res
+}
+
+// sync steers the key, in process i, by the reading of res's response:
+// left units left in the window.
+func (w *windowFleet) sync(i int, res *Reservation, left int64) {
+	w.t.Helper()
+	window := []headers.Reading{{Name: "requests", Remaining: left, Reset: w.reset, Header: "ratelimit: r=" + strconv.FormatInt(left, 10)}}
+	if err := w.fleet[i].Sync(w.t.Context(), res, window, false); err != nil {
+		w.t.Fatal(err)
 	}
 }
