@@ -7,12 +7,15 @@ import (
 	"time"
 
 	"github.com/fleetpace/pace/internal/outage"
+	"github.com/fleetpace/pace/internal/steer"
 	"github.com/fleetpace/pace/internal/store"
 )
 
 // What a Redis limiter does when Redis fails: its failover (internal/outage,
-// with its breaker) says when; here, how a request is decided meanwhile,
-// and how each call's outcome is recorded.
+// with its breaker) says when; here, the whole route of a request's
+// booking (decideAsking: by Redis, by the failure policy while Redis is
+// away, or both while it returns), how each call's outcome is recorded
+// (outcome), and how the calls beside a booking run either way (shared).
 
 // A FailurePolicy says what a Redis limiter does while Redis fails.
 type FailurePolicy uint8
@@ -63,6 +66,91 @@ func (r *Redis) decideAsking(ctx context.Context, q request) (ticket, error) {
 			return ticket{}, fmt.Errorf("pace: key %s: %w", store.QuoteKey(q.Key), context.Cause(ctx))
 		}
 	}
+}
+
+// decide books the wait of a request that begins at now, by Redis or,
+// while the failover says so, without it. It does not sleep. A wait beyond
+// the horizon of the request's class is a *deferral.
+func (r *Redis) decide(ctx context.Context, q request, now time.Time) (ticket, error) {
+	q.own = waitBudget(ctx, r.config.maxWait, now)
+	budget := classBudget(q.own, q.horizon)
+	route, local, cause := r.failover.Route(now)
+	if owed := r.failover.TakeOwed(); owed != nil {
+		go r.repay(context.WithoutCancel(ctx), owed)
+	}
+	if route == outage.WithoutRedis {
+		return r.decideWithout(ctx, q, local, cause, budget)
+	}
+	// While returning, the outage's share decides first, and Redis books the
+	// request for the time it will go: booked sooner, its tokens would seem
+	// spent before they are, and be granted again once the share lifts.
+	var first ticket
+	if local != nil {
+		var err error
+		if first, err = r.decideLocally(ctx, q, local, now, budget); err != nil {
+			return ticket{}, err
+		}
+	}
+	t, err := r.decideShared(ctx, q, now, budget, route, first)
+	if first.local != nil && (err != nil || t.local != first.local) {
+		first.local.cancel(q.Key, first.res, r.now()) // refused, or decided by the next outage
+	}
+	return t, err
+}
+
+// decideShared books the request in Redis, not before the local time of
+// first (the outage's share, while returning; else none).
+func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budget time.Duration, route outage.Route, first ticket) (ticket, error) {
+	q.Probe = route == outage.ViaProbe
+	b, err := r.store.Reserve(ctx, q.Request, budget, first.delay)
+	away, local, err := r.outcome(ctx, redisCall{key: q.Key, cost: q.Costs[0], route: route, began: now, failures: q.failures}, err)
+	if away {
+		return r.decideWithout(ctx, q, local, err, budget)
+	}
+	if err != nil {
+		return ticket{}, err
+	}
+	r.beat(ctx, b.Now, now)
+	if b.SlotBusy {
+		return ticket{}, errSlotBusy
+	}
+	if b.Recovered {
+		reportRate(ctx, r.config.observer, "redis", q.Key, steer.Full, 0)
+	}
+	if !b.Granted {
+		return ticket{}, r.refuse(ctx, q, "redis", b.Delay, budget)
+	}
+	return r.pass(ctx, q, now, b, first)
+}
+
+// pass returns the ticket of Redis's booking b for a request that began at
+// start, which first, the outage's share, may have decided already. When
+// the failover gates a grant no share decided (an answer that arrived once
+// an outage had begun, or the probe), the outage's local limiter books the
+// wait too, at or after its time; if that would pass the caller's budget,
+// b is given back and the wait refused.
+func (r *Redis) pass(ctx context.Context, q request, start time.Time, b store.Booking, first ticket) (ticket, error) {
+	now := r.now()
+	// The reply came after the decision, so its arrival plus the delay is no
+	// earlier than its time itself.
+	due := now.Add(b.Delay)
+	gate := r.failover.Granted(q.Key, due, now, first.local != nil)
+	if first.local != nil {
+		first.limiter, first.delay, first.booking, first.listening = "redis", b.Delay, b, b.Listening
+		return first, nil
+	}
+	t := ticket{limiter: "redis", booking: b, local: gate, localWait: localWait{delay: b.Delay, start: start, listening: b.Listening}}
+	if gate == nil {
+		return t, nil
+	}
+	budget := waitBudget(ctx, r.config.maxWait, now)
+	delay, ok := t.local.reserve(q.Key, &q.Costs, now, due, budget, &t.res, nil)
+	if !ok {
+		err := refuse(ctx, r.config.observer, r.asked(q, "redis"), delay, budget)
+		return ticket{}, errors.Join(err, r.refund(ctx, q.Key, b))
+	}
+	t.delay = delay
+	return t, nil
 }
 
 // forget gives back the booking of q, whose call expired, if Redis made it
