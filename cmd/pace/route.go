@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 
@@ -32,6 +33,7 @@ type route struct {
 	apiKey   string  // what replaces the client's credentials, or ""
 	buffer   *buffer // the server's budget of bytes held for estimates
 	stopping context.Context
+	closed   sync.Once
 }
 
 // A store is what the routes of a server book on: a Redis client, and the
@@ -136,11 +138,13 @@ func (rt *route) newLimiter(st store, quota pace.Quota, field string) (*pace.Red
 	return limiter, nil
 }
 
-// close closes the route's limiters.
+// close closes the route's limiters, once.
 func (rt *route) close() {
-	for _, l := range rt.limiters {
-		l.Close()
-	}
+	rt.closed.Do(func() {
+		for _, l := range rt.limiters {
+			l.Close()
+		}
+	})
 }
 
 // routeQuota returns the quota c says: its limit, or its named limits,

@@ -9,8 +9,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"os/signal"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -22,7 +25,6 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/fleetpace/pace"
-	"github.com/fleetpace/pace/extra/paceotel"
 )
 
 const serveUsage = `usage:
@@ -36,15 +38,19 @@ func runServe(ctx context.Context, args []string, _, errOut io.Writer) error {
 }
 
 // serve runs pace serve with args until ctx ends or a SIGINT or SIGTERM
-// comes, logging to logOut.
+// comes, logging to logOut. A SIGHUP reloads its -config file (see
+// server.reload).
 func serve(ctx context.Context, args []string, logOut io.Writer) error {
-	c, err := serveFlags(args, logOut)
+	c, path, err := serveFlags(args, logOut)
 	if err != nil {
 		return err
 	}
 	logger := slog.New(slog.NewTextHandler(logOut, nil))
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	hangups := make(chan os.Signal, 1)
+	signal.Notify(hangups, syscall.SIGHUP)
+	defer signal.Stop(hangups)
 	s, err := newServer(ctx, c, logger)
 	if err != nil {
 		return err
@@ -53,13 +59,33 @@ func serve(ctx context.Context, args []string, logOut io.Writer) error {
 		s.close()
 		return err
 	}
-	<-ctx.Done()
-	return s.shutdown()
+	for {
+		select {
+		case <-ctx.Done():
+			return s.shutdown()
+		case <-hangups:
+			s.reloadOnHangup(path)
+		}
+	}
+}
+
+// reloadOnHangup reloads the configuration at path, and logs what became
+// of it: the flags' configuration, with no file, stays.
+func (s *server) reloadOnHangup(path string) {
+	if path == "" {
+		s.logger.Warn("pace serve: SIGHUP: no -config file to reload; the flags' route serves on")
+		return
+	}
+	if err := s.reload(path); err != nil {
+		s.logger.Error("pace serve: SIGHUP: the configuration before it serves on", "err", err)
+		return
+	}
+	s.logger.Info("pace serve: reloaded", "config", path, "routes", len(s.table.Load().routes))
 }
 
 // serveFlags reads pace serve's flags into a configuration: its -config
-// file, or the one route the other flags say.
-func serveFlags(args []string, errOut io.Writer) (*serveConfig, error) {
+// file, whose path it returns too, or the one route the other flags say.
+func serveFlags(args []string, errOut io.Writer) (*serveConfig, string, error) {
 	flags := flag.NewFlagSet("pace serve", flag.ContinueOnError)
 	flags.SetOutput(errOut)
 	flags.Usage = func() {
@@ -77,34 +103,35 @@ func serveFlags(args []string, errOut io.Writer) (*serveConfig, error) {
 	flags.DurationVar(&r.MaxWait, "max-wait", defaultMaxWait, "the longest a request waits; a longer wait is answered 429 at once")
 	flags.StringVar(&r.Name, "name", "upstream", "the route's name, which begins its keys")
 	if err := flags.Parse(args); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if flags.NArg() > 0 {
-		return nil, fmt.Errorf("pace serve takes no arguments, only flags: %q", flags.Args())
+		return nil, "", fmt.Errorf("pace serve takes no arguments, only flags: %q", flags.Args())
 	}
 	if *file != "" {
 		if flags.NFlag() > 1 {
-			return nil, errors.New("-config: the routes are in the file; no other flag goes with it")
+			return nil, "", errors.New("-config: the routes are in the file; no other flag goes with it")
 		}
 		config, err := readConfig(*file)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
-		return config, config.check()
+		return config, *file, config.check()
 	}
 	c.Routes = []routeConfig{r}
 	c.fill()
-	return &c, c.check()
+	return &c, "", c.check()
 }
 
 // A server is pace serve's routes on their addresses, with /healthz,
 // /metrics and the wait endpoint on the first.
 type server struct {
-	config    serveConfig
-	buffer    *buffer  // of bytes held for estimates
-	conns     *connCap // of connections open
+	config    serveConfig // as the server started: what a reload may not change
+	buffer    *buffer     // of bytes held for estimates
+	conns     *connCap    // of connections open
 	logger    *slog.Logger
-	routes    []*route
+	table     atomic.Pointer[routeTable] // the routes served now
+	addrs     []string                   // the addresses, the server's own first
 	servers   []*http.Server
 	listeners []net.Listener
 	stop      context.CancelFunc // ends every wait
@@ -112,6 +139,15 @@ type server struct {
 	serving   sync.WaitGroup
 	stopped   sync.Once
 	stopErr   error
+
+	// What the routes are built with.
+	store    store
+	base     *http.Transport
+	stopping context.Context // ended by a shutdown
+	meters   *sdkmetric.MeterProvider
+	metrics  http.Handler
+	builtMu  sync.Mutex
+	built    []*route // every route built, for the shutdown to close
 }
 
 // newServer builds c's routes on their Redis; ctx is the server's life,
@@ -128,34 +164,33 @@ func newServer(ctx context.Context, c *serveConfig, logger *slog.Logger) (*serve
 		closeStore()
 		return nil, err
 	}
-	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
-	stopping, stop := context.WithCancel(context.WithoutCancel(ctx))
-	s.stop = stop
-	base := upstreamBase()
+	s.store, s.base, s.metrics = st, upstreamBase(), promhttp.HandlerFor(registry, promhttp.HandlerOpts{})
+	s.meters = sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	s.stopping, s.stop = context.WithCancel(context.WithoutCancel(ctx))
 	s.closeAll = func() {
-		base.CloseIdleConnections()
-		for _, rt := range s.routes {
-			rt.close()
-		}
-		meters.Shutdown(context.Background())
+		s.base.CloseIdleConnections()
+		s.builtMu.Lock()
+		closeRoutes(s.built)
+		s.builtMu.Unlock()
+		s.meters.Shutdown(context.Background())
 		closeStore()
 	}
+	s.addrs = []string{c.Listen}
 	for _, rc := range c.Routes {
-		observer, err := paceotel.NewObserver(paceotel.WithName(rc.Name), paceotel.WithMeterProvider(meters))
-		if err != nil {
-			s.close()
-			return nil, err
+		if !slices.Contains(s.addrs, rc.Listen) {
+			s.addrs = append(s.addrs, rc.Listen)
 		}
-		rst := st
-		rst.options = append(rst.options, pace.WithObserver(both(observer, pace.SlogObserver(logger))))
-		rt, err := newRoute(rc, rst, base, stopping, s.buffer)
-		if err != nil {
-			s.close()
-			return nil, fmt.Errorf("route %q: %w", rc.Name, err)
-		}
-		s.routes = append(s.routes, rt)
 	}
-	s.buildServers(promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	t, err := s.newTable(c, nil)
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	s.table.Store(t)
+	for _, addr := range s.addrs {
+		s.servers = append(s.servers, &http.Server{Addr: addr, Handler: s.config.guard(s.dispatch(addr)),
+			ReadHeaderTimeout: s.config.HeaderTimeout, IdleTimeout: s.config.IdleTimeout, ConnState: s.conns.state})
+	}
 	return s, nil
 }
 
@@ -187,34 +222,11 @@ func (s *server) openStore() (store, func(), error) {
 	return store{client: client, options: []pace.RedisOption{pace.WithPrefix(s.config.Prefix)}}, closeStore, nil
 }
 
-// buildServers makes one http.Server an address, its routes on it by path.
-func (s *server) buildServers(metrics http.Handler) {
-	muxes := map[string]*http.ServeMux{s.config.Listen: http.NewServeMux()}
-	order := []string{s.config.Listen}
-	for _, rt := range s.routes {
-		mux, ok := muxes[rt.config.Listen]
-		if !ok {
-			mux = http.NewServeMux()
-			muxes[rt.config.Listen] = mux
-			order = append(order, rt.config.Listen)
-		}
-		mux.Handle(rt.config.Path, rt)
-	}
-	first := muxes[s.config.Listen]
-	first.HandleFunc("POST "+waitPath, waitHandler(s.routes))
-	first.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
-	first.Handle("GET /metrics", metrics)
-	for _, addr := range order {
-		s.servers = append(s.servers, &http.Server{Addr: addr, Handler: s.config.guard(muxes[addr]),
-			ReadHeaderTimeout: s.config.HeaderTimeout, IdleTimeout: s.config.IdleTimeout, ConnState: s.conns.state})
-	}
-}
-
 // start checks the Redis, listens on every address and serves.
 func (s *server) start() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	for _, rt := range s.routes {
+	for _, rt := range s.table.Load().routes {
 		if err := rt.limiter.Check(ctx); err != nil {
 			s.logger.Error("pace serve: Redis cannot pace the fleet; this replica paces alone until it can", "route", rt.config.Name, "err", err)
 			break

@@ -51,8 +51,9 @@ func TestMain(m *testing.M) {
 
 // A replica is a process of pace serve that a test started.
 type replica struct {
-	URL string
-	cmd *exec.Cmd
+	URL    string
+	cmd    *exec.Cmd
+	config string // the path of its config file
 }
 
 var listening = regexp.MustCompile(`msg="pace serve: listening" addr=(\S+)`)
@@ -95,7 +96,7 @@ func startReplicaWithin(t *testing.T, config string, descriptors int) *replica {
 				for lines.Scan() {
 				}
 			}()
-			return &replica{URL: "http://" + m[1], cmd: cmd}
+			return &replica{URL: "http://" + m[1], cmd: cmd, config: path}
 		}
 	}
 	t.Fatalf("pace serve ended before it listened: %v", lines.Err())

@@ -147,7 +147,7 @@ func TestServeFlagErrors(t *testing.T) {
 		"-upstream http://x -limit 1/s extra":   "takes no arguments",
 	}
 	for args, want := range cases {
-		c, err := serveFlags(strings.Fields(args), io.Discard)
+		c, _, err := serveFlags(strings.Fields(args), io.Discard)
 		if err == nil {
 			err = buildError(c)
 		}

@@ -1,0 +1,189 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fleetpace/pace/internal/redistest"
+)
+
+// TestServeReloadRoutes: a reload serves a new route and drops a removed
+// one from the next request on, keeps the route whose configuration did
+// not change (its limiters and their state), and lets a request under way
+// on a removed route end as it began. A configuration that does not read,
+// or changes what a route cannot (Redis, a new address), is refused with
+// an error that says why, and the routes before it serve on.
+func TestServeReloadRoutes(t *testing.T) {
+	arrived, release := make(chan struct{}), make(chan struct{})
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/slow") {
+			close(arrived)
+			<-release
+		}
+		io.WriteString(w, r.URL.Path)
+	}))
+	defer upstream.Close()
+	route := func(name string) string {
+		return fmt.Sprintf("  - {name: %s, path: /%s/, upstream: '%s/%s', limit: 1000/s}\n", name, name, upstream.URL, name)
+	}
+	head := "listen: 127.0.0.1:0\nroutes:\n"
+	s, base := startServe(t, head+route("a")+route("b"))
+	path := filepath.Join(t.TempDir(), "serve.yaml")
+	reload := func(config string) error {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return s.reload(path)
+	}
+	get := func(p string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(base + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+
+	slow := make(chan int)
+	go func() {
+		status, _ := get("/b/slow")
+		slow <- status
+	}()
+	<-arrived
+	kept := s.table.Load().routes[0]
+	if err := reload(head + route("a") + route("c")); err != nil {
+		t.Fatalf("reload: %v", err)
+	}
+	if routes := s.table.Load().routes; routes[0] != kept {
+		t.Error("route a, unchanged, was built anew: its limiters' state is lost")
+	}
+	for p, want := range map[string]int{"/a/x": 200, "/b/x": 404, "/c/x": 200} {
+		if status, body := get(p); status != want {
+			t.Errorf("GET %s after the reload: %d %q, want %d", p, status, body, want)
+		}
+	}
+	close(release)
+	if status := <-slow; status != http.StatusOK {
+		t.Errorf("the request under way on route b, which the reload removed: %d, want it to end as it began (200)", status)
+	}
+
+	for name, tc := range map[string]struct{ config, want string }{
+		"unreadable":    {head + "  - {name: a, upstream: 'x', limit: fast}\n", `limit: pace: invalid limit "fast"`},
+		"another redis": {"redis: redis://127.0.0.1:1\n" + head + route("a"), "take a restart"},
+		"a new address": {head + strings.Replace(route("c"), "{name: c,", "{name: c, listen: '127.0.0.1:1',", 1), "listen 127.0.0.1:1: a new address takes a restart"},
+	} {
+		if err := reload(tc.config); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: reload: %v, want an error with %q", name, err, tc.want)
+		}
+		if status, body := get("/c/x"); status != http.StatusOK || body != "/c/x" {
+			t.Errorf("%s: GET /c/x after the refused reload: %d %q, want the routes before it (200)", name, status, body)
+		}
+	}
+}
+
+// TestServeReloadOnHangup: a replica of pace serve, as a process of its
+// own on a real Redis, serves 8 clients at 100/s burst 5; a SIGHUP with
+// the limit halved in its file: from 1 s after, the upstream sees at most
+// the new b + r*t (55) in any second, and at least 90% of its rate; no
+// request fails. Then a SIGHUP with a file that does not read: the
+// replica serves on at the halved limit.
+func TestServeReloadOnHangup(t *testing.T) {
+	redisServer := redistest.Start(t)
+	var mu sync.Mutex
+	var arrivals []time.Time
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		arrivals = append(arrivals, time.Now())
+		mu.Unlock()
+	}))
+	defer upstream.Close()
+	config := func(limit string) string {
+		return fmt.Sprintf("redis: redis://%s\nroutes:\n  - {name: api, upstream: '%s', limit: '%s'}\n", redisServer.Addr, upstream.URL, limit)
+	}
+	r := startReplica(t, config("100/s burst 5"))
+	var failed atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp, err := http.Get(r.URL + "/x")
+				if err != nil || resp.StatusCode != http.StatusOK {
+					failed.Add(1)
+				}
+				if err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}
+		})
+	}
+	time.Sleep(time.Second)
+	r.rewrite(t, config("50/s burst 5"))
+	halved := time.Now()
+	time.Sleep(2500 * time.Millisecond)
+	r.rewrite(t, "routes: [{name: api, limit: fast}]\n")
+	broken := time.Now()
+	time.Sleep(1500 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+
+	mu.Lock()
+	defer mu.Unlock()
+	slices.SortFunc(arrivals, func(a, b time.Time) int { return a.Compare(b) })
+	busiest, least := 0, len(arrivals)
+	for from := halved.Add(time.Second); !from.Add(time.Second).After(arrivals[len(arrivals)-1]); from = from.Add(50 * time.Millisecond) {
+		n := countWithin(arrivals, from, from.Add(time.Second))
+		busiest, least = max(busiest, n), min(least, n)
+	}
+	before := countWithin(arrivals, halved.Add(-time.Second), halved)
+	afterBroken := countWithin(arrivals, broken.Add(500*time.Millisecond), broken.Add(1500*time.Millisecond))
+	t.Logf("before the reload, %d in its last second; from 1 s after it, %d to %d in any second; after the broken file, %d in a second; %d requests failed", before, least, busiest, afterBroken, failed.Load())
+	if busiest > 55 || least < 45 {
+		t.Errorf("from 1 s after the reload, %d to %d in a second: want at most the new b + r*t (55), and at least 90%% of its rate", least, busiest)
+	}
+	if before < 90 {
+		t.Errorf("before the reload, %d in a second: want about 100", before)
+	}
+	if failed.Load() != 0 {
+		t.Errorf("%d requests failed, want none", failed.Load())
+	}
+}
+
+// countWithin counts the times (sorted) from from, up to before to.
+func countWithin(times []time.Time, from, to time.Time) int {
+	i, _ := slices.BinarySearchFunc(times, from, time.Time.Compare)
+	j, _ := slices.BinarySearchFunc(times, to, time.Time.Compare)
+	return j - i
+}
+
+// rewrite writes config in the replica's file (after its listen line) and
+// tells it to reload with a SIGHUP.
+func (r *replica) rewrite(t *testing.T, config string) {
+	t.Helper()
+	if err := os.WriteFile(r.config, []byte("listen: 127.0.0.1:0\n"+config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+}
