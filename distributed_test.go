@@ -148,7 +148,7 @@ func (m *modelCheck) sameState(step int) {
 			ceiling, _ := strconv.ParseInt(fields[11], 10, 64)
 			fields[11] = strconv.FormatInt(max(ceiling, m.lastNow), 10)
 		}
-		want := fmt.Sprint(m.model.tat[key], s.seen, s.till, s.spread, s.learned, s.left, s.base, s.synced, s.booked, s.foreign, s.order, max(s.ceiling, m.lastNow), s.implied)
+		want := fmt.Sprint(m.model.tat[key], s.seen, s.till, s.spread, s.learned, s.left, s.base, s.synced, s.booked, s.foreign, s.order, max(s.ceiling, m.lastNow))
 		if got := strings.Join(fields, " "); got != want {
 			m.t.Fatalf("step %d: key %s's bucket in Redis is %q, in the model %q", step, key, got, want)
 		}

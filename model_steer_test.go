@@ -10,7 +10,9 @@ import (
 // steerModel is a steered bucket's state in the Go model, as lua/common.lua
 // keeps it after the TAT: all whole microseconds or units.
 type steerModel struct {
-	seen, till, spread, learned, left, base, synced, booked, foreign, order, ceiling, implied int64
+	seen, till, spread, learned, left, base, synced, booked, foreign, order, ceiling int64
+
+	believed int64 // what spend takes of foreign, in one sync alone (see estimate_foreign)
 
 	probing bool // the window's spread is a probe (for the model check's counts)
 }
@@ -153,7 +155,9 @@ func (s *steerModel) takeIn(tat, a, finish, booked, due int64, burst bool, cost,
 	first := s == nil
 	if first {
 		s = &steerModel{ceiling: cmp.Or(tat, now)} // the bucket alone: its TAT, or now for an empty one
-	} else if !burst && held <= s.seen {
+	}
+	s.believed = s.foreign
+	if !first && !burst && held <= s.seen {
 		s.estimateForeign(a, left, due, refills, now)
 	}
 	s.seen, s.left, s.base, s.synced = due, max(left, -1<<53), booked, s.booked
@@ -174,7 +178,7 @@ func (s *steerModel) refuse(booked, cost int64) {
 
 // spend is spend.
 func (s *steerModel) spend(tat, free, last, a, b, cost, left, reset int64, refills bool, now int64) int64 {
-	others := float64(max(s.foreign, 0))
+	others := float64(max(s.believed, 0))
 	s.probing = false
 	if refills {
 		i := s.fleetInterval(a, b)
@@ -227,18 +231,18 @@ func (s *steerModel) estimateForeign(a, left, due int64, refills bool, now int64
 		expected += float64(dt) / float64(s.interval(a))
 	}
 	units := expected - float64(s.booked-s.synced) - float64(left)
-	previous := s.implied
 	var f float64
-	if float64(dt) >= syncTau || (refills && s.implied == 0) {
+	if float64(dt) >= syncTau || (refills && s.foreign == 0) {
 		f = units * 1e12 / float64(dt)
 	} else {
-		f = float64(s.implied) - float64(s.implied)*float64(dt)/syncTau + units*1e12/syncTau
+		f = float64(s.foreign) - float64(s.foreign)*float64(dt)/syncTau + units*1e12/syncTau
 	}
 	implied := int64(max(min(math.Floor(f), 1e15), -1e15))
-	s.foreign, s.implied = implied, implied
+	s.believed = implied
 	if !refills {
-		s.foreign = min(s.foreign, previous)
+		s.believed = min(s.foreign, implied)
 	}
+	s.foreign = implied
 }
 
 // written is write_bucket's effect on a steering: a spread that has ended

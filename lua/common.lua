@@ -80,9 +80,8 @@ local function guard(length)
 end
 
 -- A bucket's value is its schedule, the theoretical arrival time (TAT), or,
--- once the upstream's counters have steered it, thirteen whole numbers,
--- "TAT SEEN TILL SPREAD LEARNED LEFT BASE SYNCED BOOKED FOREIGN ORDER CEILING
--- IMPLIED":
+-- once the upstream's counters have steered it, twelve whole numbers,
+-- "TAT SEEN TILL SPREAD LEARNED LEFT BASE SYNCED BOOKED FOREIGN ORDER CEILING":
 --   SEEN     the due time of the request whose response steered it last (0
 --            after the first)
 --   TILL     until when the units a window has left are spread (0: none)
@@ -97,7 +96,9 @@ end
 --            booking's count after it tells the units booked after it
 --   FOREIGN  an estimate of the rate at which others spend the quota, in
 --            units per 10^6 s (below 0 when the fleet's own bookings
---            overstate what it spent); of a window, the lower of the last two IMPLIED
+--            overstate what it spent), as the last reading implied it (a
+--            window's spread takes the lower of it and the one before: see
+--            estimate_foreign in sync.lua)
 --   ORDER    the next free time before the schedule last moved back: a
 --            request booked since but due before it went out of order
 --   CEILING  the schedule of the bucket alone, at the upstream's interval
@@ -108,8 +109,6 @@ end
 --            no reading lets the fleet beyond the bucket's own b + r*t, but
 --            a reading may give back what an estimate booked beyond what
 --            its request spent
---   IMPLIED  the rate of others' spending the readings implied, up to the
---            last (see estimate_foreign in sync.lua)
 -- A steered bucket is kept for a minute after its last steering at least.
 
 -- read_bucket reads the bucket at KEYS[i]: its TAT and its steering (nil
@@ -121,13 +120,13 @@ local function read_bucket(i)
   end
   local f = {}
   for field in string.gmatch(v, '%S+') do f[#f + 1] = field end
-  if #f ~= 13 then
+  if #f ~= 12 then
     foreign(i, 'holds a value that is not a whole number')
   end
   return time(i, f[1]), {seen = time(i, f[2]), till = time(i, f[3]), spread = number(i, f[4], horizon),
     learned = number(i, f[5], horizon), left = number(i, f[6], 2^53, -2^53), base = number(i, f[7], 2^53),
     synced = number(i, f[8], 2^53), booked = number(i, f[9], 2^53), foreign = number(i, f[10], 1e15, -1e15),
-    order = time(i, f[11]), ceiling = time(i, f[12]), implied = number(i, f[13], 1e15, -1e15)}
+    order = time(i, f[11]), ceiling = time(i, f[12])}
 end
 
 -- write_bucket sets the bucket at key to the TAT and steering given.
@@ -139,9 +138,8 @@ local function write_bucket(key, tat, steer)
   if steer.till <= now then
     steer.till, steer.spread = 0, 0
   end
-  local value = string.format('%d %d %d %d %d %d %d %d %d %d %d %d %d', tat, steer.seen, steer.till, steer.spread,
-    steer.learned, steer.left, steer.base, steer.synced, steer.booked, steer.foreign, steer.order, steer.ceiling,
-    steer.implied)
+  local value = string.format('%d %d %d %d %d %d %d %d %d %d %d %d', tat, steer.seen, steer.till, steer.spread,
+    steer.learned, steer.left, steer.base, steer.synced, steer.booked, steer.foreign, steer.order, steer.ceiling)
   redis.call('SET', key, value, 'PXAT', math.max(full_expiry(tat), ms_expiry(steer.till), ms_expiry(now + 60000000)))
 end
 

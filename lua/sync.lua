@@ -75,15 +75,16 @@ end
 -- the first reading, or one of a request that did not wait, whose burst
 -- may have arrived in any order).
 --
--- A window's rate a reading implies (IMPLIED) counts as others' (FOREIGN)
--- only when the reading before it implied as much: a request that arrived
--- before one booked earlier is counted by the upstream in one reading and
--- by the fleet's bookings in the next, a unit unexplained and then one
--- too many, which is noise, not others. Spread over a window's time left,
--- one such unit taken as a rate would slow the fleet for the whole window.
--- A quota that refills takes each at once: it leaves others what they
--- spend in the next 50 ms, where such a unit weighs a unit, and a rate
--- believed late costs 429s.
+-- A window's spread believes the rate a reading implies (FOREIGN) only as
+-- far as the reading before it implied it too (BELIEVED, the lower of the
+-- two, kept for the call alone; the bucket's value keeps its form): a
+-- request that arrived before one booked earlier is counted by the
+-- upstream in one reading and by the fleet's bookings in the next, a unit
+-- unexplained and then one too many, which is noise, not others. Spread
+-- over a window's time left, one such unit taken as a rate would slow the
+-- fleet for the whole window. A quota that refills believes each at once:
+-- it leaves others what they spend in the next 50 ms, where such a unit
+-- weighs a unit, and a rate believed late costs 429s.
 local function estimate_foreign(steer, a, left, due, refills)
   local dt = due - steer.seen
   if steer.seen == 0 or dt <= 0 or (refills and steer.till > 0) or (not refills and steer.till <= now) then
@@ -101,18 +102,15 @@ local function estimate_foreign(steer, a, left, due, refills)
   -- quota that refills takes its first at face value (it is spent over
   -- 50 ms, and each response corrects it: one too low costs 429s).
   local f
-  if dt >= tau or (refills and steer.implied == 0) then
+  if dt >= tau or (refills and steer.foreign == 0) then
     f = units * 1e12 / dt
   else
-    f = steer.implied - steer.implied * dt / tau + units * 1e12 / tau
+    f = steer.foreign - steer.foreign * dt / tau + units * 1e12 / tau
   end
   f = math.max(math.min(math.floor(f), 1e15), -1e15)
-  if refills then
-    steer.foreign = f
-  else
-    steer.foreign = math.min(steer.implied, f)
-  end
-  steer.implied = f
+  steer.believed = f
+  if not refills then steer.believed = math.min(steer.foreign, f) end
+  steer.foreign = f
 end
 
 -- spend applies a reading's units left (less those booked since its
@@ -134,7 +132,7 @@ end
 -- last unit before the reset at most): else, held until the reset, it
 -- would never hear that they stopped.
 local function spend(tat, free, last, steer, a, b, cost, left, reset, refills)
-  local others = math.max(steer.foreign, 0)
+  local others = math.max(steer.believed, 0)
   if refills then
     local i = fleet_interval(steer, a, b)
     local spare = math.ceil(50000 / i)
@@ -201,8 +199,9 @@ end
 local function take_in(tat, steer, r)
   local left = r.left - since(tat, steer, r.a, r.finish, r.booked, r.due, r.burst, r.cost)
   local first = not steer
-  steer = steer or {seen = 0, till = 0, spread = 0, learned = 0, left = 0, base = 0, synced = 0, booked = 0, foreign = 0, order = 0, implied = 0,
+  steer = steer or {seen = 0, till = 0, spread = 0, learned = 0, left = 0, base = 0, synced = 0, booked = 0, foreign = 0, order = 0,
     ceiling = tat or now}
+  steer.believed = steer.foreign
   if not first and not r.burst and held <= steer.seen then estimate_foreign(steer, r.a, left, r.due, r.refills) end
   steer.seen, steer.left, steer.base, steer.synced = r.due, math.max(left, -2^53), r.booked, steer.booked
   if first or r.burst then steer.seen = 0 end

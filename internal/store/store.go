@@ -91,7 +91,7 @@ const (
 // SteeredFields is how many whole numbers a bucket's value holds once the
 // upstream's counters have steered it (lua/common.lua says what each is);
 // a bucket never steered holds one, its schedule.
-const SteeredFields = 13
+const SteeredFields = 12
 
 // Keys are the Redis keys of key's limits, each followed by its gaps key when
 // withGaps.
