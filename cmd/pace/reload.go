@@ -20,7 +20,6 @@ import (
 // retired, and its routes that the new table does not keep are closed
 // once its last request has ended.
 type routeTable struct {
-	config   serveConfig             // the configuration the routes came from
 	routes   []*route                // in the configuration's order
 	handlers map[string]http.Handler // by address
 
@@ -82,7 +81,7 @@ func (s *server) dispatch(addr string) http.Handler {
 // configuration old has too is old's route, its limiters and their state
 // kept; the others are built anew (and closed again should one fail).
 func (s *server) newTable(c *serveConfig, old *routeTable) (*routeTable, error) {
-	t := &routeTable{config: *c, idle: make(chan struct{})}
+	t := &routeTable{idle: make(chan struct{})}
 	var built []*route
 	for _, rc := range c.Routes {
 		rt := old.keeps(rc)
@@ -174,11 +173,20 @@ func (s *server) reload(path string) error {
 		return fmt.Errorf("reload %s: %w", path, err)
 	}
 	old := s.table.Swap(t)
+	dropped := slices.DeleteFunc(slices.Clone(old.routes), func(rt *route) bool { return slices.Contains(t.routes, rt) })
 	go func() {
 		<-old.retire()
-		closeRoutes(slices.DeleteFunc(slices.Clone(old.routes), func(rt *route) bool { return slices.Contains(t.routes, rt) }))
+		s.closeDropped(dropped)
 	}()
 	return nil
+}
+
+// closeDropped closes the routes a reload dropped, and forgets them.
+func (s *server) closeDropped(dropped []*route) {
+	closeRoutes(dropped)
+	s.builtMu.Lock()
+	defer s.builtMu.Unlock()
+	s.built = slices.DeleteFunc(s.built, func(rt *route) bool { return slices.Contains(dropped, rt) })
 }
 
 // reloadable returns what keeps c from replacing the server's

@@ -21,7 +21,7 @@ import (
 // TestServeReloadRoutes: a reload serves a new route and drops a removed
 // one from the next request on, keeps the route whose configuration did
 // not change (its limiters and their state), and lets a request under way
-// on a removed route end as it began. A configuration that does not read,
+// on a removed route end as it began, then closes that route. A configuration that does not read,
 // or changes what a route cannot (Redis, a new address), is refused with
 // an error that says why, and the routes before it serve on.
 func TestServeReloadRoutes(t *testing.T) {
@@ -76,9 +76,17 @@ func TestServeReloadRoutes(t *testing.T) {
 			t.Errorf("GET %s after the reload: %d %q, want %d", p, status, body, want)
 		}
 	}
+	if built := s.builtRoutes(); len(built) != 3 {
+		t.Errorf("with a request under way on route b, %d routes open, want 3 (a, b and c)", len(built))
+	}
 	close(release)
 	if status := <-slow; status != http.StatusOK {
 		t.Errorf("the request under way on route b, which the reload removed: %d, want it to end as it began (200)", status)
+	}
+	for deadline := time.Now().Add(5 * time.Second); len(s.builtRoutes()) != 2; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("5 s after its last request ended, route b, which the reload removed, is open still (%d routes open)", len(s.builtRoutes()))
+		}
 	}
 
 	for name, tc := range map[string]struct{ config, want string }{
@@ -186,4 +194,11 @@ func (r *replica) rewrite(t *testing.T, config string) {
 	if err := r.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// builtRoutes returns the routes the server has open.
+func (s *server) builtRoutes() []*route {
+	s.builtMu.Lock()
+	defer s.builtMu.Unlock()
+	return slices.Clone(s.built)
 }
