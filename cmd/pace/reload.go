@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"reflect"
 	"slices"
-	"sync"
+	"sync/atomic"
 
 	"github.com/fleetpace/pace"
 	"github.com/fleetpace/pace/extra/paceotel"
@@ -23,40 +23,38 @@ type routeTable struct {
 	routes   []*route                // in the configuration's order
 	handlers map[string]http.Handler // by address
 
-	mu      sync.Mutex
-	users   int           // the requests serving from the table
-	retired bool          // a newer table took its place
-	idle    chan struct{} // closed once retired with no users
+	state atomic.Int64  // the requests serving from the table, with retired set once a newer table took its place
+	idle  chan struct{} // closed once retired with no requests
 }
+
+// retired is the bit of a routeTable's state that says it is retired.
+const retired = int64(1) << 62
 
 // enter notes a request that serves from t, unless t is retired.
 func (t *routeTable) enter() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.retired {
-		return false
+	for {
+		v := t.state.Load()
+		if v&retired != 0 {
+			return false
+		}
+		if t.state.CompareAndSwap(v, v+1) {
+			return true
+		}
 	}
-	t.users++
-	return true
 }
 
 // leave notes the end of a request that entered t.
 func (t *routeTable) leave() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.users--; t.retired && t.users == 0 {
-		close(t.idle)
+	if t.state.Add(-1) == retired {
+		close(t.idle) // the last request of a retired table
 	}
 }
 
 // retire marks t retired, and returns a channel closed once its last
 // request has ended.
 func (t *routeTable) retire() <-chan struct{} {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.retired = true
-	if t.users == 0 {
-		close(t.idle)
+	if t.state.Or(retired) == 0 {
+		close(t.idle) // no request under way
 	}
 	return t.idle
 }
