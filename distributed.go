@@ -166,15 +166,23 @@ func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
 
 // waitGrant implements pacer.
 func (r *Redis) waitGrant(ctx context.Context, key string, cost int) (grant, error) {
-	if err := checkWait(ctx, r.costCap, key, cost); err != nil {
+	return r.waitOn(ctx, target{key: key}, cost)
+}
+
+// waitOn waits as waitGrant does, on at (see target).
+func (r *Redis) waitOn(ctx context.Context, at target, cost int) (grant, error) {
+	if err := checkWait(ctx, r.costCap, at.key, cost); err != nil {
 		return grant{}, err
 	}
 	if r.cap.capped {
-		if err := r.cap.check(ctx, key); err != nil || !r.cap.rated {
+		if at.pool != nil {
+			return grant{}, errPoolCapped(at)
+		}
+		if err := r.cap.check(ctx, at.key); err != nil || !r.cap.rated {
 			return grant{}, err
 		}
 	}
-	q := request{Request: store.Request{Key: key, Costs: uniform(cost, len(r.limits))}}
+	q := request{Request: store.Request{Key: at.key, Pool: at.pool, First: at.first, Costs: uniform(cost, len(r.limits))}}
 	q.horizon = horizonOf(ctx, &r.config.commonConfig, r.limits, &q.Costs)
 	t, err := r.wait(ctx, q)
 	return grant{t}, err
@@ -182,11 +190,11 @@ func (r *Redis) waitGrant(ctx context.Context, key string, cost int) (grant, err
 
 // admit implements pacer: under a cap in flight, a slot and the wait
 // (admitCapped); else the wait alone.
-func (r *Redis) admit(ctx context.Context, key string, cost int) (*Slot, grant, error) {
-	if r.cap.capped {
-		return r.admitCapped(ctx, key, cost)
+func (r *Redis) admit(ctx context.Context, at target, cost int) (*Slot, grant, error) {
+	if r.cap.capped && at.pool == nil {
+		return r.admitCapped(ctx, at.key, cost)
 	}
-	g, err := r.waitGrant(ctx, key, cost)
+	g, err := r.waitOn(ctx, at, cost)
 	return nil, g, err
 }
 
@@ -209,19 +217,27 @@ func (r *Redis) Acquire(ctx context.Context, key string, cost int) (*Slot, error
 // Reserve waits as Wait does, for the estimated
 // costs under each limit, all booked in one script call.
 func (r *Redis) Reserve(ctx context.Context, key string, estimate Costs) (*Reservation, error) {
-	costs, err := r.checkReserve(ctx, key, estimate)
-	if err == nil {
-		err = r.cap.check(ctx, key)
+	return r.reserveFor(ctx, target{key: key}, estimate)
+}
+
+// reserveFor implements pacer.
+func (r *Redis) reserveFor(ctx context.Context, at target, estimate Costs) (*Reservation, error) {
+	costs, err := r.checkReserve(ctx, at.key, estimate)
+	switch {
+	case err == nil && r.cap.capped && at.pool != nil:
+		err = errPoolCapped(at)
+	case err == nil:
+		err = r.cap.check(ctx, at.key)
 	}
 	if err != nil {
 		return nil, err
 	}
-	q := request{Request: store.Request{Key: key, Costs: costs, Settled: true, Estimated: r.estimated(estimate)}, horizon: horizonOf(ctx, &r.config.commonConfig, r.limits, &costs)}
+	q := request{Request: store.Request{Key: at.key, Pool: at.pool, First: at.first, Costs: costs, Settled: true, Estimated: r.estimated(estimate)}, horizon: horizonOf(ctx, &r.config.commonConfig, r.limits, &costs)}
 	t, err := r.wait(ctx, q)
 	if err != nil {
 		return nil, err
 	}
-	return &Reservation{limiter: r, key: key, estimate: costs, ticket: t}, nil
+	return &Reservation{limiter: r, key: t.key, estimate: costs, ticket: t}, nil // t.key: at's, or the pool's key booked
 }
 
 // request is one wait: what its booking needs, the horizon of its class (0
@@ -249,6 +265,7 @@ func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 		if err != nil {
 			return ticket{}, err
 		}
+		q.Key = t.key // on a pool, the key booked
 		e := r.asked(q, t.limiter)
 		e.Kind, e.Delay, e.Err = EventWait, t.delay, t.cause
 		r.config.observer.emit(ctx, e)
@@ -300,6 +317,7 @@ type ticket struct {
 // localWait is what a wait booked that a Local, alone, fills in: a
 // Local's Wait needs no more (nor to clear the rest of a ticket).
 type localWait struct {
+	key       string // the key booked: on a pool, the one that could go soonest
 	delay     time.Duration
 	start     time.Time // when the decision began, by the limiter's clock
 	res       localBooking

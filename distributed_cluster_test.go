@@ -22,6 +22,10 @@ func TestOnCluster(t *testing.T) {
 		"QuotaMatchesModel":    checkQuotaMatchesModel,
 		"AllOrNothing":         checkAllOrNothing,
 		"KeysExpire":           checkKeysExpire,
+		"PoolBooksOnce":        checkPoolBooksOnce,
+		"PoolChooses": func(t *testing.T, c redis.UniversalClient) {
+			checkPoolChooses(t, mustRedis(t, c, mustParseLimit(t, "2/s burst 1"), WithFleetSize(1), sharedOnly))
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			err := c.ForEachMaster(context.Background(), func(ctx context.Context, node *redis.Client) error {

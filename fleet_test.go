@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetpace/pace/internal/quotaapi"
 	"github.com/fleetpace/pace/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
@@ -59,6 +60,14 @@ type fleetWorker struct {
 	Tokens *tokenRun
 	// Lease is the lease of slots (WithLease); 0 for the default.
 	Lease time.Duration
+	// Pool, when set with URL, names the credentials of the Transport's
+	// Pool: each secret is poolSecret of its name, in Authorization.
+	Pool []string
+	// WarmUp, with URL, opens a connection to it for each goroutine before
+	// Start, by a HEAD request that carries quotaapi.WarmUpHeader (which
+	// the upstream must not count), so that the run measures pacing, not
+	// connections being opened.
+	WarmUp bool
 	// CountFirst waits on a key of its own before Start until a heartbeat
 	// has counted the fleet, so that the run starts with the process knowing
 	// its share (processes started together count one another at their
@@ -170,6 +179,22 @@ func (s stampGrant) RoundTrip(req *http.Request) (*http.Response, error) {
 		req.Header.Set(heardHoldHeader, "1")
 	}
 	return s.base.RoundTrip(req)
+}
+
+// warmUp opens n connections of base to url at once, by HEAD requests that
+// carry quotaapi.WarmUpHeader, and leaves them idle.
+func warmUp(base http.RoundTripper, url string, n int) {
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			req, _ := http.NewRequest(http.MethodHead, url, nil)
+			req.Header.Set(quotaapi.WarmUpHeader, "1")
+			if resp, err := base.RoundTrip(req); err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // fleetRequest is what became of one Wait in a worker.
@@ -326,7 +351,17 @@ func (w fleetWorker) run() (fleetReport, error) {
 	if w.URL != "" {
 		base := &http.Transport{MaxIdleConnsPerHost: w.Goroutines}
 		defer base.CloseIdleConnections()
-		client := &http.Client{Transport: &Transport{Base: stampGrant{base, r}, Limiter: r}}
+		transport := &Transport{Base: stampGrant{base, r}, Limiter: r}
+		if w.Pool != nil {
+			transport.Pool = &Pool{}
+			for _, name := range w.Pool {
+				transport.Pool.Credentials = append(transport.Pool.Credentials, Credential{Name: name, Secret: poolSecret(name)})
+			}
+		}
+		client := &http.Client{Transport: transport}
+		if w.WarmUp {
+			warmUp(base, w.URL, w.Goroutines)
+		}
 		wait = func(ctx context.Context) error {
 			req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.URL, nil)
 			if err != nil {

@@ -128,39 +128,53 @@ func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
 		return waitWithSlot(ctx, loc, key, cost)
 	}
 	var w localWait
-	return loc.waitFor(ctx, key, cost, &w)
+	return loc.waitFor(ctx, target{key: key}, cost, &w)
 }
 
 // waitGrant implements pacer.
 func (loc *Local) waitGrant(ctx context.Context, key string, cost int) (grant, error) {
+	return loc.waitOn(ctx, target{key: key}, cost)
+}
+
+// waitOn waits as waitGrant does, on at (see target).
+func (loc *Local) waitOn(ctx context.Context, at target, cost int) (grant, error) {
 	if loc.cap.capped {
-		if err := loc.cap.check(ctx, key); err != nil {
+		if err := loc.checkCap(ctx, at); err != nil {
 			return grant{}, err
 		}
 	}
 	g := grant{ticket{limiter: "local", local: loc}}
-	err := loc.waitFor(ctx, key, cost, &g.t.localWait)
+	err := loc.waitFor(ctx, at, cost, &g.t.localWait)
 	return g, err
+}
+
+// checkCap refuses a wait on at that the quota's cap in flight does not
+// allow: one of a pool, or one whose caller holds no slot of its key.
+func (loc *Local) checkCap(ctx context.Context, at target) error {
+	if at.pool != nil {
+		return errPoolCapped(at)
+	}
+	return loc.cap.check(ctx, at.key)
 }
 
 // admit implements pacer: under a cap in flight, a slot of key's cap, in
 // line if it must, then the wait; else the wait alone.
-func (loc *Local) admit(ctx context.Context, key string, cost int) (*Slot, grant, error) {
-	if loc.cap.capped {
-		return slotThenWait(ctx, loc, key, cost)
+func (loc *Local) admit(ctx context.Context, at target, cost int) (*Slot, grant, error) {
+	if loc.cap.capped && at.pool == nil {
+		return slotThenWait(ctx, loc, at.key, cost)
 	}
-	g, err := loc.waitGrant(ctx, key, cost)
+	g, err := loc.waitOn(ctx, at, cost)
 	return nil, g, err
 }
 
 // waitFor waits as Wait does, by a caller that needs no slot, and puts
 // what it booked in w.
-func (loc *Local) waitFor(ctx context.Context, key string, cost int, w *localWait) error {
-	if err := checkWait(ctx, loc.costCap, key, cost); err != nil || !loc.cap.rated {
+func (loc *Local) waitFor(ctx context.Context, at target, cost int, w *localWait) error {
+	if err := checkWait(ctx, loc.costCap, at.key, cost); err != nil || !loc.cap.rated {
 		return err
 	}
 	costs := uniform(cost, len(loc.limits))
-	return loc.wait(ctx, key, &costs, false, w)
+	return loc.wait(ctx, at, &costs, false, w)
 }
 
 // Acquire waits for a slot of key's cap in flight, then for cost under the
@@ -186,17 +200,23 @@ func (loc *Local) TakeSlot(ctx context.Context, key string) (*Slot, error) {
 // Reserve waits as Wait does, for the estimated
 // costs under each limit.
 func (loc *Local) Reserve(ctx context.Context, key string, estimate Costs) (*Reservation, error) {
-	costs, err := loc.checkReserve(ctx, key, estimate)
-	if err == nil {
-		err = loc.cap.check(ctx, key)
+	return loc.reserveFor(ctx, target{key: key}, estimate)
+}
+
+// reserveFor implements pacer.
+func (loc *Local) reserveFor(ctx context.Context, at target, estimate Costs) (*Reservation, error) {
+	costs, err := loc.checkReserve(ctx, at.key, estimate)
+	if err == nil && loc.cap.capped {
+		err = loc.checkCap(ctx, at)
 	}
 	if err != nil {
 		return nil, err
 	}
-	r := &Reservation{limiter: loc, key: key, estimate: costs, ticket: ticket{limiter: "local", local: loc}}
-	if err := loc.wait(ctx, key, &costs, true, &r.ticket.localWait); err != nil {
+	r := &Reservation{limiter: loc, estimate: costs, ticket: ticket{limiter: "local", local: loc}}
+	if err := loc.wait(ctx, at, &costs, true, &r.ticket.localWait); err != nil {
 		return nil, err
 	}
+	r.key = r.ticket.key // at's, or the pool's key booked
 	return r, nil
 }
 
@@ -216,10 +236,11 @@ func (loc *Local) Settle(ctx context.Context, r *Reservation, actual Costs) erro
 	return loc.settled(ctx, loc.config.observer, "local", r.key, &r.estimate, &costs, nil)
 }
 
-// wait books costs for key and sleeps until they are due, booking anew
-// after a hold that came meanwhile, or a cut of the key's rate, and puts
-// what it booked in w. reserved says it is a reservation's wait.
-func (loc *Local) wait(ctx context.Context, key string, costs *store.LimitCosts, reserved bool, w *localWait) error {
+// wait books costs on at (see target) and sleeps until they are due,
+// booking anew after a hold that came meanwhile, or a cut of the key's
+// rate, and puts what it booked in w. reserved says it is a reservation's
+// wait.
+func (loc *Local) wait(ctx context.Context, at target, costs *store.LimitCosts, reserved bool, w *localWait) error {
 	o := loc.config.observer
 	for turn := false; ; {
 		horizon := horizonOf(ctx, &loc.config, loc.limits, costs)
@@ -230,7 +251,8 @@ func (loc *Local) wait(ctx context.Context, key string, costs *store.LimitCosts,
 		own := waitBudget(ctx, loc.config.maxWait, now)
 		w.start = now
 		var note rateNote
-		delay, ok := loc.reserve(key, costs, now, now, classBudget(own, horizon), &w.res, &note)
+		key, delay, ok := loc.reserveOn(at, costs, now, classBudget(own, horizon), &w.res, &note)
+		w.key = key
 		if note.recovered {
 			reportRate(ctx, loc.config.observer, "local", key, steer.Full, 0)
 		}
@@ -281,6 +303,29 @@ func (loc *Local) deferred(ctx context.Context, asked Event, costs *store.LimitC
 		return refuse(ctx, loc.config.observer, asked, retry+horizon, own)
 	}
 	return deferred(ctx, loc.config.observer, asked, retry)
+}
+
+// reserveOn books costs, as reserve does from now, on at: its key, or,
+// for a pool, the first of its keys, asked from its first on, that can go
+// at once, else the one that can go soonest (the earlier asked on a tie;
+// see lua/pick.lua). It returns the key it booked, or would have.
+func (loc *Local) reserveOn(at target, costs *store.LimitCosts, now time.Time, budget time.Duration, b *localBooking, note *rateNote) (string, time.Duration, bool) {
+	if at.pool == nil {
+		delay, ok := loc.reserve(at.key, costs, now, now, budget, b, note)
+		return at.key, delay, ok
+	}
+	best, soonest := "", time.Duration(math.MaxInt64)
+	for j := range at.pool {
+		key := at.pool[(at.first+j)%len(at.pool)]
+		// Within no budget, only a grant at once books anything.
+		if delay, ok := loc.reserve(key, costs, now, now, -1, b, nil); ok {
+			return key, delay, true
+		} else if delay < soonest {
+			best, soonest = key, delay
+		}
+	}
+	delay, ok := loc.reserve(best, costs, now, now, budget, b, note)
+	return best, delay, ok
 }
 
 // reserve books costs for key at notBefore or later (and after any hold,

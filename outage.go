@@ -90,6 +90,7 @@ func (r *Redis) decide(ctx context.Context, q request, now time.Time) (ticket, e
 		if first, err = r.decideLocally(ctx, q, local, now, budget); err != nil {
 			return ticket{}, err
 		}
+		q.Key, q.Pool = first.key, nil // Redis books the key the share chose
 	}
 	t, err := r.decideShared(ctx, q, now, budget, route, first)
 	if first.local != nil && (err != nil || t.local != first.local) {
@@ -103,6 +104,9 @@ func (r *Redis) decide(ctx context.Context, q request, now time.Time) (ticket, e
 func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budget time.Duration, route outage.Route, first ticket) (ticket, error) {
 	q.Probe = route == outage.ViaProbe
 	b, err := r.store.Reserve(ctx, q.Request, budget, first.delay)
+	if err == nil {
+		q.Key = q.BookedKey(b)
+	}
 	away, local, err := r.outcome(ctx, redisCall{key: q.Key, cost: q.Costs[0], route: route, began: now, failures: q.failures}, err)
 	if away {
 		return r.decideWithout(ctx, q, local, err, budget)
@@ -139,7 +143,7 @@ func (r *Redis) pass(ctx context.Context, q request, start time.Time, b store.Bo
 		first.limiter, first.delay, first.booking, first.listening = "redis", b.Delay, b, b.Listening
 		return first, nil
 	}
-	t := ticket{limiter: "redis", booking: b, local: gate, localWait: localWait{delay: b.Delay, start: start, listening: b.Listening}}
+	t := ticket{limiter: "redis", booking: b, local: gate, localWait: localWait{key: q.Key, delay: b.Delay, start: start, listening: b.Listening}}
 	if gate == nil {
 		return t, nil
 	}
@@ -159,7 +163,7 @@ func (r *Redis) pass(ctx context.Context, q request, start time.Time, b store.Bo
 func (r *Redis) forget(ctx context.Context, q store.Request) {
 	b, err := r.store.Reserve(ctx, q, -time.Microsecond, 0) // within no budget: it finds the booking, or books nothing
 	if err == nil && b.Granted {
-		r.store.Refund(ctx, q.Key, b)
+		r.store.Refund(ctx, q.BookedKey(b), b)
 	}
 }
 
@@ -173,7 +177,7 @@ func (r *Redis) decideWithout(ctx context.Context, q request, local *Local, caus
 	now := r.now()
 	switch r.config.policy {
 	case FailOpen:
-		return ticket{limiter: "open", cause: cause, localWait: localWait{start: now}}, nil
+		return ticket{limiter: "open", cause: cause, localWait: localWait{key: q.Key, start: now}}, nil
 	case FailClosed:
 		return ticket{}, r.unavailable(ctx, q.Key, q.Costs[0], cause)
 	}
@@ -226,7 +230,8 @@ func (e *unavailableError) Unwrap() []error {
 // decideLocally books the wait on local, the outage's local limiter.
 func (r *Redis) decideLocally(ctx context.Context, q request, local *Local, now time.Time, budget time.Duration) (ticket, error) {
 	t := ticket{limiter: "local", local: local, localWait: localWait{start: now}}
-	delay, ok := local.reserve(q.Key, &q.Costs, now, now, budget, &t.res, nil)
+	key, delay, ok := local.reserveOn(target{key: q.Key, pool: q.Pool, first: q.First}, &q.Costs, now, budget, &t.res, nil)
+	q.Key, t.key = key, key
 	if !ok {
 		return ticket{}, r.refuse(ctx, q, "local", delay, budget)
 	}

@@ -30,10 +30,13 @@ type pacer interface {
 	// waitGrant waits as Wait does, and returns what it booked, by which
 	// the response steers the key.
 	waitGrant(ctx context.Context, key string, cost int) (grant, error)
-	// admit takes a slot of key's cap in flight, when the quota has one,
-	// and waits for cost under its rate limits, as Acquire does, and
-	// returns the slot (nil without a cap) and what the wait booked.
-	admit(ctx context.Context, key string, cost int) (*Slot, grant, error)
+	// admit takes a slot of at's key's cap in flight, when the quota has
+	// one, and waits for cost under its rate limits, as Acquire does, and
+	// returns the slot (nil without a cap) and what the wait booked: on
+	// a pool, the key that can go soonest (see target).
+	admit(ctx context.Context, at target, cost int) (*Slot, grant, error)
+	// reserveFor reserves as Reserve does, on at (see target).
+	reserveFor(ctx context.Context, at target, estimate Costs) (*Reservation, error)
 	// heedResponse applies what resp, the response to the request granted
 	// as g, which arrived at arrival, says of key, as far as h allows: its
 	// holds (headers.ParseHold), its counters (headers.ParseReadings), a refusal without a

@@ -247,7 +247,7 @@ func holdingSlot(ctx context.Context, key string) context.Context {
 // slot goes back. Without a cap, the slot is one whose Release does
 // nothing.
 func acquire(ctx context.Context, l pacer, key string, cost int) (*Slot, error) {
-	slot, _, err := l.admit(ctx, key, cost)
+	slot, _, err := l.admit(ctx, target{key: key}, cost)
 	if err == nil && slot == nil {
 		slot = &Slot{key: key}
 	}

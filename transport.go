@@ -102,6 +102,11 @@ type Transport struct {
 	// Rules, if set, decide each request's limiter, key and cost, and
 	// Limiter, Key and Cost are not used.
 	Rules *Rules
+
+	// Pool, if set, sends each request with one of its credentials: the
+	// one that can go soonest, each under a key of its own on the
+	// request's limiter, which must be Local or Redis (see Pool).
+	Pool *Pool
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -121,7 +126,7 @@ var _ http.RoundTripper = (*Transport)(nil)
 // the request holds a slot from before its rate wait until its response
 // body reaches EOF or is closed, or Base fails.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if t.Limiter == nil && t.Rules == nil {
+	if t.Limiter == nil && t.Rules == nil && t.Pool == nil {
 		return t.base().RoundTrip(req)
 	}
 	p, err := t.wait(req)
@@ -130,6 +135,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			req.Body.Close()
 		}
 		return nil, err
+	}
+	if t.Pool != nil {
+		req = t.Pool.apply(req, t.Pool.credential(p.at, p.key))
 	}
 	handed := false // the slot to the response's body
 	defer func() {
@@ -158,6 +166,7 @@ type paced struct {
 	limiter Limiter
 	pacer   pacer // limiter, when it is pace's own
 	key     string
+	at      target // what the wait booked on: key, or a Pool's keys (key is then the one booked)
 	res     *Reservation
 	settle  Settler
 	grant   grant
@@ -171,10 +180,15 @@ func (t *Transport) wait(req *http.Request) (paced, error) {
 	if req.URL == nil {
 		return paced{}, errors.New("pace: request has no URL")
 	}
+	if t.Pool != nil {
+		if err := t.Pool.checked(); err != nil {
+			return paced{}, err
+		}
+	}
 	if t.Rules != nil {
 		rule, key, cost, err := t.Rules.decide(req)
 		if err != nil || rule.Unlimited {
-			return paced{key: key}, err
+			return paced{key: key, at: t.target(key, req)}, err
 		}
 		scope := t.scope()
 		scope.refusals = scope.refusals && !rule.IgnoreRefusals
@@ -183,6 +197,8 @@ func (t *Transport) wait(req *http.Request) (paced, error) {
 	switch {
 	case t.Settle != nil && t.Estimate == nil:
 		return paced{}, errors.New("pace: Transport.Settle without an Estimate: nothing would be reserved to settle")
+	case t.Limiter == nil:
+		return paced{}, errors.New("pace: Transport.Pool without a Limiter: a Pool's credentials are chosen by what their keys can take")
 	case isNil(t.Limiter):
 		return paced{}, fmt.Errorf("pace: Transport.Limiter is a nil %T (did the constructor that made it fail?)", t.Limiter)
 	}
@@ -195,6 +211,15 @@ func (t *Transport) wait(req *http.Request) (paced, error) {
 		cost = t.Cost(req)
 	}
 	return t.waitFor(req, paced{limiter: t.Limiter, key: keyOf(req), settle: t.Settle, scope: t.scope()}, cost, t.Estimate)
+}
+
+// target is the target of req's wait, whose key is key: key, or the
+// keys of t's Pool.
+func (t *Transport) target(key string, req *http.Request) target {
+	if t.Pool == nil {
+		return target{key: key}
+	}
+	return t.Pool.target(key, req)
 }
 
 // scope is what the responses to t's requests may steer.
@@ -212,20 +237,30 @@ func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(
 		ctx = WithClass(ctx, p.class)
 	}
 	var ours bool
+	p.at = t.target(p.key, req)
 	if p.pacer, ours = p.limiter.(pacer); !ours {
-		if estimate != nil {
+		switch {
+		case estimate != nil:
 			return p, fmt.Errorf("pace: key %s: an Estimate needs a limiter that reserves, Local or Redis, not a %T", store.QuoteKey(p.key), p.limiter)
+		case t.Pool != nil:
+			return p, fmt.Errorf("pace: key %s: a Pool needs a limiter that chooses, Local or Redis, not a %T", store.QuoteKey(p.key), p.limiter)
 		}
 		return p, p.limiter.Wait(ctx, p.key, cost)
 	}
 	if estimate == nil {
 		var err error
-		p.slot, p.grant, err = p.pacer.admit(ctx, p.key, cost)
+		p.slot, p.grant, err = p.pacer.admit(ctx, p.at, cost)
+		if p.at.pool != nil {
+			p.key = p.grant.t.key
+		}
 		return p, err
 	}
-	slot, err := p.pacer.TakeSlot(ctx, p.key)
-	if err != nil {
-		return p, err
+	var slot *Slot
+	var err error
+	if p.at.pool == nil { // a pool's cap is refused by its reservation
+		if slot, err = p.pacer.TakeSlot(ctx, p.key); err != nil {
+			return p, err
+		}
 	}
 	p.slot, ctx = slot, WithSlot(ctx, slot)
 	waited := false
@@ -234,8 +269,8 @@ func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(
 			p.slot.Release() // the reservation failed, or Estimate panicked
 		}
 	}()
-	if p.res, err = p.pacer.Reserve(ctx, p.key, estimate(req)); err == nil {
-		p.grant = p.res.granted()
+	if p.res, err = p.pacer.reserveFor(ctx, p.at, estimate(req)); err == nil {
+		p.grant, p.key = p.res.granted(), p.res.key
 	}
 	waited = err == nil
 	return p, err

@@ -30,8 +30,9 @@ type route struct {
 	key      string                 // the key of the requests its own limit paces, without KeyHeader
 	upstream *url.URL
 	proxy    *httputil.ReverseProxy
-	apiKey   string  // what replaces the client's credentials, or ""
-	buffer   *buffer // the server's budget of bytes held for estimates
+	apiKey   string     // what replaces the client's credentials, or ""
+	pool     *pace.Pool // the credentials one of which replaces them, or nil
+	buffer   *buffer    // the server's budget of bytes held for estimates
 	stopping context.Context
 	closed   sync.Once
 }
@@ -53,6 +54,7 @@ func newRoute(c routeConfig, st store, base http.RoundTripper, stopping context.
 	if c.APIKeyEnv != "" {
 		rt.apiKey = apiKeyValue(c.APIKeyHeader, os.Getenv(c.APIKeyEnv))
 	}
+	rt.pool = c.pool()
 	transport, err := rt.transport(st, base)
 	if err != nil {
 		rt.close()
@@ -100,6 +102,7 @@ func (rt *route) transport(st store, base http.RoundTripper) (*pace.Transport, e
 		Rules:          all,
 		IgnoreCounters: c.IgnoreCounters,
 		IgnoreRefusals: c.IgnoreRefusals,
+		Pool:           rt.pool,
 	}, nil
 }
 
@@ -179,7 +182,8 @@ func routeQuota(c routeConfig) (pace.Quota, error) {
 
 // rewrite builds the upstream's request: the route's path prefix cut off,
 // the upstream's URL joined on, pace's own headers dropped and, with an
-// API key of the route's, the client's credentials replaced.
+// API key of the route's, the client's credentials replaced (with a pool,
+// its Transport puts the one chosen on after its wait).
 func (rt *route) rewrite(pr *httputil.ProxyRequest) {
 	prefix := strings.TrimSuffix(rt.config.Path, "/")
 	pr.Out.URL.Path = strings.TrimPrefix(pr.Out.URL.Path, prefix)
@@ -192,10 +196,12 @@ func (rt *route) rewrite(pr *httputil.ProxyRequest) {
 			pr.Out.Header.Del(name)
 		}
 	}
-	if rt.apiKey != "" {
+	if rt.apiKey != "" || rt.pool != nil {
 		for _, name := range []string{"Authorization", "X-Api-Key", rt.config.APIKeyHeader} {
 			pr.Out.Header.Del(name)
 		}
+	}
+	if rt.apiKey != "" {
 		pr.Out.Header.Set(rt.config.APIKeyHeader, rt.apiKey)
 	}
 }

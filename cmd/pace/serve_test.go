@@ -51,6 +51,9 @@ func startServe(t testing.TB, config string) (*server, string) {
 
 func TestServeConfigErrors(t *testing.T) {
 	t.Setenv("PACE_TEST_EMPTY", "")
+	t.Setenv("PACE_TEST_KEY", "sk-test")
+	t.Setenv("PACE_TEST_KEY2", "sk-test-2")
+	t.Setenv("PACE:KEY", "sk-test-3")
 	route := func(extra string) string {
 		return "routes:\n  - name: api\n    upstream: http://127.0.0.1:1/v1\n" + extra
 	}
@@ -72,6 +75,14 @@ func TestServeConfigErrors(t *testing.T) {
 		"unknown costs":          {route("    limits: {tokens: 1/s}\n    costs: gemini\n"), `costs "gemini": want anthropic, openai or nothing`},
 		"bad class header":       {route("    limit: 1/s\n    class_header: 'X Class'\n"), `class_header "X Class": not a header name`},
 		"unset api key":          {route("    limit: 1/s\n    api_key_env: PACE_TEST_EMPTY\n"), `api_key_env "PACE_TEST_EMPTY": that variable is empty or unset`},
+		"pool beside a key":      {route("    limit: 1/s\n    api_key_env: PACE_TEST_KEY\n    api_keys_env: [PACE_TEST_KEY2]\n"), `api_keys_env with api_key_env "PACE_TEST_KEY"`},
+		"empty pool":             {route("    limit: 1/s\n    api_keys_env: []\n"), "api_keys_env: want one variable at least"},
+		"pool key unset":         {route("    limit: 1/s\n    api_keys_env: [PACE_TEST_KEY, PACE_TEST_EMPTY]\n"), `api_keys_env "PACE_TEST_EMPTY": that variable is empty or unset`},
+		"pool key twice":         {route("    limit: 1/s\n    api_keys_env: [PACE_TEST_KEY, PACE_TEST_KEY2, PACE_TEST_KEY]\n"), `api_keys_env: pace: Pool.Credentials[2]: name "PACE_TEST_KEY" is taken`},
+		"pool key name":          {route("    limit: 1/s\n    api_keys_env: ['PACE:KEY']\n"), `api_keys_env: pace: Pool.Credentials[0]: name "PACE:KEY"`},
+		"pool under a cap":       {route("    limit: 1/s\n    in_flight: 2\n    api_keys_env: [PACE_TEST_KEY]\n"), "api_keys_env with in_flight 2"},
+		"affinity without pool":  {route("    limit: 1/s\n    affinity_header: X-Session\n"), `affinity_header "X-Session": without api_keys_env`},
+		"bad affinity header":    {route("    limit: 1/s\n    api_keys_env: [PACE_TEST_KEY]\n    affinity_header: 'X Session'\n"), `affinity_header "X Session": not a header name`},
 		"negative cap":           {route("    limit: 1/s\n    in_flight: -1\n"), "in_flight -1"},
 		"short lease":            {route("    limit: 1/s\n    lease: 1ms\n"), "lease 1ms: want 30ms to 1h"},
 		"bad listen":             {"listen: nope\n" + route("    limit: 1/s\n"), `listen "nope": want HOST:PORT`},

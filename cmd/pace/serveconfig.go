@@ -74,6 +74,13 @@ type routeConfig struct {
 	// bearer token).
 	APIKeyEnv    string `yaml:"api_key_env"`
 	APIKeyHeader string `yaml:"api_key_header"`
+	// APIKeysEnv, instead of APIKeyEnv, names several: a pool of
+	// credentials (pace.Pool), each with the route's quota of its own;
+	// each request goes with the one that can go soonest.
+	APIKeysEnv []string `yaml:"api_keys_env"`
+	// AffinityHeader, with APIKeysEnv, keeps the requests that carry one
+	// value of that header on one credential while it can go at once.
+	AffinityHeader string `yaml:"affinity_header"`
 	// IgnoreCounters and IgnoreRefusals are Transport's.
 	IgnoreCounters bool `yaml:"ignore_counters"`
 	IgnoreRefusals bool `yaml:"ignore_refusals"`
@@ -282,7 +289,7 @@ func (r *routeConfig) check() []error {
 	if _, known := costDialects[r.Costs]; r.Costs != "" && !known {
 		add("costs %q: want %s or nothing", r.Costs, strings.Join(slices.Sorted(maps.Keys(costDialects)), ", "))
 	}
-	for field, header := range map[string]string{"class_header": r.ClassHeader, "api_key_header": r.APIKeyHeader, "key_header": r.KeyHeader} {
+	for field, header := range map[string]string{"class_header": r.ClassHeader, "api_key_header": r.APIKeyHeader, "key_header": r.KeyHeader, "affinity_header": r.AffinityHeader} {
 		if header != "" && !httptoken.Valid(header) {
 			add("%s %q: not a header name", field, header)
 		}
@@ -295,12 +302,56 @@ func (r *routeConfig) check() []error {
 	if r.APIKeyEnv != "" && os.Getenv(r.APIKeyEnv) == "" {
 		add("api_key_env %q: that variable is empty or unset", r.APIKeyEnv)
 	}
+	for _, mistake := range r.checkPool() {
+		add("%s", mistake)
+	}
 	if (r.Limit == "") != (len(r.Limits) == 0) {
 		if _, err := routeQuota(*r); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return append(errs, r.checkRules()...)
+}
+
+// checkPool returns what is wrong with r's pool of credentials
+// (api_keys_env), each naming its field.
+func (r *routeConfig) checkPool() []string {
+	var mistakes []string
+	switch {
+	case r.APIKeysEnv == nil:
+		if r.AffinityHeader != "" {
+			mistakes = append(mistakes, fmt.Sprintf("affinity_header %q: without api_keys_env, no credential to keep requests on", r.AffinityHeader))
+		}
+		return mistakes
+	case r.APIKeyEnv != "":
+		mistakes = append(mistakes, fmt.Sprintf("api_keys_env with api_key_env %q: name one key, or a pool", r.APIKeyEnv))
+	case len(r.APIKeysEnv) == 0:
+		mistakes = append(mistakes, "api_keys_env: want one variable at least")
+	case r.InFlight > 0:
+		mistakes = append(mistakes, fmt.Sprintf("api_keys_env with in_flight %d: a pool's credentials cannot share a cap in flight", r.InFlight))
+	}
+	for _, name := range r.APIKeysEnv {
+		if os.Getenv(name) == "" {
+			mistakes = append(mistakes, fmt.Sprintf("api_keys_env %q: that variable is empty or unset", name))
+		}
+	}
+	if err := r.pool().Check(); len(mistakes) == 0 && err != nil {
+		mistakes = append(mistakes, "api_keys_env: "+err.Error())
+	}
+	return mistakes
+}
+
+// pool is the pool of credentials r names (api_keys_env), each named as
+// its variable: nil for none.
+func (r *routeConfig) pool() *pace.Pool {
+	if r.APIKeysEnv == nil {
+		return nil
+	}
+	pool := &pace.Pool{Header: r.APIKeyHeader, Affinity: r.AffinityHeader}
+	for _, name := range r.APIKeysEnv {
+		pool.Credentials = append(pool.Credentials, pace.Credential{Name: name, Secret: os.Getenv(name)})
+	}
+	return pool
 }
 
 // checkRules returns what is wrong with r's rules: a limit ParseLimit

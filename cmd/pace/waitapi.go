@@ -35,12 +35,18 @@ type waitRequest struct {
 	// TimeoutMS bounds the wait, in milliseconds, below the route's
 	// max_wait; 0 means the route's max_wait.
 	TimeoutMS int64 `json:"timeout_ms"`
+	// Credential asks, on a route with a pool of credentials
+	// (api_keys_env), which one the wait was granted on: the reply names
+	// its variable, never its value. A wait on such a route is booked on
+	// one of them either way.
+	Credential bool `json:"credential"`
 }
 
 // A waitReply is the wait endpoint's answer to a granted wait.
 type waitReply struct {
-	Key      string `json:"key"`
-	WaitedMS int64  `json:"waited_ms"`
+	Key        string `json:"key"`
+	WaitedMS   int64  `json:"waited_ms"`
+	Credential string `json:"credential,omitempty"` // when asked: the name of the credential granted
 }
 
 // maxWaitBody bounds a wait request's body.
@@ -86,6 +92,10 @@ func (rt *route) serveWait(w http.ResponseWriter, r *http.Request, req waitReque
 		writeError(w, http.StatusBadRequest, fmt.Errorf("timeout_ms %d: want 0 (the route's max_wait) or more", req.TimeoutMS), 0)
 		return
 	}
+	if req.Credential && rt.pool == nil {
+		writeError(w, http.StatusBadRequest, fmt.Errorf("credential: route %q has no pool of credentials (api_keys_env)", rt.config.Name), 0)
+		return
+	}
 	limiter, err := rt.limiterOf(req.Key)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err, 0)
@@ -100,12 +110,16 @@ func (rt *route) serveWait(w http.ResponseWriter, r *http.Request, req waitReque
 		defer cancelTimeout()
 	}
 	start := time.Now()
-	err = rt.wait(ctx, limiter, req.Key, req.Cost)
+	credential, err := rt.wait(ctx, limiter, req.Key, req.Cost)
 	var late *pace.DeadlineError
 	switch {
 	case err == nil:
+		reply := waitReply{Key: req.Key, WaitedMS: time.Since(start).Milliseconds()}
+		if req.Credential {
+			reply.Credential = credential
+		}
 		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(waitReply{Key: req.Key, WaitedMS: time.Since(start).Milliseconds()})
+		json.NewEncoder(w).Encode(reply)
 	case errors.As(err, &late):
 		writeError(w, http.StatusTooManyRequests, err, late.Delay)
 	case errors.Is(context.Cause(ctx), errShuttingDown):
@@ -132,16 +146,22 @@ func (rt *route) limiterOf(key string) (*pace.Redis, error) {
 	return nil, fmt.Errorf("key %q: not route %q's: want a key that begins with %q, or a limiting rule's name and a bar", truncate(key), rt.config.Name, rt.config.Name+"|")
 }
 
-// wait waits for cost on key under limiter, the route's own or a rule's;
-// under the route's cap in flight, the work takes a slot for the wait
-// alone, since pace cannot see when it ends.
-func (rt *route) wait(ctx context.Context, limiter *pace.Redis, key string, cost int) error {
-	if rt.config.InFlight == 0 || limiter != rt.limiter {
-		return limiter.Wait(ctx, key, cost)
+// wait waits for cost on key under limiter, the route's own or a rule's,
+// and returns the name of the credential of the route's pool it was
+// granted on ("" without a pool); under the route's cap in flight, the
+// work takes a slot for the wait alone, since pace cannot see when it
+// ends.
+func (rt *route) wait(ctx context.Context, limiter *pace.Redis, key string, cost int) (string, error) {
+	switch {
+	case rt.pool != nil:
+		c, err := rt.pool.Wait(ctx, limiter, key, cost)
+		return c.Name, err
+	case rt.config.InFlight == 0 || limiter != rt.limiter:
+		return "", limiter.Wait(ctx, key, cost)
 	}
 	slot, err := rt.limiter.Acquire(ctx, key, cost)
 	if err != nil {
-		return err
+		return "", err
 	}
-	return slot.Release()
+	return "", slot.Release()
 }

@@ -15,7 +15,9 @@ import (
 // estimates, whether it is the failover's probe, whose call may answer
 // late (see Caller.RunLong), the number of its booking's call (see
 // Reserve; 0 for a new one), and the slot it takes with its booking, if
-// any.
+// any. A request of a pool names its keys instead of Key (see
+// lua/pick.lua): it is booked on the one that can go soonest, asked from
+// Pool[First] on.
 type Request struct {
 	Key       string
 	Costs     LimitCosts
@@ -24,6 +26,8 @@ type Request struct {
 	Probe     bool
 	Call      uint64
 	Take      SlotTake
+	Pool      []string
+	First     int
 }
 
 // SlotTake is the slot of a cap of requests in flight that a booking
@@ -47,6 +51,7 @@ type Booking struct {
 	Costs     LimitCosts
 	Estimated LimitSet // the limits whose costs are a reservation's estimates
 	SlotBusy  bool     // the request's Take found no slot free, and nothing was booked
+	Pick      int      // the key of the request's Pool booked, or that would have been, by its index
 }
 
 // Due is when the request goes, by Redis's clock, in microseconds.
@@ -58,56 +63,114 @@ func (b Booking) Due() int64 { return b.Now + b.Delay.Microseconds() }
 // answer was lost, asked again under its number, gets what it booked (see
 // lua/record.lua), and books nothing twice.
 func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.Duration) (Booking, error) {
-	key, costs := q.Key, q.Costs
-	b := Booking{Costs: costs, Estimated: q.Estimated}
+	b := Booking{Costs: q.Costs, Estimated: q.Estimated}
 	n := len(s.limits)
 	call := q.Call
 	if call == 0 {
 		call = s.NewCall()
 	}
-	keys := s.bookingKeys(key)
-	base := keys[0][:len(s.prefix)+len(key)+len("{}")]
-	record := s.recordKey(base, call)
-	keys, b.ID = append(keys, record), record[len(base)+len(CallSuffix):]
-	var reply [5 + 2*MaxLimits]int64
-	var cmd *redis.Cmd
 	budgetArg := maxDelayArg // a caller without a deadline: boxed once
 	if budget != MaxDelay {
 		budgetArg = budget.Microseconds()
 	}
-	script, args := reserveScript, []any(nil)
+	script, args, at := reserveScript, []any(nil), 4 // at: the budget's place among args
 	if s.oneBucket {
-		args = []any{s.limitArgs[1], s.limitArgs[2], costs[0], budgetArg, notBefore.Microseconds(), int64(q.Estimated)}
-	} else {
-		script, args = quotaScript, append(make([]any, 0, 4+4*n), budgetArg, notBefore.Microseconds(), b.ID)
+		args = []any{s.limitArgs[1], s.limitArgs[2], q.Costs[0], budgetArg, notBefore.Microseconds(), int64(q.Estimated)}
+	}
+	keys, id := s.bookedKeys(q, call)
+	if !s.oneBucket {
+		script, args, at = quotaScript, append(make([]any, 0, 4+4*n), budgetArg, notBefore.Microseconds(), id), 1
 		for i := range n {
-			args = append(args, s.limitArgs[3*i], s.limitArgs[3*i+1], s.limitArgs[3*i+2], costs[i])
+			args = append(args, s.limitArgs[3*i], s.limitArgs[3*i+1], s.limitArgs[3*i+2], q.Costs[i])
 		}
 		args = append(args, int64(q.Estimated))
 	}
-	if q.Take.Cap != nil {
-		script, keys, args = s.withTake(script, keys, args, key, q.Take)
+	switch {
+	case q.Take.Cap != nil:
+		script, keys, args = s.withTake(script, keys, args, q.Key, q.Take)
+	case q.Pool != nil:
+		script, args = s.withPick(script, args, len(q.Pool), q.First, at)
 	}
+	var cmd *redis.Cmd
 	if q.Probe {
 		cmd = s.calls.RunLong(ctx, s.lateTake(ctx, q), script, keys, args...)
 	} else {
 		cmd = s.calls.Run(ctx, script, keys, args...)
 	}
-	err := int64Reply(cmd, reply[:5+2*n])
+	var reply [6 + 2*MaxLimits]int64
+	size := 5 + 2*n
+	if q.Pool != nil {
+		size++
+	}
+	err := int64Reply(cmd, reply[:size])
 	if err == nil && q.Take.Cap != nil && reply[0] == -1 {
 		return Booking{SlotBusy: true, Now: reply[2]}, nil
 	}
-	if err == nil && (reply[0] < 0 || reply[0] > 1 || reply[1] < 0) {
-		err = fmt.Errorf("replied %v, want [granted delay now finish... booked... listening recovered]", append([]int64(nil), reply[:5+2*n]...))
+	if err == nil && (reply[0] < 0 || reply[0] > 1 || reply[1] < 0 || q.Pool != nil && (reply[size-1] < 1 || reply[size-1] > int64(len(q.Pool)))) {
+		err = fmt.Errorf("replied %v, want [granted delay now finish... booked... listening recovered]", append([]int64(nil), reply[:size]...))
 	}
 	if err != nil {
-		return Booking{}, s.fail(key, "reserve", keys, err)
+		return Booking{}, s.fail(q.key(), "reserve", keys, err)
 	}
 	b.Granted, b.Delay, b.Now = reply[0] == 1, Microseconds(reply[1]), reply[2]
 	copy(b.Finishes[:], reply[3:3+n])
 	copy(b.Booked[:], reply[3+n:3+2*n])
 	b.Listening, b.Recovered = reply[3+2*n] == 1, reply[4+2*n] == 1
+	b.ID = id
+	if q.Pool != nil {
+		b.Pick = int(reply[size-1]) - 1
+	}
 	return b, nil
+}
+
+// BookedKey is the key b books for q: q's own, or the key of its pool
+// that b picked.
+func (q Request) BookedKey(b Booking) string {
+	if q.Pool != nil {
+		return q.Pool[b.Pick]
+	}
+	return q.Key
+}
+
+// key is the key q names: a pool's first, for a request of a pool.
+func (q Request) key() string {
+	if q.Pool != nil {
+		return q.Pool[0]
+	}
+	return q.Key
+}
+
+// bookedKeys returns the keys of q's booking (see bookingKeys) and its
+// call's record, for each key of its pool in turn, and the booking's id.
+func (s *Store) bookedKeys(q Request, call uint64) (keys []string, id string) {
+	if q.Pool == nil {
+		return s.recorded(s.bookingKeys(q.Key), q.Key, call)
+	}
+	for _, key := range q.Pool {
+		var own []string
+		own, id = s.recorded(s.bookingKeys(key), key, call)
+		keys = append(keys, own...)
+	}
+	return keys, id
+}
+
+// recorded returns keys, key's booking keys, with the record of call
+// after them, and the booking's id.
+func (s *Store) recorded(keys []string, key string, call uint64) ([]string, string) {
+	base := keys[0][:len(s.prefix)+len(key)+len("{}")]
+	record := s.recordKey(base, call)
+	return append(keys, record), record[len(base)+len(CallSuffix):]
+}
+
+// withPick returns the booking script that books on one of a pool of n
+// keys, from first on (see lua/pick.lua), with its arguments; at is the
+// budget's place among args.
+func (s *Store) withPick(script *redis.Script, args []any, n, first, at int) (*redis.Script, []any) {
+	pick := reservePickScript
+	if script == quotaScript {
+		pick = quotaPickScript
+	}
+	return pick, append([]any{n, first + 1, at}, args...)
 }
 
 // lateTake is what undoes the late answer of a probe's booking that took

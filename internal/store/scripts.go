@@ -41,6 +41,10 @@ var (
 	// The booking scripts that take a slot of a cap with the booking.
 	reserveTakeScript = newTakeScript("reserve")
 	quotaTakeScript   = newTakeScript("quota")
+
+	// The booking scripts that book on one of a pool's keys.
+	reservePickScript = newPickScript("reserve")
+	quotaPickScript   = newPickScript("quota")
 )
 
 // newScript is the script of the parts named (lua/NAME.lua), after the
@@ -57,12 +61,31 @@ func newTakeScript(body string) *redis.Script {
 		"return slot_taken((function()\n" + part(body) + "\nend)())\n")
 }
 
+// newPickScript is the booking script body (reserve or quota), with its
+// prelude, as a function decide(KEYS, ARGV), which lua/pick.lua, after it,
+// runs for each key of a pool: the prelude's helpers read the keys of the
+// candidate asked.
+func newPickScript(body string) *redis.Script {
+	return redis.NewScript(constants() + "local function decide(KEYS, ARGV)\n" +
+		joined("common", "rate", "record", body) + "\nend\n" + part("pick"))
+}
+
 // scriptText is the text of the parts named, after the constants the
 // scripts share and the common prelude.
 func scriptText(parts ...string) string {
+	return constants() + joined(append([]string{"common"}, parts...)...)
+}
+
+// constants are the lines that set what every script shares: horizon and
+// max_refill.
+func constants() string {
+	return fmt.Sprintf("local horizon = %d\nlocal max_refill = %d\n", Horizon.Microseconds(), MaxRefill.Microseconds())
+}
+
+// joined is the text of the parts named, in turn.
+func joined(names ...string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "local horizon = %d\nlocal max_refill = %d\n", Horizon.Microseconds(), MaxRefill.Microseconds())
-	for _, name := range append([]string{"common"}, parts...) {
+	for _, name := range names {
 		b.WriteString(part(name))
 	}
 	return b.String()

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetpace/pace/internal/quotaapi"
+	"github.com/fleetpace/pace/internal/redistest"
+)
+
+// TestServePool: two replicas of pace serve on one Redis, with a route of
+// three API keys (api_keys_env), each held strictly to 100/s burst 5 by
+// the upstream (429 beyond); four Python processes of two threads send to
+// each replica, none with a key of its own.
+//   - For 6 s: the upstream serves at least 97% of 3 x (5 + 100 t) and
+//     refuses at most 0.5% of the requests.
+//   - For 8 s, key B answering every request from 2 s to 7 s with a 429
+//     and Retry-After: 5: A and C carry at least 95% of 2 x 100/s
+//     meanwhile, and B sees few requests (its first 429 holds it).
+func TestServePool(t *testing.T) {
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Fatal("python3 is not on PATH (make test installs it)")
+	}
+	names := []string{"PACE_TEST_KEY_A", "PACE_TEST_KEY_B", "PACE_TEST_KEY_C"}
+	var tokens []string
+	for _, name := range names {
+		t.Setenv(name, "sk-"+name)
+		tokens = append(tokens, "sk-"+name)
+	}
+	redisServer := redistest.Start(t)
+	run := func(seconds int, fault func(api *quotaapi.Pool, start time.Time)) (*quotaapi.Pool, float64, float64) {
+		api, err := quotaapi.StartPool(quotaapi.Config{Rate: 100, Burst: 5}, tokens...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer api.Close()
+		config := fmt.Sprintf("redis: redis://%s\nroutes:\n  - {name: llm, upstream: '%s', limit: 100/s burst 5, api_keys_env: [%s, %s, %s]}\n",
+			redisServer.Addr, api.URL(), names[0], names[1], names[2])
+		replicas := []*replica{startReplica(t, config), startReplica(t, config)}
+		start, end := loadFromPython(t, python, seconds, replicas, func(start time.Time) {
+			if fault != nil {
+				fault(api, start)
+			}
+		})
+		return api, start, end
+	}
+
+	api, start, end := run(6, nil)
+	from, to := time.UnixMilli(int64(start*1000)), time.UnixMilli(int64(end*1000))
+	ok, refused := api.Served(from, to, tokens...)
+	bound := 3 * (5 + 100*(end-start))
+	t.Logf("%.2f s: %d served (%.1f%% of 3 x (b + r t) = %.0f), %d refused (%.2f%%)", end-start, ok, 100*float64(ok)/bound, bound, refused, 100*float64(refused)/float64(ok+refused))
+	if float64(ok) < 0.97*bound {
+		t.Errorf("%d served, want 97%% of 3 x (b + r t) = %.0f at least", ok, 0.97*bound)
+	}
+	if float64(refused) > 0.005*float64(ok+refused) {
+		t.Errorf("the quotas refused %d of %d requests, want 0.5%% at most", refused, ok+refused)
+	}
+
+	var faultFrom, faultUntil time.Time
+	api, _, _ = run(8, func(api *quotaapi.Pool, start time.Time) {
+		// Python starts in about 0.7 s on this machine: 2 s is after.
+		faultFrom, faultUntil = start.Add(2*time.Second), start.Add(7*time.Second)
+		api.Refuse(tokens[1], faultFrom, faultUntil, "5")
+	})
+	during, _ := api.Served(faultFrom, faultUntil, tokens[0], tokens[2])
+	duringBound := 2 * 100 * faultUntil.Sub(faultFrom).Seconds()
+	t.Logf("B's 429s for 5 s: A and C served %d (%.1f%% of 2 x r t = %.0f); B answered %d with its 429", during, 100*float64(during)/duringBound, duringBound, api.Refusals())
+	if float64(during) < 0.95*duringBound {
+		t.Errorf("while B refused: A and C served %d, want 95%% of 2 x r t = %.0f at least", during, 0.95*duringBound)
+	}
+	if api.Refusals() > 10 {
+		t.Errorf("B answered %d requests with its 429 and Retry-After: 5, want 10 at most: its first holds it for the fleet", api.Refusals())
+	}
+}
+
+// loadFromPython runs four Python processes of two threads (testdata/load.py)
+// against each of replicas for seconds, calls started with the time they
+// start (about), and returns the span the processes report, in Unix seconds.
+func loadFromPython(t *testing.T, python string, seconds int, replicas []*replica, started func(time.Time)) (start, end float64) {
+	type report struct {
+		Counts     map[string]int
+		Start, End float64
+	}
+	reports := make([]report, 4*len(replicas))
+	var wg sync.WaitGroup
+	for i := range reports {
+		wg.Go(func() {
+			out, err := exec.Command(python, "testdata/load.py", fmt.Sprint(seconds), "2", replicas[i%len(replicas)].URL+"/").Output()
+			if err == nil {
+				err = json.Unmarshal(out, &reports[i])
+			}
+			if err != nil {
+				t.Errorf("python process %d: %v: %s", i, err, out)
+			}
+		})
+	}
+	started(time.Now())
+	wg.Wait()
+	start, end = reports[0].Start, reports[0].End
+	for _, r := range reports {
+		start, end = min(start, r.Start), max(end, r.End)
+	}
+	return start, end
+}
+
+// TestServePoolCredentials: on a route of two keys at 1/m burst 1 each,
+// a proxied request goes with one of the route's keys, never the client's;
+// the wait endpoint books on the other, and names its variable only when
+// asked, never its value; a third wait finds both spent; a route without
+// a pool refuses the question.
+func TestServePoolCredentials(t *testing.T) {
+	t.Setenv("PACE_TEST_POOL_A", "sk-secret-a")
+	t.Setenv("PACE_TEST_POOL_B", "sk-secret-b")
+	var mu sync.Mutex
+	var sent []string
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		sent = append(sent, r.Header.Get("Authorization"))
+	}))
+	defer upstream.Close()
+	redisServer := redistest.Start(t)
+	_, base := startServe(t, fmt.Sprintf("redis: redis://%s\nroutes:\n  - {name: pool, path: /pool/, upstream: '%s', limit: 1/m burst 1, api_keys_env: [PACE_TEST_POOL_A, PACE_TEST_POOL_B]}\n  - {name: one, path: /one/, upstream: '%s', limit: 1/m}\n",
+		redisServer.Addr, upstream.URL, upstream.URL))
+	req, _ := http.NewRequest(http.MethodGet, base+"/pool/x", nil)
+	req.Header.Set("Authorization", "Bearer the client's")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	status, reply := postWait(t, base, `{"route": "pool", "credential": true, "timeout_ms": 100}`)
+	_, third := postWait(t, base, `{"route": "pool", "timeout_ms": 100}`)
+	t.Logf("the upstream saw %q; the wait: %d %v; a third: %v", sent, status, reply, third)
+	mu.Lock()
+	first := sent[0]
+	mu.Unlock()
+	want := map[string]string{"Bearer sk-secret-a": "PACE_TEST_POOL_B", "Bearer sk-secret-b": "PACE_TEST_POOL_A"}[first]
+	if want == "" {
+		t.Errorf("the proxied request went with %q, want one of the route's keys", first)
+	}
+	if status != http.StatusOK || reply["credential"] != want {
+		t.Errorf("the wait: %d %v, want 200 and credential %q, the other key's name", status, reply, want)
+	}
+	if retry, _ := third["retry_after_ms"].(float64); retry < 50_000 {
+		t.Errorf("a third wait: %v, want a 429 of about a minute: both keys spent", third)
+	}
+	if status, reply := postWait(t, base, `{"route": "one", "credential": true}`); status != http.StatusBadRequest || !strings.Contains(fmt.Sprint(reply), "no pool of credentials") {
+		t.Errorf("credential asked of a route without a pool: %d %v, want a 400 that says so", status, reply)
+	}
+	for _, text := range append([]string{fmt.Sprint(reply), fmt.Sprint(third)}, sent...) {
+		if strings.Contains(text, "the client's") {
+			t.Errorf("the client's credentials went upstream: %q", text)
+		}
+	}
+	if strings.Contains(fmt.Sprint(reply, third), "sk-secret") {
+		t.Errorf("a secret in the wait's answers: %v %v", reply, third)
+	}
+}

@@ -1,0 +1,192 @@
+package pace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net/http"
+	"sync"
+	"sync/atomic"
+
+	"github.com/fleetpace/pace/internal/store"
+)
+
+// A Pool is the credentials of one upstream (API keys, deployments), each
+// with a quota of its own: a Transport with a Pool sends each request with
+// the credential that can go soonest, chosen for the whole fleet in the
+// same call that books its wait (on Local, in the same lock). A
+// credential the upstream holds (a 429 with Retry-After), slows or spends
+// is passed over for the others until it can go again.
+//
+// Each credential is a key of its own on the Transport's limiter: the
+// request's key in braces, then the credential's name ("{api.openai.com:443}A"),
+// so that a pool's keys share one Redis Cluster slot. Its holds, counters,
+// refusals and events are its own; its secret never leaves the process:
+// Redis, events and errors know the name alone.
+//
+// Use a Pool by pointer; it must not change once in use. A Pool under a
+// quota with a cap in flight (Concurrent) is refused.
+type Pool struct {
+	// Credentials are the pool's, at least one, each named once.
+	Credentials []Credential
+
+	// Header is the request header that carries the chosen credential's
+	// secret, replacing what the caller put there: "Bearer " and the
+	// secret in Authorization (the default), the secret alone in any
+	// other. Apply, if set, is used instead.
+	Header string
+
+	// Apply, if set, puts c on req, a clone of the caller's request made
+	// for it.
+	Apply func(req *http.Request, c Credential)
+
+	// Affinity, if set, names a request header (such as a session or
+	// conversation id) whose value keeps requests on one credential while
+	// that credential can go at once: an upstream's prompt cache, kept per
+	// credential, stays warm. Requests without the header, or with no
+	// Affinity, start from the next credential in turn.
+	Affinity string
+
+	turn     atomic.Uint32 // the credential asked first by the next request without affinity
+	checking sync.Once
+	mistake  error // what check found, once
+}
+
+// Wait waits, as l's Wait does, for cost on the key of whichever of the
+// pool's credentials under key can go soonest, and returns that
+// credential: for work that does not pass through a Transport. l must be
+// Local or Redis.
+func (p *Pool) Wait(ctx context.Context, l Limiter, key string, cost int) (Credential, error) {
+	if err := p.checked(); err != nil {
+		return Credential{}, err
+	}
+	pacer, ok := l.(pacer)
+	if !ok || isNil(l) {
+		return Credential{}, fmt.Errorf("pace: Pool.Wait: key %s: a Pool needs a limiter that chooses, Local or Redis, not a %T", store.QuoteKey(key), l)
+	}
+	at := p.target(key, nil)
+	_, g, err := pacer.admit(ctx, at, cost)
+	if err != nil {
+		return Credential{}, err
+	}
+	return p.credential(at, g.t.key), nil
+}
+
+// A Credential is one of a Pool's: its Name keys its quota and names it
+// in events; its Secret is what the request carries.
+type Credential struct {
+	Name   string // letters, digits, '-', '_' and '.'
+	Secret string
+}
+
+// String returns the credential's name, never its secret.
+func (c Credential) String() string { return c.Name }
+
+// GoString returns the credential's name, never its secret.
+func (c Credential) GoString() string { return fmt.Sprintf("pace.Credential{Name: %q}", c.Name) }
+
+// checked reports what makes p unusable (see Check), checked once.
+func (p *Pool) checked() error {
+	p.checking.Do(func() { p.mistake = p.Check() })
+	return p.mistake
+}
+
+// Check reports what makes p unusable, naming the credential at fault: no
+// credentials, a name used twice or that is not letters, digits, '-', '_'
+// and '.', an empty secret. A Transport finds the same at its first
+// request, and fails each.
+func (p *Pool) Check() error {
+	if len(p.Credentials) == 0 {
+		return errors.New("pace: Pool has no Credentials")
+	}
+	seen := make(map[string]bool, len(p.Credentials))
+	for i, c := range p.Credentials {
+		switch {
+		case !credentialName(c.Name):
+			return fmt.Errorf("pace: Pool.Credentials[%d]: name %q: want letters, digits, '-', '_' or '.', one at least", i, c.Name)
+		case seen[c.Name]:
+			return fmt.Errorf("pace: Pool.Credentials[%d]: name %q is taken by an earlier credential", i, c.Name)
+		case c.Secret == "" && p.Apply == nil:
+			return fmt.Errorf("pace: Pool.Credentials[%d] %q: empty secret", i, c.Name)
+		}
+		seen[c.Name] = true
+	}
+	return nil
+}
+
+// credentialName reports whether name may name a credential: it ends a
+// key, after the braces, and may hold nothing pace's own keys add there.
+func credentialName(name string) bool {
+	for _, c := range []byte(name) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return name != ""
+}
+
+// A target is what a wait books on: key; or, for a pool, whichever of
+// its keys can go soonest, each asked from pool[first] on (key is then
+// pool[first]).
+type target struct {
+	key   string
+	pool  []string
+	first int
+}
+
+// target returns the target of req, whose key is key: each credential's
+// key, asked from the one of req's affinity, or the next in turn.
+func (p *Pool) target(key string, req *http.Request) target {
+	at := target{pool: make([]string, len(p.Credentials))}
+	for i, c := range p.Credentials {
+		at.pool[i] = "{" + key + "}" + c.Name
+	}
+	if value := p.affinity(req); value != "" {
+		h := fnv.New32a()
+		h.Write([]byte(value))
+		at.first = int(h.Sum32() % uint32(len(at.pool)))
+	} else {
+		at.first = int(p.turn.Add(1) % uint32(len(at.pool)))
+	}
+	at.key = at.pool[at.first]
+	return at
+}
+
+// affinity is req's value of the Affinity header, "" for none (or no
+// req).
+func (p *Pool) affinity(req *http.Request) string {
+	if p.Affinity == "" || req == nil {
+		return ""
+	}
+	return req.Header.Get(p.Affinity)
+}
+
+// credential returns the credential of key, one of at's keys.
+func (p *Pool) credential(at target, key string) Credential {
+	for i, k := range at.pool {
+		if k == key {
+			return p.Credentials[i]
+		}
+	}
+	return p.Credentials[at.first]
+}
+
+// apply returns a clone of req that carries c.
+func (p *Pool) apply(req *http.Request, c Credential) *http.Request {
+	req = req.Clone(req.Context())
+	switch header := http.CanonicalHeaderKey(p.Header); {
+	case p.Apply != nil:
+		p.Apply(req, c)
+	case header == "" || header == "Authorization":
+		req.Header.Set("Authorization", "Bearer "+c.Secret)
+	default:
+		req.Header.Set(header, c.Secret)
+	}
+	return req
+}
+
+// errPoolCapped refuses the wait of a pool on a quota with a cap in flight.
+func errPoolCapped(at target) error {
+	return &requestError{fmt.Sprintf("pace: key %s: a Pool's keys cannot share a quota with a cap in flight (Concurrent)", store.QuoteKey(at.key))}
+}

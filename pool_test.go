@@ -1,0 +1,363 @@
+package pace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetpace/pace/internal/store"
+	"github.com/redis/go-redis/v9"
+)
+
+// poolSecret is the secret of the test credential named name.
+func poolSecret(name string) string { return "sk-test-" + name + "-0123456789" }
+
+// testPool is a Pool of the credentials named, with their poolSecret.
+func testPool(names ...string) *Pool {
+	p := &Pool{}
+	for _, name := range names {
+		p.Credentials = append(p.Credentials, Credential{Name: name, Secret: poolSecret(name)})
+	}
+	return p
+}
+
+// credentialOf returns the name of the test credential whose secret req
+// carries in Authorization, or "".
+func credentialOf(req *http.Request) string {
+	name, _ := strings.CutSuffix(strings.TrimPrefix(req.Header.Get("Authorization"), "Bearer sk-test-"), "-0123456789")
+	return name
+}
+
+// TestPoolMistakes: a Pool that cannot work is an error that names what
+// is wrong, at the first request, which reaches no upstream.
+func TestPoolMistakes(t *testing.T) {
+	loc := mustLocal(t, Every(time.Millisecond))
+	capped := mustLocal(t, AllOf{Every(time.Millisecond), Concurrent(2)})
+	for _, c := range []struct {
+		name    string
+		pool    *Pool
+		limiter Limiter
+		want    string
+	}{
+		{"empty", &Pool{}, loc, "Pool has no Credentials"},
+		{"unnamed", &Pool{Credentials: []Credential{{Secret: "s"}}}, loc, `Credentials[0]: name ""`},
+		{"a brace", &Pool{Credentials: []Credential{{Name: "a}b", Secret: "s"}}}, loc, `name "a}b"`},
+		{"a colon", &Pool{Credentials: []Credential{{Name: "a:tokens", Secret: "s"}}}, loc, `name "a:tokens"`},
+		{"twice", testPool("A", "B", "A"), loc, `Credentials[2]: name "A" is taken`},
+		{"no secret", &Pool{Credentials: []Credential{{Name: "A"}}}, loc, `Credentials[0] "A": empty secret`},
+		{"capped", testPool("A", "B"), capped, "cannot share a quota with a cap in flight"},
+		{"no limiter", testPool("A"), nil, "Pool without a Limiter"},
+		{"a user's limiter", testPool("A"), LimiterFunc(func(context.Context, string, int) error { return nil }), "needs a limiter that chooses, Local or Redis"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			reached := false
+			tr := &Transport{Limiter: c.limiter, Pool: c.pool, Base: roundTripFunc(func(*http.Request) (*http.Response, error) {
+				reached = true
+				return nil, errors.New("reached")
+			})}
+			_, err := tr.RoundTrip(httptest.NewRequest(http.MethodGet, "http://api.example.com/", nil))
+			if err == nil || !strings.Contains(err.Error(), c.want) || reached {
+				t.Errorf("err %v (the upstream reached: %v), want one that says %q", err, reached, c.want)
+			}
+		})
+	}
+}
+
+// LimiterFunc is a Limiter of a user's, for tests.
+type LimiterFunc func(ctx context.Context, key string, cost int) error
+
+// Wait calls f.
+func (f LimiterFunc) Wait(ctx context.Context, key string, cost int) error { return f(ctx, key, cost) }
+
+// TestPoolChoosesTheSoonest, on Local and Redis: three credentials at
+// 2/s burst 1 each. Three requests at once go at once, one on each; B's
+// answer holds B for 5 s; the next three go on A and C alone, at their
+// refills, none on B. The credential's secret is in the request the
+// upstream sees, and not in the caller's.
+func TestPoolChoosesTheSoonest(t *testing.T) {
+	for name, l := range map[string]Limiter{
+		"local": mustLocal(t, mustParseLimit(t, "2/s burst 1")),
+		"redis": mustRedis(t, scriptRedis(t), mustParseLimit(t, "2/s burst 1"), WithFleetSize(1), sharedOnly),
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			checkPoolChooses(t, l)
+		})
+	}
+}
+
+// checkPoolChooses is TestPoolChoosesTheSoonest's check, on l.
+func checkPoolChooses(t *testing.T, l Limiter) {
+	var mu sync.Mutex
+	var sent []string
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		name := credentialOf(r)
+		sent = append(sent, name)
+		if name == "B" && !strings.Contains(strings.Join(sent[:len(sent)-1], ","), "B") {
+			w.Header().Set("Retry-After", "5")
+			w.WriteHeader(http.StatusTooManyRequests)
+		}
+	}))
+	defer upstream.Close()
+	client := &http.Client{Transport: &Transport{Limiter: l, Pool: testPool("A", "B", "C")}}
+	get := func(within time.Duration) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), within)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, upstream.URL, nil)
+		req.Header.Set("Authorization", "Bearer the caller's")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if got := req.Header.Get("Authorization"); got != "Bearer the caller's" {
+			t.Errorf("the caller's request was changed: Authorization %q", got)
+		}
+	}
+	start := time.Now()
+	for range 3 {
+		get(200 * time.Millisecond) // at once, or refused
+	}
+	first := time.Since(start)
+	for range 3 {
+		get(5 * time.Second)
+	}
+	took := time.Since(start)
+	t.Logf("sent on %v; the first three in %v, all six in %v", sent, first, took)
+	if fmt.Sprint(slices.Sorted(slices.Values(sent[:3]))) != "[A B C]" {
+		t.Errorf("the first three requests went on %v, want one on each of A, B and C", sent[:3])
+	}
+	for _, name := range sent[3:] {
+		if name != "A" && name != "C" {
+			t.Errorf("after B's hold, a request went on %q, want A or C (B is held for 5 s)", name)
+		}
+	}
+	if took > 2*time.Second {
+		t.Errorf("six requests took %v, want about 1 s: the third after the hold waits for A's or C's second refill, not B's hold", took)
+	}
+}
+
+// TestPoolBooksOnceAskedAgain: a pool's booking whose answer was lost,
+// asked again under its call, finds the key it booked, and books nothing
+// twice.
+func TestPoolBooksOnceAskedAgain(t *testing.T) { checkPoolBooksOnce(t, scriptRedis(t)) }
+
+// checkPoolBooksOnce is TestPoolBooksOnceAskedAgain's check, on c.
+func checkPoolBooksOnce(t *testing.T, c redis.UniversalClient) {
+	ctx := context.Background()
+	r := mustRedis(t, c, mustParseLimit(t, "1/s burst 1"), WithFleetSize(1), sharedOnly)
+	pool := []string{"{api}A", "{api}B"}
+	book := func(call uint64) store.Booking {
+		t.Helper()
+		b, err := r.store.Reserve(ctx, store.Request{Pool: pool, Costs: uniform(1, 1), Call: call}, time.Minute, 0)
+		if err != nil || !b.Granted {
+			t.Fatalf("booking %+v: %v", b, err)
+		}
+		return b
+	}
+	a, b := book(0), book(0)
+	if a.Pick == b.Pick || a.Delay > 0 || b.Delay > 0 {
+		t.Fatalf("two bookings at once went on %d and %d after %v and %v, want one on each at once", a.Pick, b.Pick, a.Delay, b.Delay)
+	}
+	call := r.store.NewCall()
+	late := book(call)
+	again := book(call)
+	if again.Pick != late.Pick || again.Due() != late.Due() || again.ID != late.ID {
+		t.Errorf("asked again: %s due %d, want %s due %d, as first booked", pool[again.Pick], again.Due(), pool[late.Pick], late.Due())
+	}
+	next, last := book(0), book(0)
+	t.Logf("booked on %s, %s, %s (asked again: %s), then %s and %s, due %v and %v after the third",
+		pool[a.Pick], pool[b.Pick], pool[late.Pick], pool[again.Pick], pool[next.Pick], pool[last.Pick],
+		time.Duration(next.Due()-late.Due())*time.Microsecond, time.Duration(last.Due()-late.Due())*time.Microsecond)
+	if next.Pick == late.Pick || next.Due()-late.Due() > 100_000 {
+		t.Errorf("the next booking went on %s, %d us after the third, want the other key at about the same time", pool[next.Pick], next.Due()-late.Due())
+	}
+	if gap := last.Due() - late.Due(); gap > 1_100_000 {
+		t.Errorf("the booking after went %d us after the third on its key, want a second: the third was booked twice", gap)
+	}
+}
+
+// TestPoolKeepsSecretsOut: after requests, holds, refusals and a settled
+// reservation through a Pool on Redis, no secret is in Redis (keys or
+// values), an event or an error, and a Credential prints as its name.
+func TestPoolKeepsSecretsOut(t *testing.T) {
+	c := scriptRedis(t)
+	var log eventLog
+	l := mustRedis(t, c, AllOf{mustParseLimit(t, "100/s burst 2").Named("requests"), mustParseLimit(t, "1000/s burst 100").Named("tokens")}, WithFleetSize(1), sharedOnly, WithObserver(log.observe))
+	answers := []int{http.StatusOK, http.StatusTooManyRequests, http.StatusServiceUnavailable}
+	var n int
+	var mu sync.Mutex
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		n++
+		status := answers[n%len(answers)]
+		mu.Unlock()
+		if status == http.StatusServiceUnavailable {
+			w.Header().Set("Retry-After", "1")
+		}
+		w.WriteHeader(status)
+		io.WriteString(w, `{"usage": {"total_tokens": 7}}`)
+	}))
+	defer upstream.Close()
+	pool := testPool("A", "B", "C")
+	tr := &Transport{Limiter: l, Pool: pool, Estimate: func(*http.Request) Costs { return Costs{"requests": 1, "tokens": 10} },
+		Settle: func(*http.Response, BodyEnds) (Costs, bool) { return Costs{"requests": 1, "tokens": 7}, true }}
+	var errs []string
+	for range 12 {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, upstream.URL, nil)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			errs = append(errs, err.Error())
+		} else {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		cancel()
+	}
+	var seen []string
+	keys, err := c.Keys(context.Background(), "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range keys {
+		seen = append(seen, key, c.Dump(context.Background(), key).Val())
+	}
+	log.mu.Lock()
+	events := len(log.events)
+	for _, e := range log.events {
+		seen = append(seen, fmt.Sprintf("%v %+v", e, e))
+	}
+	log.mu.Unlock()
+	seen = append(seen, errs...)
+	seen = append(seen, fmt.Sprintf("%v %+v %#v %s", pool.Credentials[0], pool.Credentials, pool.Credentials[1], pool.Credentials[2]))
+	t.Logf("%d Redis keys, %d events, %d errors read", len(keys), events, len(errs))
+	for _, text := range seen {
+		for _, c := range pool.Credentials {
+			if strings.Contains(text, c.Secret) || strings.Contains(text, "0123456789") {
+				t.Errorf("credential %s's secret in %q", c.Name, text)
+			}
+		}
+	}
+	if all := strings.Join(keys, " "); !strings.Contains(all, "}A") || !strings.Contains(all, "}B") {
+		t.Errorf("Redis keys %v: want the pool's keys, {key}NAME", keys)
+	}
+}
+
+// TestPoolAffinity, on Local and Redis: six sessions send 20 requests a
+// second each for 2 s through a Pool of three credentials at 100/s burst
+// 5 each, which has room for them all. With Affinity on the session's
+// header, at least 95% of each session's requests go on one credential.
+// (Without, logged beside: each request starts from the next credential in
+// turn, and a session keeps to none.)
+func TestPoolAffinity(t *testing.T) {
+	for name, l := range map[string]Limiter{
+		"local": mustLocal(t, mustParseLimit(t, "100/s burst 5")),
+		"redis": mustRedis(t, scriptRedis(t), mustParseLimit(t, "100/s burst 5"), WithFleetSize(1), sharedOnly),
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			for _, affinity := range []string{"X-Session", ""} {
+				shares := sessionShares(t, l, affinity)
+				t.Logf("affinity %q: the share of each session's requests on its most used credential: %.2f", affinity, shares)
+				for i, share := range shares {
+					if affinity != "" && share < 0.95 {
+						t.Errorf("affinity %q: session %d sent %.0f%% of its requests on its most used credential, want 95%% at least", affinity, i, 100*share)
+					}
+				}
+			}
+		})
+	}
+}
+
+// sessionShares runs six sessions of 20 requests a second for 2 s through a
+// Pool of three credentials on l, with Affinity set to affinity (each
+// request carries its session in X-Session), and returns, for each
+// session, the share of its requests that went on the credential it used
+// most.
+func sessionShares(t *testing.T, l Limiter, affinity string) []float64 {
+	var mu sync.Mutex
+	sent := map[string]map[string]int{} // by session, by credential
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		session := r.Header.Get("X-Session")
+		if sent[session] == nil {
+			sent[session] = map[string]int{}
+		}
+		sent[session][credentialOf(r)]++
+	}))
+	defer upstream.Close()
+	pool := testPool("A", "B", "C")
+	pool.Affinity = affinity
+	client := &http.Client{Transport: &Transport{Limiter: l, Pool: pool, Key: func(*http.Request) string { return "affinity " + affinity }}}
+	defer client.CloseIdleConnections()
+	var wg sync.WaitGroup
+	for i := range 6 {
+		wg.Go(func() {
+			tick := time.NewTicker(50 * time.Millisecond)
+			defer tick.Stop()
+			for range 40 {
+				<-tick.C
+				req, _ := http.NewRequest(http.MethodGet, upstream.URL, nil)
+				req.Header.Set("X-Session", fmt.Sprintf("conversation-%d", i))
+				resp, err := client.Do(req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				resp.Body.Close()
+			}
+		})
+	}
+	wg.Wait()
+	var shares []float64
+	for _, bySession := range sent {
+		most, all := 0, 0
+		for _, n := range bySession {
+			most, all = max(most, n), all+n
+		}
+		shares = append(shares, float64(most)/float64(all))
+	}
+	if len(shares) != 6 {
+		t.Errorf("%d sessions reached the upstream, want 6", len(shares))
+	}
+	return shares
+}
+
+// TestPoolWait: Pool.Wait, for work that does not pass through a
+// Transport, returns the credential that could go soonest: two waits at
+// once get one credential each, a third waits for a refill or is refused
+// within a shorter deadline, which names the wait; a Limiter of a user's
+// is refused.
+func TestPoolWait(t *testing.T) {
+	ctx := context.Background()
+	pool := testPool("A", "B")
+	l := mustLocal(t, mustParseLimit(t, "1/s burst 1"))
+	a, errA := pool.Wait(ctx, l, "crawl", 1)
+	b, errB := pool.Wait(ctx, l, "crawl", 1)
+	if errA != nil || errB != nil || a.Name == b.Name {
+		t.Fatalf("two waits: %v (%v) and %v (%v), want one on each credential", a, errA, b, errB)
+	}
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	var late *DeadlineError
+	if c, err := pool.Wait(short, l, "crawl", 1); !errors.As(err, &late) || !strings.Contains(err.Error(), "{crawl}") {
+		t.Errorf("a third wait within 100 ms: %v, %v; want a *DeadlineError that names the key", c, err)
+	}
+	if _, err := pool.Wait(ctx, LimiterFunc(func(context.Context, string, int) error { return nil }), "crawl", 1); err == nil {
+		t.Error("Pool.Wait on a Limiter of a user's: no error")
+	}
+}
