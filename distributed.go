@@ -56,6 +56,7 @@ type Redis struct {
 	slotWaiters   slotWaiters    // this process's requests in line for a slot
 	fallbackSlots *semaphore     // slots of this process's share of the cap while Redis is away
 	held          heldKeys       // the fleet's holds this process heard of
+	mismatches    mismatches     // when this process last reported each key's disagreement
 	retimes       steer.Retimes  // the fleet's retimes this process heard of
 	syncs         steer.Throttle // when each key may be steered next
 	resubscribed  atomic.Int64   // UnixNano of the hold channel's last subscription after a break; MaxInt64 while broken; 0 before any break

@@ -122,6 +122,11 @@ const (
 	// cost under a limit the quota lacks (Costs are then nil). A
 	// reservation settled again does nothing, and is not reported.
 	EventSettle
+	// EventMismatch: another process paces Key at another limit (a deploy
+	// rolling out a new one), as Reason says: both limits, and the
+	// stricter, which the fleet keeps until all agree. Reported once a
+	// second at most, for a key of one bucket.
+	EventMismatch
 )
 
 var eventKindNames = [...]string{
@@ -131,7 +136,7 @@ var eventKindNames = [...]string{
 	EventReading: "reading", EventStaleReading: "stale-reading", EventLearned: "learned",
 	EventSlot: "slot", EventSlotRelease: "slot-release", EventSlotAbandon: "slot-abandon", EventSlotExpire: "slot-expire",
 	EventClass: "class", EventFail: "fail", EventSettleCapped: "settle-capped", EventRate: "rate", EventIgnored: "ignored",
-	EventRepay: "repay", EventSettle: "settle",
+	EventRepay: "repay", EventSettle: "settle", EventMismatch: "mismatch",
 }
 
 // String returns the kind's name, such as "wait" or "fallback".

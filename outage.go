@@ -121,6 +121,7 @@ func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budg
 	if b.Recovered {
 		reportRate(ctx, r.config.observer, "redis", q.Key, steer.Full, 0)
 	}
+	r.mismatch(ctx, q.Key, b)
 	if !b.Granted {
 		return ticket{}, r.refuse(ctx, q, "redis", b.Delay, budget)
 	}

@@ -51,8 +51,10 @@ func runPoolFleet(t *testing.T, addr, url string, names []string, start time.Tim
 //   - For 7 s, B answering every request from 1 s to 6 s with a 429 and
 //     Retry-After: 5: A and C carry at least 95% of 2 x 100/s meanwhile,
 //     and B sees few requests (its first 429 holds it for the fleet).
+//
+// Its fleet sends 300 requests a second: it runs alone, not beside
+// others (see besideOthers).
 func TestPoolFleet(t *testing.T) {
-	besideOthers(t)
 	c := newTestRedis(t)
 	names := []string{"A", "B", "C"}
 	// Load the pool's script, so that the workers' EVALSHA finds it.

@@ -13,14 +13,15 @@
 --          next in turn. The first that can go at once is taken; else the
 --          soonest, the earlier asked on a tie
 -- ARGV[3]  the position of the budget among the booking's arguments
--- ARGV[4], ...  the booking's arguments
+-- ARGV[4]  the position in the booking's reply of its recovered flag
+-- ARGV[5], ...  the booking's arguments
 --
 -- Returns the chosen candidate's booking reply (see the booking script),
 -- then its number. A candidate whose record holds this call's booking (a
 -- call asked again: see record.lua) is the one chosen, as before.
-local n, first, at = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local n, first, at, rec = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local m = #KEYS / n
-local args = {unpack(ARGV, 4)}
+local args = {unpack(ARGV, 5)}
 local budget = args[at]
 
 -- decide_on runs decide for candidate c with args; a key's foreign data
@@ -46,13 +47,13 @@ for j = 0, n - 1 do
     return reply
   end
   if not soonest or reply[2] < soonest then
-    best, soonest, recovered = c, reply[2], reply[#reply]
+    best, soonest, recovered = c, reply[2], reply[rec]
   end
   if soonest == 0 then break end
 end
 
 args[at] = budget
 local reply = decide_on(best)
-if recovered == 1 then reply[#reply] = 1 end -- the probe dropped its rate
+if recovered == 1 then reply[rec] = 1 end -- the probe dropped its rate
 reply[#reply + 1] = best
 return reply

@@ -10,7 +10,9 @@
 -- KEYS[3]  the key's rate after refusals (see rate.lua), which holds the
 --          request too; dropped once the key is back at its configured rate,
 --          a round after its cut
--- KEYS[4]  the record of the call (see record.lua)
+-- KEYS[4]  the limits the fleet paces the key at (see limits.lua): the
+--          bucket's interval and burst are the strictest standing there
+-- KEYS[5]  the record of the call (see record.lua)
 -- ARGV[1]  interval: microseconds one token adds to the schedule
 -- ARGV[2]  burst: how many tokens the bucket holds
 -- ARGV[3]  cost: how many tokens the caller wants
@@ -21,18 +23,22 @@
 --          common.lua), else 0
 --
 -- Returns {granted (1 or 0), delay, now, finish, booked, listening,
--- recovered}: the wait in microseconds, the TIME the decision used, the TAT
--- the booking leaves (or would have left), for a bucket the upstream's
--- counters steer its count of units booked after the booking (else 0), 1
--- when the key's rate listens for a success (see refused.lua), and 1 when
--- the key's rate was dropped, back at the configured one. All are whole
--- numbers, which Redis replies exactly.
+-- recovered, other interval, other burst}: the wait in microseconds, the
+-- TIME the decision used, the TAT the booking leaves (or would have left),
+-- for a bucket the upstream's counters steer its count of units booked
+-- after the booking (else 0), 1 when the key's rate listens for a success
+-- (see refused.lua), 1 when the key's rate was dropped, back at the
+-- configured one, and the limit another process paces the key at (0 0 when
+-- all agree: see limits.lua). All are whole numbers, which Redis replies
+-- exactly.
 -- The hold, the rate after refusals and the record are seldom there: they
 -- are read only when one is.
-local seldom = any_exists(2, 3, 4)
-local again = seldom and recorded(4)
+local seldom = any_exists(2, 3, 5)
+local again = seldom and recorded(5)
 if again then return again end
 local a, b, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local other_a, other_b
+a, b, other_a, other_b = agree(4, a, b)
 local arrival = now + tonumber(ARGV[5])
 local stored, steer = read_bucket(1)
 local held = seldom and time(2, read(2, 'GET')) or nil
@@ -60,13 +66,13 @@ if steer then -- the upstream's counters steer it: the general way
   local due = math.max(arrival, bucket_allow(stored, steer, a, b, cost, arrival))
   local finish = bucket_finish(stored, steer, a, b, cost, due)
   if due - now > tonumber(ARGV[4]) then
-    return {0, due - now, now, finish, 0, listening, recovered}
+    return {0, due - now, now, finish, 0, listening, recovered, other_a, other_b}
   end
   local booked = count_booked(steer, cost)
   move_ceiling(steer, a, known(tonumber(ARGV[6]), 1, cost), due)
   write_bucket(KEYS[1], finish, steer)
   book(due)
-  return record(4, {1, due - now, now, finish, booked, listening, recovered})
+  return record(5, {1, due - now, now, finish, booked, listening, recovered, other_a, other_b})
 end
 
 local tat = arrival
@@ -76,7 +82,7 @@ local finish = tat + cost * a
 local delay = finish - b * a - now
 if delay < arrival - now then delay = arrival - now end
 if delay > tonumber(ARGV[4]) then
-  return {0, delay, now, finish, 0, listening, recovered}
+  return {0, delay, now, finish, 0, listening, recovered, other_a, other_b}
 end
 
 -- While the TAT stays within one second the expiry stands, and KEEPTTL
@@ -88,4 +94,4 @@ else
   redis.call('SET', KEYS[1], string.format('%d', finish), 'PXAT', full_expiry(finish))
 end
 book(now + delay)
-return record(4, {1, delay, now, finish, 0, listening, recovered})
+return record(5, {1, delay, now, finish, 0, listening, recovered, other_a, other_b})

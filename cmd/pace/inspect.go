@@ -166,6 +166,9 @@ func matches(tag, k string) bool {
 	if tag == k {
 		return true
 	}
+	if inner, _, pooled := strings.Cut(strings.TrimPrefix(tag, "{"), "}"); pooled && strings.HasPrefix(tag, "{") {
+		return matches(inner, k) // a pool's credential of the key
+	}
 	segments := strings.Split(tag, "|")
 	if len(segments) < 2 {
 		return false
@@ -245,6 +248,11 @@ func newPart(prefix, name string) part {
 	if end < 0 {
 		return part{tag: "?", redis: name, kind: "unknown"}
 	}
+	if strings.HasPrefix(rest, "{") { // a pool's credential: {{KEY}NAME}
+		if close := strings.Index(rest[end+1:], "}"); close >= 0 {
+			end += 1 + close
+		}
+	}
 	return part{tag: rest[:end], redis: name, suffix: rest[end+1:]}
 }
 
@@ -277,6 +285,9 @@ func plan(ctx context.Context, pipe redis.Pipeliner, p *part, typ string, known 
 	case strings.HasPrefix(suffix, layout.HoldSuffix):
 		p.kind, want = "hold", "string"
 		finish = readString(ctx, pipe, p, func(text string) string { return "held until " + since(text, now) })
+	case strings.HasPrefix(suffix, layout.LimitsSuffix):
+		p.kind, want = "limits", "string"
+		finish = readString(ctx, pipe, p, func(text string) string { return limitsState(text, now) })
 	case strings.HasPrefix(suffix, layout.RateSuffix):
 		p.kind, want = "rate after refusals", "string"
 		finish = readString(ctx, pipe, p, func(text string) string { return rateState(text, now) })
@@ -345,6 +356,28 @@ func rateState(text string, now time.Time) string {
 		return fmt.Sprintf("opened by a refusal %s: evenly at the configured rate, the refusals weighed", since(cut, now))
 	}
 	return fmt.Sprintf("cut to %.1f%% of the configured rate %s, climbing to %.1f%%, what the upstream was found to accept", bottom/1e4, since(cut, now), edge/1e4)
+}
+
+// limitsState reads the limits the processes of a fleet pace a key of one
+// bucket at: "A B UNTIL OA OB OUNTIL", the strictest standing and another,
+// by interval (microseconds) and burst, each until its time (see pace's
+// lua/limits.lua).
+func limitsState(text string, now time.Time) string {
+	var f [6]int64
+	if _, err := fmt.Sscanf(text, "%d %d %d %d %d %d", &f[0], &f[1], &f[2], &f[3], &f[4], &f[5]); err != nil || f[0] <= 0 || f[3] < 0 {
+		return strconv.Quote(text) + ", not pace's"
+	}
+	state := fmt.Sprintf("the fleet paces it at %s (it lapses %s)", bucketText(f[0], f[1]), since(strconv.FormatInt(f[2], 10), now))
+	if f[3] > 0 {
+		state += fmt.Sprintf("; another process asks %s (it lapses %s): they disagree", bucketText(f[3], f[4]), since(strconv.FormatInt(f[5], 10), now))
+	}
+	return state
+}
+
+// bucketText says what a bucket of interval (microseconds) and burst
+// lets go.
+func bucketText(interval, burst int64) string {
+	return fmt.Sprintf("one every %v, burst %d", time.Duration(interval)*time.Microsecond, burst)
 }
 
 // readSlots plans the read of the slots of a cap in flight, its line or

@@ -42,6 +42,17 @@ func TestInspect(t *testing.T) {
 	if err := ahead.Wait(ctx, "api", 1); err != nil { // the schedule is a minute ahead: the key outlives a slow test
 		t.Fatal(err)
 	}
+	// Two limits on one key, a deploy rolling out: the second's wait goes
+	// at the stricter first's, a minute away, and is refused.
+	if err := ahead.Wait(ctx, "deploy", 1); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	var late *pace.DeadlineError
+	if err := booked.Wait(short, "deploy", 1); !errors.As(err, &late) || late.Delay < 50*time.Second {
+		t.Fatalf("a wait at 1/s after one at 1/m on one key: %v, want a wait of about a minute refused", err)
+	}
 	if err := booked.Hold(ctx, "held", headers.Hold{For: 30 * time.Second, Reason: "test"}); err != nil {
 		t.Fatal(err)
 	}
@@ -85,6 +96,7 @@ func TestInspect(t *testing.T) {
 	for _, want := range []string{
 		"pace:{api}", "bucket", "schedule booked until in ", // a minute ahead when booked
 		"pace:{held}#hold", "held until in 2", // 30 s, less the time since
+		"pace:{deploy}#limits", "the fleet paces it at one every 1m0s, burst 1 (it lapses in ", "another process asks one every 1s, burst 1", "they disagree",
 		"pace:{refused}#rate", "cut to 50.0% of the configured rate", "what the upstream was found to accept",
 		"pace:{search}:5/m sliding", "sliding window", "3 grants kept, the oldest",
 		"pace:{tts}#slots:4 in flight", `slots of "4 in flight"`, "1 held, leases end in 2.9",

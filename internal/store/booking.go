@@ -52,6 +52,10 @@ type Booking struct {
 	Estimated LimitSet // the limits whose costs are a reservation's estimates
 	SlotBusy  bool     // the request's Take found no slot free, and nothing was booked
 	Pick      int      // the key of the request's Pool booked, or that would have been, by its index
+	// Other is the limit another process paces the key at, one bucket's
+	// interval (microseconds) and burst, when they disagree (see
+	// lua/limits.lua): zero when all agree, or for a quota of several.
+	Other struct{ Interval, Burst int64 }
 }
 
 // Due is when the request goes, by Redis's clock, in microseconds.
@@ -89,7 +93,7 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 	case q.Take.Cap != nil:
 		script, keys, args = s.withTake(script, keys, args, q.Key, q.Take)
 	case q.Pool != nil:
-		script, args = s.withPick(script, args, len(q.Pool), q.First, at)
+		script, args = s.withPick(script, args, len(q.Pool), q.First, at, 5+2*n)
 	}
 	var cmd *redis.Cmd
 	if q.Probe {
@@ -97,8 +101,11 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 	} else {
 		cmd = s.calls.Run(ctx, script, keys, args...)
 	}
-	var reply [6 + 2*MaxLimits]int64
+	var reply [8 + 2*MaxLimits]int64
 	size := 5 + 2*n
+	if s.oneBucket {
+		size += 2 // the other limit (see lua/limits.lua)
+	}
 	if q.Pool != nil {
 		size++
 	}
@@ -117,6 +124,9 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 	copy(b.Booked[:], reply[3+n:3+2*n])
 	b.Listening, b.Recovered = reply[3+2*n] == 1, reply[4+2*n] == 1
 	b.ID = id
+	if s.oneBucket {
+		b.Other.Interval, b.Other.Burst = reply[5+2*n], reply[6+2*n]
+	}
 	if q.Pool != nil {
 		b.Pick = int(reply[size-1]) - 1
 	}
@@ -164,13 +174,13 @@ func (s *Store) recorded(keys []string, key string, call uint64) ([]string, stri
 
 // withPick returns the booking script that books on one of a pool of n
 // keys, from first on (see lua/pick.lua), with its arguments; at is the
-// budget's place among args.
-func (s *Store) withPick(script *redis.Script, args []any, n, first, at int) (*redis.Script, []any) {
+// budget's place among args, recovered the place of its flag in the reply.
+func (s *Store) withPick(script *redis.Script, args []any, n, first, at, recovered int) (*redis.Script, []any) {
 	pick := reservePickScript
 	if script == quotaScript {
 		pick = quotaPickScript
 	}
-	return pick, append([]any{n, first + 1, at}, args...)
+	return pick, append([]any{n, first + 1, at, recovered}, args...)
 }
 
 // lateTake is what undoes the late answer of a probe's booking that took

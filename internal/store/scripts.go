@@ -24,7 +24,7 @@ const MaxRefill = 365 * 24 * time.Hour
 const Horizon = MaxDelay + MaxRefill
 
 var (
-	reserveScript = newScript("rate", "record", "reserve")
+	reserveScript = newScript("rate", "record", "limits", "reserve")
 	quotaScript   = newScript("rate", "record", "quota")
 	refusedScript = newScript("rate", "refused")
 	refundScript  = newScript("booking", "refund")
@@ -57,7 +57,7 @@ func newScript(parts ...string) *redis.Script {
 // slot of a cap with its booking: lua/take.lua before it, and the body run
 // as a function whose reply take.lua's slot_taken completes.
 func newTakeScript(body string) *redis.Script {
-	return redis.NewScript(scriptText("rate", "record", "slot", "take") +
+	return redis.NewScript(scriptText("rate", "record", "limits", "slot", "take") +
 		"return slot_taken((function()\n" + part(body) + "\nend)())\n")
 }
 
@@ -67,7 +67,7 @@ func newTakeScript(body string) *redis.Script {
 // candidate asked.
 func newPickScript(body string) *redis.Script {
 	return redis.NewScript(constants() + "local function decide(KEYS, ARGV)\n" +
-		joined("common", "rate", "record", body) + "\nend\n" + part("pick"))
+		joined("common", "rate", "record", "limits", body) + "\nend\n" + part("pick"))
 }
 
 // scriptText is the text of the parts named, after the constants the

@@ -26,7 +26,7 @@ type Store struct {
 	limits     []Limit
 	suffixes   []string // each limit's key is prefix{key} and its suffix
 	gapped     []string // each limit's suffix, then its gaps key's
-	booked     []string // the suffixes of the keys a booking reads: its limits', its hold's, its rate's
+	booked     []string // the suffixes of the keys a booking reads: its limits', its hold's, its rate's, and, for one bucket, the limits the fleet paces it at
 	limitArgs  []any    // each limit's kind, span and count, boxed once
 	oneBucket  bool     // the quota is one bucket: reserve.lua, not quota.lua
 	sliding    bool     // some limit is a sliding window, whose grants need ids
@@ -65,6 +65,9 @@ func New(calls *Caller, prefix, member string, limits []Limit) *Store {
 	}
 	s.booked = append(slices.Clone(s.suffixes), HoldSuffix, RateSuffix)
 	s.oneBucket = len(limits) == 1 && limits[0].Kind == Bucket
+	if s.oneBucket {
+		s.booked = append(s.booked, LimitsSuffix) // see lua/limits.lua
+	}
 	return s
 }
 
@@ -81,6 +84,7 @@ const (
 	HoldSuffix      = "#hold"     // the key's hold
 	SettledSuffix   = "#settled:" // the mark of a reservation settled
 	RateSuffix      = "#rate"     // the key's rate after refusals
+	LimitsSuffix    = "#limits"   // the limits the fleet paces the key at, while its processes disagree
 	CallSuffix      = "#call:"    // the record of a booking's call
 	SlotsSuffix     = "#slots:"   // the holders of a cap's slots
 	LineSuffix      = "#line:"    // its line of waiters

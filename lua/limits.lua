@@ -1,0 +1,58 @@
+-- Follows common.lua in reserve.lua: the limits the processes of a fleet
+-- pace one key at, which disagree while a deploy rolls out a new one, at
+-- KEYS[r]: "A B UNTIL OA OB OUNTIL", the strictest limit booked in the
+-- last 2 s (A its interval, B its burst) and another limit booked then
+-- (OA OB; 0 0 when none), each standing until its UNTIL. The key books
+-- at the strictest standing, whichever process books it, until all agree:
+-- a limit lowered by one process holds for the fleet, and a limit raised
+-- waits for the last process of the old one. A limit stands 2 s after its
+-- last booking, and is written again once less than 1 s is left: a fleet
+-- that agrees writes the key once a second.
+
+local limit_stands = 2000000
+
+-- stricter reports whether a bucket of interval a1 and burst b1 is
+-- stricter than one of a2 and b2: slower, or as fast with a smaller burst.
+local function stricter(a1, b1, a2, b2)
+  return a1 > a2 or (a1 == a2 and b1 < b2)
+end
+
+-- agree notes, at KEYS[r], that this booking paces the key at interval a
+-- and burst b, and returns the interval and burst to book at (the
+-- strictest standing) and the other limit standing (0, 0 when all agree):
+-- for the strictest, another seen; for any other, the strictest.
+local function agree(r, a, b)
+  local f = {0, 0, 0, 0, 0, 0}
+  local v = read(r, 'GET')
+  if v then
+    f = {}
+    for field in string.gmatch(v, '%S+') do f[#f + 1] = number(r, field, 2^53) end
+    if #f ~= 6 then
+      foreign(r, 'holds a value that is not a whole number')
+    end
+  end
+  local sa, sb, su, oa, ob, ou = f[1], f[2], f[3], f[4], f[5], f[6]
+  if su <= now then sa, sb, su = 0, 0, 0 end
+  if ou <= now then oa, ob, ou = 0, 0, 0 end
+  local renew = now + limit_stands
+  local changed = true
+  if su == 0 or stricter(a, b, sa, sb) then
+    if su ~= 0 then oa, ob, ou = sa, sb, su end -- the former strictest stands on beside
+    sa, sb, su = a, b, renew
+  elseif sa == a and sb == b then
+    changed = su - now < limit_stands / 2
+    su = changed and renew or su
+  elseif oa ~= a or ob ~= b or ou - now < limit_stands / 2 then
+    oa, ob, ou = a, b, renew
+  else
+    changed = false
+  end
+  if oa == sa and ob == sb then oa, ob, ou = 0, 0, 0 end
+  if changed then
+    redis.call('SET', KEYS[r], string.format('%d %d %d %d %d %d', sa, sb, su, oa, ob, ou), 'PXAT', ms_expiry(math.max(su, ou)))
+  end
+  if sa == a and sb == b then
+    return sa, sb, oa, ob
+  end
+  return sa, sb, sa, sb
+end

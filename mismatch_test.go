@@ -1,0 +1,86 @@
+package pace
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetpace/pace/internal/redistest"
+)
+
+// TestFleetKeepsTheStricterLimit: two limiters on one Redis (two
+// processes of a rolling deploy) pace one key, one at 100/s burst 5 from
+// the start, the other at 200/s burst 10 from 0.5 s, 8 goroutines each.
+// Both are told of the other's limit within a second (EventMismatch,
+// naming both); the fleet goes at 100/s from then on, at most b + r t of
+// the stricter, and at 95% of it at least; once the stricter stops (at
+// 3 s), the other goes at its own 200/s again within 2 s.
+func TestFleetKeepsTheStricterLimit(t *testing.T) {
+	besideOthers(t)
+	srv := newTestRedis(t)
+	addr := srv.Options().Addr
+	var mu sync.Mutex
+	var grants []time.Time
+	told := map[string]time.Time{} // by limit, when first told
+	limiter := func(text string) *Redis {
+		return mustRedis(t, redistest.ClientOf(t, addr), mustParseLimit(t, text), WithFleetSize(1), sharedOnly, WithObserver(func(_ context.Context, e Event) {
+			if e.Kind != EventMismatch {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if _, ok := told[text]; !ok {
+				told[text] = time.Now()
+				t.Logf("%s told: %s", text, e.Reason)
+				if !strings.Contains(e.Reason, "100/s burst 5") || !strings.Contains(e.Reason, "200/s burst 10") {
+					t.Errorf("EventMismatch %q, want both limits named", e.Reason)
+				}
+			}
+		}))
+	}
+	strict, loose := limiter("100/s burst 5"), limiter("200/s burst 10")
+	start := time.Now()
+	run := func(l *Redis, from, until time.Duration) {
+		time.Sleep(time.Until(start.Add(from)))
+		ctx, cancel := context.WithDeadline(context.Background(), start.Add(until))
+		defer cancel()
+		for ctx.Err() == nil {
+			if l.Wait(ctx, "deploy", 1) == nil {
+				mu.Lock()
+				grants = append(grants, time.Now())
+				mu.Unlock()
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() { run(strict, 0, 3*time.Second) })
+		wg.Go(func() { run(loose, 500*time.Millisecond, 6*time.Second) })
+	}
+	wg.Wait()
+	count := func(from, to time.Duration) int {
+		n := 0
+		for _, g := range grants {
+			if d := g.Sub(start); d >= from && d < to {
+				n++
+			}
+		}
+		return n
+	}
+	both, after := count(time.Second, 3*time.Second), count(5*time.Second, 6*time.Second)
+	t.Logf("both at once, 1 s to 3 s: %d granted; the loose alone, 5 s to 6 s: %d; told after its start: strict %v, loose %v",
+		both, after, told["100/s burst 5"].Sub(start.Add(500*time.Millisecond)), told["200/s burst 10"].Sub(start.Add(500*time.Millisecond)))
+	for _, text := range []string{"100/s burst 5", "200/s burst 10"} {
+		if at, ok := told[text]; !ok || at.Sub(start) > 1500*time.Millisecond {
+			t.Errorf("the %s limiter: told at %v, want within a second of the other's start (0.5 s)", text, at.Sub(start))
+		}
+	}
+	if both > 5+200+1 || both < 190 {
+		t.Errorf("both at once: %d granted in 2 s, want the stricter's 100/s: from 190 to b + r t + 1 = 206", both)
+	}
+	if after < 190 {
+		t.Errorf("the loose limiter alone, a second after the stricter's last standing: %d in 1 s, want its own 200/s (190 at least)", after)
+	}
+}
