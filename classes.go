@@ -97,6 +97,9 @@ func checkHorizons(h map[Class]time.Duration) error {
 // horizonOf is how far ahead a request of the class ctx carries may book,
 // for costs under limits; 0 for no horizon.
 func horizonOf(ctx context.Context, config *commonConfig, limits []Limit, costs *store.LimitCosts) time.Duration {
+	if config.dryRun {
+		return 0 // see WithDryRun
+	}
 	c := classOf(ctx)
 	if d := config.horizons[c]; d > 0 {
 		return d

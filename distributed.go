@@ -118,6 +118,9 @@ func newRedis(q Quota, now func() time.Time, opts ...RedisOption) (*Redis, error
 	if err := r.config.validate(); err != nil {
 		return nil, err
 	}
+	if r.cap, err = keptCap(r.cap, &r.config.commonConfig); err != nil {
+		return nil, err
+	}
 	r.slotCap = store.NewSlotCap(limitName(c.limit), c.limit.burst, r.lease(), r.holdChannel())
 	r.fleet = newFleet(r.config.prefix, r.config.fleetName, r.config.fleetSize)
 	r.id = newLimiterID()
@@ -263,13 +266,20 @@ func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 				continue // its turn has come
 			}
 		}
-		if err != nil {
+		var late *DeadlineError
+		switch {
+		case r.config.dryRun && errors.As(err, &late):
+			return ticket{limiter: "redis", localWait: localWait{key: q.Key}}, nil // refused, as the event says
+		case err != nil:
 			return ticket{}, err
 		}
 		q.Key = t.key // on a pool, the key booked
 		e := r.asked(q, t.limiter)
 		e.Kind, e.Delay, e.Err = EventWait, t.delay, t.cause
 		r.config.observer.emit(ctx, e)
+		if r.config.dryRun {
+			return t, nil
+		}
 		switch err := r.sleep(ctx, q.Key, t); {
 		case errors.Is(err, steer.ErrRetimed):
 			if t.local != nil {
@@ -337,7 +347,9 @@ func (r *Redis) refuse(ctx context.Context, q request, limiter string, delay, bu
 // asked is the event of q, as limiter decides it: what it asked for (see
 // namedLimits.asked).
 func (r *Redis) asked(q request, limiter string) Event {
-	return r.namedLimits.asked(r.config.observer, limiter, q.Key, &q.Costs, q.Settled)
+	e := r.namedLimits.asked(r.config.observer, limiter, q.Key, &q.Costs, q.Settled)
+	e.DryRun = r.config.dryRun
+	return e
 }
 
 // atTurn is q, with twice the horizon of its class when its turn has come

@@ -97,6 +97,9 @@ func NewLocal(q Quota, opts ...Option) (*Local, error) {
 	if err := config.validate(); err != nil {
 		return nil, err
 	}
+	if c, err = keptCap(c, &config); err != nil {
+		return nil, err
+	}
 	loc := newLocal(newNamedLimits(limits), config, time.Now)
 	if loc.cap = c; c.capped {
 		loc.slots = newSemaphore(config.lease, loc.now, config.observer, "local")
@@ -264,13 +267,21 @@ func (loc *Local) wait(ctx context.Context, at target, costs *store.LimitCosts, 
 			continue
 		}
 		if !ok {
-			return refuse(ctx, o, loc.asked(o, "local", key, costs, reserved), delay, classBudget(own, horizon))
+			e := loc.asked(o, "local", key, costs, reserved)
+			e.DryRun = loc.config.dryRun
+			if err := refuse(ctx, o, e, delay, classBudget(own, horizon)); !e.DryRun {
+				return err
+			}
+			return nil // a dry run's refusal, as the event says
 		}
 		w.delay, w.listening = delay, note.listening
 		if o != nil { // the event is built for an observer alone: the path without one stays as quick as rate.Limiter's
 			e := loc.asked(o, "local", key, costs, reserved)
-			e.Kind, e.Delay = EventWait, delay
+			e.Kind, e.Delay, e.DryRun = EventWait, delay, loc.config.dryRun
 			o(ctx, e)
+		}
+		if loc.config.dryRun {
+			return nil
 		}
 		switch err := sleepUnlessRetimed(ctx, &loc.retimes, key, delay, now.UnixMicro()); {
 		case errors.Is(err, steer.ErrRetimed):

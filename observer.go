@@ -30,6 +30,9 @@ type Event struct {
 	// Estimate, for EventSettle, is the reservation's estimate under
 	// each limit, by name.
 	Estimate Costs
+	// DryRun, for EventWait and EventRefuse, says that the limiter is a
+	// dry run (WithDryRun): the caller did not wait, nor was refused.
+	DryRun bool
 }
 
 // An EventKind says what an Event reports.

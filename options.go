@@ -25,6 +25,7 @@ type commonConfig struct {
 	maxHold  time.Duration // the longest anything a response says may delay a key (validate makes 0 DefaultMaxHold)
 	lease    time.Duration // a slot's lease (validate makes 0 DefaultLease)
 	horizons map[Class]time.Duration
+	dryRun   bool // see WithDryRun
 }
 
 func (c *commonConfig) validate() error {
@@ -121,6 +122,22 @@ func WithObserver(o Observer) Option {
 // *DeadlineError. Zero, the default, means no cap beyond the context's own.
 func WithMaxWait(d time.Duration) Option {
 	return commonOption(func(c *commonConfig) { c.maxWait = d })
+}
+
+// WithDryRun makes the limiter a dry run, to see what pacing would cost
+// before it paces: it books each wait as it would, and reports it
+// (EventWait, and EventRefuse for a wait it would refuse, each with DryRun
+// set), but lets its caller go at once, refusing nothing. A Transport on a
+// dry run heeds nothing a response says (holds, counters, refusals), and
+// its quota's cap in flight and the horizons of its classes are not kept:
+// the dry run books the schedule the configured limits alone would keep,
+// for the traffic as it comes. For traffic whose requests do not wait on
+// one another (users' requests, a queue's consumers that do not block on
+// pace), its waits are those pacing would impose; a worker that sends one
+// request after another would send fewer when paced, and records more.
+// A dry run books on the keys it shares with any enforcing limiter.
+func WithDryRun() Option {
+	return commonOption(func(c *commonConfig) { c.dryRun = true })
 }
 
 // WithMaxHold bounds every delay the upstream's word can cause a key: a

@@ -194,6 +194,19 @@ func newSlotCap(limits []Limit) ([]Limit, slotCap) {
 	return rates, slotCap{limit: limit, capped: capped, rated: len(rates) > 0}
 }
 
+// keptCap is c, the cap of a limiter whose configuration is config: none
+// for a dry run (see WithDryRun), which may not be of a cap alone, whose
+// dry run would record nothing.
+func keptCap(c slotCap, config *commonConfig) (slotCap, error) {
+	switch {
+	case !config.dryRun:
+		return c, nil
+	case !c.rated:
+		return c, fmt.Errorf("pace: WithDryRun on a quota of a cap in flight alone (%s): a dry run records the waits of rate limits", c.limit)
+	}
+	return slotCap{rated: true}, nil
+}
+
 // smallestBurst is the most a request may cost under every limit of rates:
 // their smallest burst or window count, or, without any, no bound.
 func smallestBurst(rates []Limit) int {

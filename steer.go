@@ -146,11 +146,17 @@ func plainSteers(steers []steering) []store.Steer {
 
 // heedResponse implements pacer.
 func (r *Redis) heedResponse(ctx context.Context, key string, g grant, resp *http.Response, arrival time.Time, h heedScope) {
+	if r.config.dryRun {
+		return // see WithDryRun
+	}
 	r.heed(context.WithoutCancel(ctx), key, g.t, headers.Hear(resp, arrival, r.config.maxHold), h)
 }
 
 // heedResponse implements pacer.
 func (loc *Local) heedResponse(ctx context.Context, key string, g grant, resp *http.Response, arrival time.Time, h heedScope) {
+	if loc.config.dryRun {
+		return // see WithDryRun
+	}
 	loc.heed(context.WithoutCancel(ctx), key, g.t, headers.Hear(resp, arrival, loc.config.maxHold), h)
 }
 

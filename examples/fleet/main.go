@@ -53,6 +53,13 @@ type config struct {
 	// OpenTelemetry metrics as Prometheus text (HOST:PORT, on PORT plus the
 	// process's index).
 	Metrics string
+	// Arrivals, when set, makes each worker send this many requests a
+	// second, each on its own, whatever the waits of the others (an open
+	// loop), instead of one after another.
+	Arrivals float64
+	// DryRun makes the limiters dry runs (pace.WithDryRun): nothing waits,
+	// and each request's wait is the one its limiter reported.
+	DryRun bool
 }
 
 // service is how long the built-in upstream takes to answer, under
@@ -77,6 +84,8 @@ func main() {
 	flag.Float64Var(&c.Foreign, "foreign", 0, "a foreign client spends this many requests a second of the built-in upstream's quota, without pace")
 	flag.IntVar(&c.Concurrency, "concurrency", 0, "at most this many requests in flight in the whole fleet (the built-in upstream then takes 50 ms a request)")
 	flag.StringVar(&c.Metrics, "metrics", "", "each worker process serves its metrics (paceotel) as Prometheus text on this HOST:PORT, plus its index (PORT 0: any free port)")
+	flag.Float64Var(&c.Arrivals, "arrivals", 0, "each worker sends this many requests a second, each on its own (0: one after another)")
+	flag.BoolVar(&c.DryRun, "dry-run", false, "the limiters are dry runs: nothing waits, and the waits they would impose are reported")
 	flag.BoolVar(&c.Priority, "priority", false, "the workers send batch requests, and the first process sends 10 critical requests a second beside them")
 	flag.IntVar(&c.Slack, "slack", 1, "tokens the built-in upstream's bucket holds beyond the limit's burst (0: exactly the limit)")
 	flag.StringVar(&c.Headers, "headers", "openai", "the built-in upstream states its counters as github, ietf (a fixed window ten times as long as the run), openai (a token bucket) or \"\" (none) does")
@@ -103,6 +112,10 @@ func (c config) check() error {
 		return fmt.Errorf("-retry-after and -foreign work with the built-in upstream only")
 	case c.Slack < 0 || (c.Slack != 1 && c.Target != ""):
 		return fmt.Errorf("-slack %d: want 0 or more, with the built-in upstream only", c.Slack)
+	case c.Arrivals < 0 || c.Arrivals > 10000:
+		return fmt.Errorf("-arrivals %v: want 0 (one after another) to 10000 a second", c.Arrivals)
+	case c.DryRun && (c.Concurrency > 0 || c.Priority):
+		return fmt.Errorf("-dry-run keeps no cap in flight and no classes: not with -concurrency or -priority")
 	case c.Concurrency < 0 || (c.Local && c.Concurrency > 0 && c.Concurrency < c.Procs):
 		return fmt.Errorf("-concurrency %d: want 0 (none) or more, and with -local at least one a process", c.Concurrency)
 	}

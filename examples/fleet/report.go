@@ -34,6 +34,11 @@ type summary struct {
 	ScriptCalls *float64  `json:"redis_calls_per_request"` // EVALSHA and EVAL round trips per request; null without Redis
 	SyncCalls   *float64  `json:"sync_calls_per_request"`  // of them, those that synced the upstream's counters
 	PerProcess  []process `json:"per_process"`
+	// WaitP50 and WaitP99 are the fleet's waits: those the requests
+	// waited, or, in a dry run, those their limiters reported.
+	WaitP50 float64 `json:"wait_p50_ms"`
+	WaitP99 float64 `json:"wait_p99_ms"`
+	DryRun  bool    `json:"dry_run"`
 	// TooManyLate counts the 429s to requests granted after the run's
 	// first second.
 	TooManyLate int `json:"too_many_requests_after_1s"`
@@ -63,7 +68,7 @@ func summarize(c config, limit pace.Limit, start time.Time, reports []report, up
 	s := summary{Limit: limit.String(), Mode: "shared through Redis", Processes: c.Procs, Workers: c.Procs * c.Workers,
 		Busy: c.Procs*c.Workers - c.Idle, Seconds: c.Duration.Seconds(), LimitRate: limit.Rate(),
 		Headers: c.Headers, ForeignRate: c.Foreign, ForeignOK: upstream.ForeignOK, Foreign429: upstream.ForeignRefused,
-		InFlightCap: c.Concurrency, MaxInFlight: upstream.MaxInFlight}
+		InFlightCap: c.Concurrency, MaxInFlight: upstream.MaxInFlight, DryRun: c.DryRun}
 	switch {
 	case c.Local:
 		s.Mode = "each process alone at 1/" + fmt.Sprint(c.Procs) + " of the limit (pace.Local)"
@@ -71,6 +76,7 @@ func summarize(c config, limit pace.Limit, start time.Time, reports []report, up
 		s.Mode += " (embedded store)"
 	}
 	var scriptCalls, syncCalls int64
+	var all []time.Duration
 	for _, r := range reports {
 		scriptCalls += r.ScriptCalls
 		syncCalls += r.SyncCalls
@@ -79,6 +85,7 @@ func summarize(c config, limit pace.Limit, start time.Time, reports []report, up
 			s.MetricsDecisions += r.MetricsDecisions
 		}
 		waits := s.count(r.Requests, start)
+		all = append(all, waits...)
 		s.PerProcess = append(s.PerProcess, process{Requests: len(r.Requests), WaitP50: percentile(waits, 0.50), WaitP99: percentile(waits, 0.99)})
 		if len(r.Critical) > 0 { // with -priority
 			waits := s.count(r.Critical, start)
@@ -86,6 +93,7 @@ func summarize(c config, limit pace.Limit, start time.Time, reports []report, up
 			s.CriticalWaitP50, s.CriticalWaitMax = percentile(waits, 0.5), percentile(waits, 1)
 		}
 	}
+	s.WaitP50, s.WaitP99 = percentile(all, 0.50), percentile(all, 0.99)
 	s.Rate = float64(s.OK) / s.Seconds
 	allowed := float64(limit.Burst()) + limit.Rate()*s.Seconds - float64(s.ForeignOK)
 	if c.Concurrency > 0 {
@@ -145,6 +153,9 @@ func (s summary) print(w io.Writer) {
 	fmt.Fprintf(w, "achieved        %.1f/s: %d answered 200 of %d requests\n", s.Rate, s.OK, s.Requests)
 	fmt.Fprintf(w, "utilisation     %.1f%% of what the limit allows (burst + rate x time, less the foreign client's)\n", 100*s.Utilisation)
 	fmt.Fprintf(w, "429s            %d, %d of them after the first second\n", s.TooMany, s.TooManyLate)
+	if s.DryRun {
+		fmt.Fprintf(w, "dry run         nothing waited: the waits are those the limiters would impose, p50 %.1fms, p99 %.1fms\n", s.WaitP50, s.WaitP99)
+	}
 	if s.ForeignRate > 0 {
 		fmt.Fprintf(w, "foreign client  %d answered 200 at %.4g/s, %d 429s\n", s.ForeignOK, s.ForeignRate, s.Foreign429)
 	}

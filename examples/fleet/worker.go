@@ -29,8 +29,25 @@ type job struct {
 // request is what became of one request of a worker.
 type request struct {
 	Granted time.Time     // when pace let it go
-	Wait    time.Duration // how long pace made it wait
+	Wait    time.Duration // how long pace made it wait, or, in a dry run, would have
 	Status  int           // the upstream's answer, 0 if none
+	refused bool          // in a dry run: its limiter would have refused it
+}
+
+// requestKey is the context key of a request, which a dry run's events fill.
+type requestKey struct{}
+
+// dryRunWaits notes, in the request of ctx, the wait or refusal a dry
+// run's event e reports.
+func dryRunWaits(ctx context.Context, e pace.Event) {
+	q, ok := ctx.Value(requestKey{}).(*request)
+	switch {
+	case !ok || !e.DryRun:
+	case e.Kind == pace.EventWait:
+		q.Wait = e.Delay
+	case e.Kind == pace.EventRefuse:
+		q.refused = true
+	}
 }
 
 // report is what a worker process prints on stdout.
@@ -104,8 +121,12 @@ func (j job) run() (report, error) {
 	var syncs atomic.Int64
 	var served *metrics // with -metrics
 	var limiter pace.Limiter
+	options := []pace.Option{pace.WithObserver(dryRunWaits)}
+	if c.DryRun {
+		options = append(options, pace.WithDryRun())
+	}
 	if c.Local {
-		if limiter, err = pace.NewLocal(quota); err != nil {
+		if limiter, err = pace.NewLocal(quota, options...); err != nil {
 			return report{}, err
 		}
 	} else {
@@ -117,10 +138,11 @@ func (j job) run() (report, error) {
 		client := redis.NewClient(options)
 		defer client.Close()
 		client.AddHook(&scripts)
-		observe := func(_ context.Context, e pace.Event) {
+		observe := func(ctx context.Context, e pace.Event) {
 			if e.Kind == pace.EventReading || e.Kind == pace.EventStaleReading {
 				syncs.Add(1) // one a sync: the limit is one bucket
 			}
+			dryRunWaits(ctx, e)
 		}
 		if c.Metrics != "" {
 			if served, err = serveMetrics(c.Metrics, j.Index); err != nil {
@@ -133,7 +155,11 @@ func (j job) run() (report, error) {
 				served.observer(ctx, e)
 			}
 		}
-		r, err := pace.NewRedis(client, quota, pace.WithObserver(observe))
+		redisOptions := []pace.RedisOption{pace.WithObserver(observe)}
+		if c.DryRun {
+			redisOptions = append(redisOptions, pace.WithDryRun())
+		}
+		r, err := pace.NewRedis(client, quota, redisOptions...)
 		if err != nil {
 			return report{}, err
 		}
@@ -181,33 +207,56 @@ func (j job) run() (report, error) {
 	return rep, nil
 }
 
-// send sends requests of class through a Transport on limiter, one every
-// every (0: one after the other), until the run's end, and notes each in
-// into.
+// send sends requests of class through a Transport on limiter until the
+// run's end, one after another (every 0), one every every, or, with
+// -arrivals, one every 1/arrivals each on its own, and notes each in into.
 func (j job) send(limiter pace.Limiter, base http.RoundTripper, class pace.Class, every time.Duration, into *[]request, mu *sync.Mutex) {
 	end := j.Start.Add(j.Config.Duration)
+	openLoop := j.Config.Arrivals > 0 && every == 0
+	if openLoop {
+		every = time.Duration(float64(time.Second) / j.Config.Arrivals)
+	}
+	var sent sync.WaitGroup
+	defer sent.Wait()
 	for next := time.Now(); next.Before(end); next = next.Add(every) {
 		time.Sleep(time.Until(next))
-		var q request
-		start := time.Now()
-		client := &http.Client{Transport: &pace.Transport{Limiter: limiter, Base: stampGrant{base, func(at time.Time) {
-			q.Granted, q.Wait = at, at.Sub(start)
-		}}}}
-		ctx, cancel := context.WithDeadline(pace.WithClass(context.Background(), class), end)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, j.Target, nil)
-		resp, err := client.Do(req)
-		cancel()
-		if err != nil {
-			if errors.Is(err, context.DeadlineExceeded) {
-				return // the next grant would come after the end
-			}
-			time.Sleep(100 * time.Millisecond) // the upstream failed: not a busy loop
-			continue
+		if openLoop {
+			sent.Go(func() { j.sendOne(limiter, base, class, end, into, mu) })
+		} else if !j.sendOne(limiter, base, class, end, into, mu) {
+			return
 		}
-		resp.Body.Close()
-		q.Status = resp.StatusCode
+	}
+}
+
+// sendOne sends one request of class through a Transport on limiter, with
+// the deadline end, and notes it in into; it returns false when the next
+// would pass end.
+func (j job) sendOne(limiter pace.Limiter, base http.RoundTripper, class pace.Class, end time.Time, into *[]request, mu *sync.Mutex) bool {
+	q := &request{}
+	start := time.Now()
+	client := &http.Client{Transport: &pace.Transport{Limiter: limiter, Base: stampGrant{base, func(at time.Time) {
+		q.Granted = at
+		if !j.Config.DryRun {
+			q.Wait = at.Sub(start)
+		}
+	}}}}
+	ctx, cancel := context.WithDeadline(pace.WithClass(context.WithValue(context.Background(), requestKey{}, q), class), end)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, j.Target, nil)
+	resp, err := client.Do(req)
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return false // the grant would come after the end
+	case err != nil:
+		time.Sleep(100 * time.Millisecond) // the upstream failed: not a busy loop
+		return true
+	}
+	resp.Body.Close()
+	q.Status = resp.StatusCode
+	if !q.refused { // a dry run's refusal is as an enforcing run's: not a request sent
 		mu.Lock()
-		*into = append(*into, q)
+		*into = append(*into, *q)
 		mu.Unlock()
 	}
+	return true
 }

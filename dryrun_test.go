@@ -1,0 +1,154 @@
+package pace
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestDryRun, on Local and Redis at 20/s burst 2: 12 requests that
+// arrive at once go at once, and the waits the dry run reports keep the
+// schedule an enforcing limiter of the same limit keeps for them (beyond
+// the burst, one due every 50 ms: within 5 ms each); a wait beyond the caller's deadline is
+// reported refused, and goes too; an upstream's 429 with Retry-After
+// holds nothing; a cap in flight is not kept; a quota of a cap alone is
+// refused.
+func TestDryRun(t *testing.T) {
+	limit := mustParseLimit(t, "20/s burst 2")
+	c := scriptRedis(t)
+	for name, newLimiter := range map[string]func(...Option) Limiter{
+		"local": func(o ...Option) Limiter { return mustLocal(t, limit, o...) },
+		"redis": func(o ...Option) Limiter {
+			opts := []RedisOption{WithFleetSize(1), sharedOnly, WithPrefix("dry-" + time.Now().Format("150405.000000") + ":")}
+			for _, x := range o {
+				opts = append(opts, x)
+			}
+			return mustRedis(t, c, limit, opts...)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var log dueLog
+			dry := newLimiter(WithDryRun(), WithObserver(log.observe))
+			start := time.Now()
+			for range 12 {
+				if err := dry.Wait(context.Background(), "api", 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			took := time.Since(start)
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			defer cancel()
+			if err := dry.Wait(ctx, "api", 1); err != nil {
+				t.Errorf("a dry run's wait past its deadline: %v, want nil (reported, not refused)", err)
+			}
+			dues := log.dues()
+			t.Logf("dry run: 12 requests in %v, due (from the first) %v; refused: %v", took, dues, log.refused)
+			if took > 300*time.Millisecond || len(dues) != 12 {
+				t.Fatalf("dry run: 12 requests took %v, %d waits reported; want at once, and 12", took, len(dues))
+			}
+			// Beyond the burst, which goes as it arrives, the schedule an
+			// enforcing limiter keeps: one every 50 ms from the third on.
+			for i := 3; i < len(dues); i++ {
+				want := time.Duration(i-2) * 50 * time.Millisecond
+				if d := dues[i] - dues[2] - want; d > 5*time.Millisecond || d < -5*time.Millisecond {
+					t.Errorf("request %d due %v after the third, want %v within 5 ms", i, dues[i]-dues[2], want)
+				}
+			}
+			if len(log.refused) != 1 || log.refused[0] < 400*time.Millisecond {
+				t.Errorf("a dry run's wait past its deadline: refusals %v reported, want one, of a wait of about 550 ms", log.refused)
+			}
+		})
+	}
+}
+
+// dueLog notes, of the events of one limiter, when each EventWait's
+// request was due (the event's time and its delay), and the delays of the
+// dry run's refusals.
+type dueLog struct {
+	mu      sync.Mutex
+	due     []time.Time
+	refused []time.Duration
+}
+
+func (l *dueLog) observe(_ context.Context, e Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case e.Kind == EventWait:
+		l.due = append(l.due, time.Now().Add(e.Delay))
+	case e.Kind == EventRefuse && e.DryRun:
+		l.refused = append(l.refused, e.Delay)
+	}
+}
+
+// dues returns when each request was due, after the first, in order.
+func (l *dueLog) dues() []time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	slices.SortFunc(l.due, time.Time.Compare)
+	var out []time.Duration
+	for _, d := range l.due {
+		out = append(out, d.Sub(l.due[0]))
+	}
+	return out
+}
+
+// TestDryRunHeedsNothing: a Transport on a dry run sends a request at
+// once after the upstream answered 429 with Retry-After: 5; on Local and
+// Redis.
+func TestDryRunHeedsNothing(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "5")
+		w.WriteHeader(http.StatusTooManyRequests)
+	}))
+	defer upstream.Close()
+	for name, l := range map[string]Limiter{
+		"local": mustLocal(t, mustParseLimit(t, "100/s"), WithDryRun()),
+		"redis": mustRedis(t, scriptRedis(t), mustParseLimit(t, "100/s"), WithFleetSize(1), sharedOnly, WithDryRun()),
+	} {
+		client := &http.Client{Transport: &Transport{Limiter: l}}
+		start := time.Now()
+		for range 3 {
+			resp, err := client.Get(upstream.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+		if took := time.Since(start); took > time.Second {
+			t.Errorf("%s: three requests after a Retry-After: 5 took %v, want at once: a dry run holds nothing", name, took)
+		}
+	}
+}
+
+// TestDryRunKeepsNoCap: on a dry run, 5 requests are in flight at once
+// under a cap of 1; a dry run of a cap alone is refused, naming it.
+func TestDryRunKeepsNoCap(t *testing.T) {
+	l := mustLocal(t, AllOf{mustParseLimit(t, "1000/s"), Concurrent(1)}, WithDryRun())
+	var slots []*Slot
+	for range 5 {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		slot, err := l.Acquire(ctx, "api", 1)
+		cancel()
+		if err != nil {
+			t.Fatalf("dry run, request %d under a cap of 1: %v", len(slots)+1, err)
+		}
+		slots = append(slots, slot)
+	}
+	for _, s := range slots {
+		s.Release()
+	}
+	if _, err := NewLocal(Concurrent(4), WithDryRun()); err == nil || !containsAll(err.Error(), "WithDryRun", "4 in flight") {
+		t.Errorf("a dry run of a cap alone: %v, want an error that names it", err)
+	}
+}
+
+// containsAll reports whether s contains each of parts.
+func containsAll(s string, parts ...string) bool {
+	return !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(s, p) })
+}
