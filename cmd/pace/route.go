@@ -130,6 +130,9 @@ func (rt *route) rules(st store) ([]pace.Rule, error) {
 // newLimiter returns a limiter of quota on st, kept for close.
 func (rt *route) newLimiter(st store, quota pace.Quota, field string) (*pace.Redis, error) {
 	options := append(slices.Clip(st.options), pace.WithMaxWait(rt.config.MaxWait))
+	if rt.config.Shadow {
+		options = append(options, pace.WithDryRun())
+	}
 	if rt.config.Lease != 0 {
 		options = append(options, pace.WithLease(rt.config.Lease))
 	}

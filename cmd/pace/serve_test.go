@@ -13,8 +13,10 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -608,5 +610,47 @@ func TestServeOperable(t *testing.T) {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("%s: %q, want %q in it", path, body, want)
 		}
+	}
+}
+
+// TestServeShadow: a route with shadow: true at 1/m burst 1 sends three
+// requests at once, and its metrics record the waits pacing would have
+// imposed: about a minute and two (a wait that passes max_wait, 90 s, is
+// recorded refused, and goes too).
+func TestServeShadow(t *testing.T) {
+	var n atomic.Int64
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { n.Add(1) }))
+	defer upstream.Close()
+	redisServer := redistest.Start(t)
+	_, base := startServe(t, fmt.Sprintf("redis: redis://%s\nroutes:\n  - {name: api, path: /api/, upstream: '%s', limit: 1/m burst 1, max_wait: 90s, shadow: true}\n", redisServer.Addr, upstream.URL))
+	start := time.Now()
+	for range 3 {
+		resp, err := http.Get(base + "/api/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("a shadow route's request: %s, want 200", resp.Status)
+		}
+	}
+	took := time.Since(start)
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	sum := regexp.MustCompile(`pace_wait_duration_seconds_sum\{[^}]*pace_name="api"[^}]*\} (\S+)`).FindStringSubmatch(string(body))
+	refused := regexp.MustCompile(`pace_decisions_total\{[^}]*pace_name="api",pace_result="refused"\} (\d+)`).FindStringSubmatch(string(body))
+	t.Logf("3 requests in %v, %d upstream; waits recorded: %v, refused: %v", took, n.Load(), sum, refused)
+	if took > 2*time.Second || n.Load() != 3 {
+		t.Errorf("3 requests on a shadow route took %v, %d reached the upstream; want at once, and all", took, n.Load())
+	}
+	if sum == nil || !strings.HasPrefix(sum[1], "59.") && !strings.HasPrefix(sum[1], "60") {
+		t.Errorf("the waits recorded: %v, want a sum of about 60 s (0 and a minute)", sum)
+	}
+	if refused == nil || refused[1] != "1" {
+		t.Errorf("refusals recorded: %v, want 1 (the third, 2 minutes away, past max_wait)", refused)
 	}
 }

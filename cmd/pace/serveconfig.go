@@ -81,6 +81,10 @@ type routeConfig struct {
 	// AffinityHeader, with APIKeysEnv, keeps the requests that carry one
 	// value of that header on one credential while it can go at once.
 	AffinityHeader string `yaml:"affinity_header"`
+	// Shadow makes the route's limiters dry runs (pace.WithDryRun): its
+	// requests go at once, and the waits pacing would impose are reported
+	// (in the metrics, and the log at debug).
+	Shadow bool `yaml:"shadow"`
 	// IgnoreCounters and IgnoreRefusals are Transport's.
 	IgnoreCounters bool `yaml:"ignore_counters"`
 	IgnoreRefusals bool `yaml:"ignore_refusals"`

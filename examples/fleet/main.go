@@ -116,6 +116,8 @@ func (c config) check() error {
 		return fmt.Errorf("-arrivals %v: want 0 (one after another) to 10000 a second", c.Arrivals)
 	case c.DryRun && (c.Concurrency > 0 || c.Priority):
 		return fmt.Errorf("-dry-run keeps no cap in flight and no classes: not with -concurrency or -priority")
+	case c.DryRun && c.Arrivals == 0:
+		return fmt.Errorf("-dry-run needs -arrivals: a worker that sends one request after another sends faster when nothing waits, and its dry run would report waits that grow without end")
 	case c.Concurrency < 0 || (c.Local && c.Concurrency > 0 && c.Concurrency < c.Procs):
 		return fmt.Errorf("-concurrency %d: want 0 (none) or more, and with -local at least one a process", c.Concurrency)
 	}

@@ -164,7 +164,7 @@ func (o *observer) observe(ctx context.Context, e pace.Event) {
 		}
 		o.decisions.Add(ctx, 1, o.attributes(e, result))
 		o.waits.Record(ctx, e.Delay.Seconds(), o.attributes(e, ""))
-		if e.Delay > 0 {
+		if e.Delay > 0 && !e.DryRun { // a dry run's caller does not sleep
 			now := time.Now()
 			o.asleep.add(now, now.Add(e.Delay))
 		}
