@@ -80,6 +80,7 @@ type sharedStore interface {
 	Refused(ctx context.Context, key string, b store.Booking, served bool, channel string) (share, now int64, err error)
 	Repay(ctx context.Context, key string, debt store.LimitCosts) (took store.LimitCosts, err error)
 	Check(ctx context.Context) (now int64, err error)
+	Announce(ctx context.Context, key string) error
 }
 
 // NewRedis returns a Redis limiter that gives each key the quota q (a Limit,

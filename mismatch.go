@@ -17,6 +17,23 @@ import (
 // in a booking's reply tells its observer (EventMismatch), once a second
 // per key at most.
 
+// Announce tells the fleet that this limiter paces key at its limit, as
+// its bookings do, without booking anything: while processes disagree, a
+// key of one bucket goes at the stricter limit (see EventMismatch), and a
+// stricter one than the fleet's takes the place of the fleet's at once:
+// the requests booked before it, asleep in any process, book anew, at it.
+// A program that replaces a limiter (a reload of its configuration) calls
+// it on the keys it knows, so that a lowered limit holds from then on,
+// not once the old one's bookings have gone. It does nothing for a quota
+// of several limits, or while Redis is away.
+func (r *Redis) Announce(ctx context.Context, key string) error {
+	if key == "" {
+		return &requestError{"pace: Announce: empty key"}
+	}
+	r.listen()
+	return r.shared(ctx, key, false, func() error { return r.store.Announce(ctx, key) }, nil)
+}
+
 // mismatchEvery is how often, at most, a process reports one key's
 // disagreement.
 const mismatchEvery = time.Second

@@ -2,6 +2,7 @@ package pace
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -82,5 +83,50 @@ func TestFleetKeepsTheStricterLimit(t *testing.T) {
 	}
 	if after < 190 {
 		t.Errorf("the loose limiter alone, a second after the stricter's last standing: %d in 1 s, want its own 200/s (190 at least)", after)
+	}
+}
+
+// TestAnnounceRebooksTheQueue: 100 callers of a limiter at 100/s burst 5
+// are asleep in their bookings, a second deep, when another limiter of the
+// key at 50/s burst 5 (a reload, a deploy) announces its limit: the
+// sleepers book anew, at the stricter limit, and in the second from
+// 100 ms after the announcement at most b + r t of it go (5 + 50 + 1);
+// none is lost, and the queue goes at the new limit, none of its time
+// lost (80 at 50/s: 1.6 s, within 2 s).
+func TestAnnounceRebooksTheQueue(t *testing.T) {
+	besideOthers(t)
+	addr := newTestRedis(t).Options().Addr
+	old := mustRedis(t, redistest.ClientOf(t, addr), mustParseLimit(t, "100/s burst 5"), WithFleetSize(1), sharedOnly)
+	next := mustRedis(t, redistest.ClientOf(t, addr), mustParseLimit(t, "50/s burst 5"), WithFleetSize(1), sharedOnly)
+	var mu sync.Mutex
+	var grants []time.Time
+	var wg sync.WaitGroup
+	for range 100 {
+		wg.Go(func() {
+			if err := old.Wait(context.Background(), "reload", 1); err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			grants = append(grants, time.Now())
+			mu.Unlock()
+		})
+	}
+	time.Sleep(200 * time.Millisecond) // all booked, the queue a second deep
+	announced := time.Now()
+	if err := next.Announce(context.Background(), "reload"); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	from := announced.Add(100 * time.Millisecond)
+	n := 0
+	for _, g := range grants {
+		if !g.Before(from) && g.Before(from.Add(time.Second)) {
+			n++
+		}
+	}
+	t.Logf("%d granted, %d in the second from 100 ms after the announcement, the last %v after it", len(grants), n, slices.MaxFunc(grants, time.Time.Compare).Sub(announced))
+	if last := slices.MaxFunc(grants, time.Time.Compare).Sub(announced); len(grants) != 100 || n > 5+50+1 || n < 45 || last > 2*time.Second {
+		t.Errorf("%d of 100 granted, %d in the second after the announcement, the last %v after it; want all, 45 to b + r t + 1 = 56, and within 2 s (80 at 50/s: 1.6 s)", len(grants), n, last)
 	}
 }

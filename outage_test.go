@@ -210,6 +210,8 @@ func (s *fakeStore) HeldUntil(_ context.Context, key string) (int64, error) {
 	return s.holds[key], nil
 }
 
+func (s *fakeStore) Announce(context.Context, string) error { return nil }
+
 func (s *fakeStore) Check(context.Context) (int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -83,14 +83,20 @@ func (f LimiterFunc) Wait(ctx context.Context, key string, cost int) error { ret
 // refills, none on B. The credential's secret is in the request the
 // upstream sees, and not in the caller's.
 func TestPoolChoosesTheSoonest(t *testing.T) {
-	for name, l := range map[string]Limiter{
-		"local": mustLocal(t, mustParseLimit(t, "2/s burst 1")),
-		"redis": mustRedis(t, scriptRedis(t), mustParseLimit(t, "2/s burst 1"), WithFleetSize(1), sharedOnly),
-	} {
+	for name, l := range bothLimiters(t, "2/s burst 1") {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			checkPoolChooses(t, l)
 		})
+	}
+}
+
+// bothLimiters returns a Local and a Redis limiter (see scriptRedis) of
+// limit, by name.
+func bothLimiters(t *testing.T, limit string) map[string]Limiter {
+	return map[string]Limiter{
+		"local": mustLocal(t, mustParseLimit(t, limit)),
+		"redis": mustRedis(t, scriptRedis(t), mustParseLimit(t, limit), WithFleetSize(1), sharedOnly),
 	}
 }
 
@@ -263,10 +269,7 @@ func TestPoolKeepsSecretsOut(t *testing.T) {
 // (Without, logged beside: each request starts from the next credential in
 // turn, and a session keeps to none.)
 func TestPoolAffinity(t *testing.T) {
-	for name, l := range map[string]Limiter{
-		"local": mustLocal(t, mustParseLimit(t, "100/s burst 5")),
-		"redis": mustRedis(t, scriptRedis(t), mustParseLimit(t, "100/s burst 5"), WithFleetSize(1), sharedOnly),
-	} {
+	for name, l := range bothLimiters(t, "100/s burst 5") {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			for _, affinity := range []string{"X-Session", ""} {

@@ -7,7 +7,10 @@
 -- a limit lowered by one process holds for the fleet, and a limit raised
 -- waits for the last process of the old one. A limit stands 2 s after its
 -- last booking, and is written again once less than 1 s is left: a fleet
--- that agrees writes the key once a second.
+-- that agrees writes the key once a second. A stricter limit that takes
+-- the place of one standing (displaced) voids the bookings due after now
+-- (see drop_queue): their callers, asleep in any process, book anew, at
+-- the stricter limit.
 
 local limit_stands = 2000000
 
@@ -15,6 +18,42 @@ local limit_stands = 2000000
 -- stricter than one of a2 and b2: slower, or as fast with a smaller burst.
 local function stricter(a1, b1, a2, b2)
   return a1 > a2 or (a1 == a2 and b1 < b2)
+end
+
+-- displaced is the interval and burst of the limit a stricter one took
+-- the place of in this call, if any (see agree).
+local displaced = nil
+
+-- wake_sleepers publishes "KEY\nWORD NOW" on the channel of holds, as
+-- the fleet names both (KEYS[r] is PREFIX{KEY}#limits, and the channel
+-- PREFIX .. 'holds'): WORD "retime" for bookings taken out of the
+-- schedule, "rate" for bookings their callers give back (see
+-- internal/steer's ParseMessage).
+local function wake_sleepers(r, word)
+  local name = KEYS[r]
+  local open = string.find(name, '{', 1, true)
+  local close = #name + 1 - string.find(string.reverse(name), '}', 1, true)
+  redis.call('PUBLISH', string.sub(name, 1, open - 1) .. 'holds',
+    string.sub(name, open + 1, close - 1) .. '\n' .. word .. ' ' .. string.format('%d', now))
+end
+
+-- drop_queue takes out of the schedule of the bucket at KEYS[i], after a
+-- limit was displaced, the bookings due after now (its TAT at most a
+-- burst of the displaced limit ahead), and tells the fleet, whose callers
+-- asleep in them book anew (KEYS[r] is the limits). A bucket the
+-- upstream's counters steer keeps its schedule, which is theirs: its
+-- callers give their bookings back instead.
+local function drop_queue(i, r)
+  local tat, steer = read_bucket(i)
+  if steer then
+    wake_sleepers(r, 'rate')
+    return
+  end
+  local kept = now + displaced[1] * displaced[2]
+  if tat and tat > kept then
+    redis.call('SET', KEYS[i], string.format('%d', kept), 'PXAT', full_expiry(kept))
+  end
+  wake_sleepers(r, 'retime')
 end
 
 -- agree notes, at KEYS[r], that this booking paces the key at interval a
@@ -37,7 +76,10 @@ local function agree(r, a, b)
   local renew = now + limit_stands
   local changed = true
   if su == 0 or stricter(a, b, sa, sb) then
-    if su ~= 0 then oa, ob, ou = sa, sb, su end -- the former strictest stands on beside
+    if su ~= 0 then -- the former strictest stands on beside; its bookings ahead book anew
+      oa, ob, ou = sa, sb, su
+      displaced = {sa, sb}
+    end
     sa, sb, su = a, b, renew
   elseif sa == a and sb == b then
     changed = su - now < limit_stands / 2

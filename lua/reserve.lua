@@ -39,6 +39,7 @@ if again then return again end
 local a, b, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local other_a, other_b
 a, b, other_a, other_b = agree(4, a, b)
+if displaced then drop_queue(1, 4) end
 local arrival = now + tonumber(ARGV[5])
 local stored, steer = read_bucket(1)
 local held = seldom and time(2, read(2, 'GET')) or nil

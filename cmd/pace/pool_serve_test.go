@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -21,7 +22,7 @@ import (
 // each replica, none with a key of its own.
 //   - For 6 s: the upstream serves at least 97% of 3 x (5 + 100 t) and
 //     refuses at most 0.5% of the requests.
-//   - For 8 s, key B answering every request from 2 s to 7 s with a 429
+//   - For 7 s, key B answering every request from 1 s to 6 s with a 429
 //     and Retry-After: 5: A and C carry at least 95% of 2 x 100/s
 //     meanwhile, and B sees few requests (its first 429 holds it).
 func TestServePool(t *testing.T) {
@@ -66,35 +67,34 @@ func TestServePool(t *testing.T) {
 	}
 
 	var faultFrom, faultUntil time.Time
-	api, _, _ = run(8, func(api *quotaapi.Pool, start time.Time) {
-		// Python starts in about 0.7 s on this machine: 2 s is after.
-		faultFrom, faultUntil = start.Add(2*time.Second), start.Add(7*time.Second)
+	api, _, _ = run(7, func(api *quotaapi.Pool, start time.Time) {
+		faultFrom, faultUntil = start.Add(time.Second), start.Add(6*time.Second)
 		api.Refuse(tokens[1], faultFrom, faultUntil, "5")
 	})
-	during, _ := api.Served(faultFrom, faultUntil, tokens[0], tokens[2])
-	duringBound := 2 * 100 * faultUntil.Sub(faultFrom).Seconds()
-	t.Logf("B's 429s for 5 s: A and C served %d (%.1f%% of 2 x r t = %.0f); B answered %d with its 429", during, 100*float64(during)/duringBound, duringBound, api.Refusals())
-	if float64(during) < 0.95*duringBound {
-		t.Errorf("while B refused: A and C served %d, want 95%% of 2 x r t = %.0f at least", during, 0.95*duringBound)
-	}
-	if api.Refusals() > 10 {
-		t.Errorf("B answered %d requests with its 429 and Retry-After: 5, want 10 at most: its first holds it for the fleet", api.Refusals())
+	found, err := api.CheckCarried(faultFrom, faultUntil, 100, tokens[0], tokens[2])
+	t.Log(found)
+	if err != nil {
+		t.Error(err)
 	}
 }
 
 // loadFromPython runs four Python processes of two threads (testdata/load.py)
-// against each of replicas for seconds, calls started with the time they
-// start (about), and returns the span the processes report, in Unix seconds.
+// against each of replicas for seconds, from 3 s from now on, calls
+// started with that time, and returns the span the processes report, in
+// Unix seconds.
 func loadFromPython(t *testing.T, python string, seconds int, replicas []*replica, started func(time.Time)) (start, end float64) {
 	type report struct {
 		Counts     map[string]int
 		Start, End float64
 	}
 	reports := make([]report, 4*len(replicas))
+	begin := time.Now().Add(3 * time.Second) // 8 Python processes at once start in 0.7 s to 2 s on this machine
 	var wg sync.WaitGroup
 	for i := range reports {
 		wg.Go(func() {
-			out, err := exec.Command(python, "testdata/load.py", fmt.Sprint(seconds), "2", replicas[i%len(replicas)].URL+"/").Output()
+			cmd := exec.Command(python, "testdata/load.py", fmt.Sprint(seconds), "2", replicas[i%len(replicas)].URL+"/")
+			cmd.Env = append(os.Environ(), fmt.Sprintf("PACE_LOAD_START=%.6f", float64(begin.UnixMicro())/1e6))
+			out, err := cmd.Output()
 			if err == nil {
 				err = json.Unmarshal(out, &reports[i])
 			}
@@ -103,7 +103,7 @@ func loadFromPython(t *testing.T, python string, seconds int, replicas []*replic
 			}
 		})
 	}
-	started(time.Now())
+	started(begin)
 	wg.Wait()
 	start, end = reports[0].Start, reports[0].End
 	for _, r := range reports {

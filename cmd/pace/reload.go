@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -171,6 +172,13 @@ func (s *server) reload(path string) error {
 		return fmt.Errorf("reload %s: %w", path, err)
 	}
 	old := s.table.Swap(t)
+	for _, rt := range t.routes {
+		if !slices.Contains(old.routes, rt) {
+			if err := rt.announce(context.WithoutCancel(s.stopping)); err != nil {
+				s.logger.Warn("pace serve: reload: the route's limits were not announced", "route", rt.config.Name, "err", err)
+			}
+		}
+	}
 	dropped := slices.DeleteFunc(slices.Clone(old.routes), func(rt *route) bool { return slices.Contains(t.routes, rt) })
 	go func() {
 		<-old.retire()

@@ -144,6 +144,19 @@ func (rt *route) newLimiter(st store, quota pace.Quota, field string) (*pace.Red
 	return limiter, nil
 }
 
+// announce tells the fleet the limits of the keys of the route it knows
+// (its own, and its rules'; not those of a key header's values), so that
+// a limit a reload lowered holds from now on, and the requests booked at
+// the old one book anew (see pace.Redis.Announce).
+func (rt *route) announce(ctx context.Context) error {
+	host := pace.HostKey(&http.Request{URL: rt.upstream})
+	errs := []error{rt.limiter.Announce(ctx, rt.key)}
+	for name, limiter := range rt.ruled {
+		errs = append(errs, limiter.Announce(ctx, name+"|"+host))
+	}
+	return errors.Join(errs...)
+}
+
 // close closes the route's limiters, once.
 func (rt *route) close() {
 	rt.closed.Do(func() {

@@ -1,6 +1,8 @@
 package quotaapi
 
 import (
+	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -111,6 +113,26 @@ func (p *Pool) refuses(token string, now time.Time) bool {
 	}
 	p.refusals++
 	return true
+}
+
+// CheckCarried checks that, while Refuse refused one token from from
+// until until, the tokens named carried 95% at least of what their
+// quotas allow at rate each, and that the refused one was asked 10 times
+// at most (its first 429 and Retry-After should hold it for the fleet);
+// it returns what it found, and an error when either fails.
+func (p *Pool) CheckCarried(from, until time.Time, rate float64, tokens ...string) (string, error) {
+	served, _ := p.Served(from, until, tokens...)
+	bound := float64(len(tokens)) * rate * until.Sub(from).Seconds()
+	found := fmt.Sprintf("while one token was refused for %v, the %d others served %d (%.1f%% of %.0f); the refused one was asked %d times",
+		until.Sub(from), len(tokens), served, 100*float64(served)/bound, bound, p.Refusals())
+	var errs []error
+	if float64(served) < 0.95*bound {
+		errs = append(errs, fmt.Errorf("the others served %d, want 95%% of %.0f at least", served, bound))
+	}
+	if p.Refusals() > 10 {
+		errs = append(errs, fmt.Errorf("the refused token was asked %d times, want 10 at most: its first 429 holds it for the fleet", p.Refusals()))
+	}
+	return found, errors.Join(errs...)
 }
 
 // Served counts the requests of tokens that their quotas served, and

@@ -24,19 +24,20 @@ const MaxRefill = 365 * 24 * time.Hour
 const Horizon = MaxDelay + MaxRefill
 
 var (
-	reserveScript = newScript("rate", "record", "limits", "reserve")
-	quotaScript   = newScript("rate", "record", "quota")
-	refusedScript = newScript("rate", "refused")
-	refundScript  = newScript("booking", "refund")
-	holdScript    = newScript("hold")
-	heldScript    = newScript("held")
-	settleScript  = newScript("booking", "settle")
-	syncScript    = newScript("sync")
-	slotsScript   = newScript("slot", "slots")
-	releaseScript = redis.NewScript(part("release")) // no prelude: see lua/release.lua
-	lineScript    = newScript("line")
-	repayScript   = newScript("repay")
-	checkScript   = newScript("check")
+	reserveScript  = newScript("rate", "record", "limits", "reserve")
+	quotaScript    = newScript("rate", "record", "quota")
+	refusedScript  = newScript("rate", "refused")
+	refundScript   = newScript("booking", "refund")
+	holdScript     = newScript("hold")
+	heldScript     = newScript("held")
+	settleScript   = newScript("booking", "settle")
+	syncScript     = newScript("sync")
+	slotsScript    = newScript("slot", "slots")
+	releaseScript  = redis.NewScript(part("release")) // no prelude: see lua/release.lua
+	lineScript     = newScript("line")
+	repayScript    = newScript("repay")
+	checkScript    = newScript("check")
+	announceScript = newScript("limits", "announce")
 
 	// The booking scripts that take a slot of a cap with the booking.
 	reserveTakeScript = newTakeScript("reserve")

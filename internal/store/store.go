@@ -166,6 +166,20 @@ func (s *Store) Check(ctx context.Context) (int64, error) {
 	return s.calls.RunWithin(ctx, checkScript, nil).Int64()
 }
 
+// Announce notes in Redis that this store's limit paces key, as its
+// bookings do, without booking (see lua/announce.lua): nothing for a
+// quota of several limits, which bookings do not compare.
+func (s *Store) Announce(ctx context.Context, key string) error {
+	if !s.oneBucket {
+		return nil
+	}
+	keys := []string{s.prefix + "{" + key + "}" + LimitsSuffix, s.prefix + "{" + key + "}"}
+	if err := s.calls.Run(ctx, announceScript, keys, s.limitArgs[1], s.limitArgs[2]).Err(); err != nil {
+		return s.fail(key, "announce", keys, err)
+	}
+	return nil
+}
+
 // Microseconds converts a script's microseconds to a Duration, saturated
 // rather than wrapped should a value ever lie beyond 292 years.
 func Microseconds(us int64) time.Duration {

@@ -4,9 +4,13 @@ line: the count of each status and the span of the run.
 
     python3 load.py SECONDS THREADS URL [URL...]
 
-Thread i sends to URL i mod the count of URLs.
+Thread i sends to URL i mod the count of URLs. With PACE_LOAD_START set
+(a Unix time, in seconds), the threads start then (or at once, if it has
+passed): processes started together begin together, however long each
+took to start.
 """
 import json
+import os
 import sys
 import threading
 import time
@@ -15,7 +19,8 @@ import urllib.request
 
 seconds, threads, urls = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
 counts, lock = {}, threading.Lock()
-start = time.time()
+start = max(float(os.environ.get("PACE_LOAD_START", 0)), time.time())
+time.sleep(max(start - time.time(), 0))
 ends = []
 
 

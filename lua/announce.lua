@@ -1,0 +1,13 @@
+-- Follows common.lua and limits.lua: notes that a limiter paces a key of
+-- one bucket at interval ARGV[1] and burst ARGV[2], as its bookings do
+-- (see agree in limits.lua), without booking anything: a stricter limit
+-- than the one standing holds for the key at once, and the requests booked
+-- before it book anew.
+--
+-- KEYS[1]  the limits the fleet paces the key at
+-- KEYS[2]  the key's bucket (see reserve.lua)
+--
+-- Returns the TIME it used, in microseconds.
+agree(1, tonumber(ARGV[1]), tonumber(ARGV[2]))
+if displaced then drop_queue(2, 1) end
+return now
