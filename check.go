@@ -2,6 +2,7 @@ package pace
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -40,12 +41,59 @@ func (r *Redis) Check(ctx context.Context) error {
 		return fmt.Errorf("pace: Check: Redis %s: %w", describeClient(r.client), err)
 	}
 	r.calls.Answers.Add(1) // the breaker's row of failures ends
+	if err := r.checkCommands(ctx); err != nil {
+		return fmt.Errorf("pace: Check: Redis %s: %w", describeClient(r.client), err)
+	}
 	if p, ok := r.client.(pipeliner); ok && r.fleet.pinned == 0 {
 		if err := r.fleet.beat(ctx, r.calls, p.Pipeline(), now); err != nil {
 			return fmt.Errorf("pace: Check: Redis %s: counting the fleet: %w", describeClient(r.client), err)
 		}
 	}
 	return nil
+}
+
+// minRedis is the oldest Redis that runs pace's scripts: they keep keys'
+// expiries with PEXPIRETIME, which Redis 7.0 brought.
+const minRedis = "7.0"
+
+// asker is a client that can send any command, and ask for INFO: every
+// client go-redis makes.
+type asker interface {
+	Do(ctx context.Context, args ...any) *redis.Cmd
+	Info(ctx context.Context, sections ...string) *redis.StringCmd
+}
+
+// checkCommands asks Redis for what pace's scripts need beyond Lua, when
+// the client can ask (an asker): PEXPIRETIME, on a key of the limiter's
+// that is never there. A Redis that lacks it is named by its version
+// (INFO server), as is what it lacks.
+func (r *Redis) checkCommands(ctx context.Context) error {
+	c, ok := r.client.(asker)
+	if !ok {
+		return nil
+	}
+	err := c.Do(ctx, "PEXPIRETIME", r.config.prefix+"{check}#never").Err()
+	if err == nil {
+		return nil
+	}
+	var redisErr redis.Error
+	if !errors.As(err, &redisErr) {
+		return err // no answer: not what it lacks
+	}
+	return fmt.Errorf("Redis %s lacks PEXPIRETIME (%w), which pace's scripts need: Redis %s or later", redisVersion(ctx, c), err, minRedis)
+}
+
+// redisVersion is the version INFO server states, or "of an unknown
+// version".
+func redisVersion(ctx context.Context, c asker) string {
+	info, err := c.Info(ctx, "server").Result()
+	for line := range strings.Lines(info) {
+		v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:")
+		if ok && err == nil && v != "" && len(v) <= 32 && strings.Trim(v, "0123456789.") == "" {
+			return v
+		}
+	}
+	return "of an unknown version"
 }
 
 // describeClient names the Redis a client reaches, for a message: its

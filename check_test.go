@@ -1,7 +1,10 @@
 package pace
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"io"
 	"net"
 	"strings"
 	"testing"
@@ -87,4 +90,84 @@ func TestCheck(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCheckNamesAnOldRedis: a server that runs pace's scripts but answers
+// PEXPIRETIME with an error, as a Redis 6 does (a fake that speaks the
+// protocol): Check fails, naming the Redis, its version and what it lacks.
+func TestCheckNamesAnOldRedis(t *testing.T) {
+	addr := fakeRedis(t, "6.2.14")
+	c := redis.NewClient(&redis.Options{Addr: addr, Protocol: 2, DisableIdentity: true})
+	t.Cleanup(func() { c.Close() })
+	err := mustRedis(t, c, PerSecond(30), WithFleetSize(1)).Check(context.Background())
+	t.Logf("Check: %v", err)
+	for _, want := range []string{"pace: Check: Redis at " + addr, "Redis 6.2.14 lacks PEXPIRETIME", "unknown command", "Redis 7.0 or later"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Check: %v, want an error that says %q", err, want)
+		}
+	}
+}
+
+// fakeRedis serves, on loopback, a server that speaks enough of Redis's
+// protocol (RESP2) for a limiter's Check: it runs any script as the check
+// script does (it answers Redis's clock), answers INFO with version, and
+// every other command, PEXPIRETIME among them, with an error.
+func fakeRedis(t *testing.T, version string) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go serveFakeRedis(conn, version)
+		}
+	}()
+	return l.Addr().String()
+}
+
+// serveFakeRedis answers the commands of one connection (see fakeRedis).
+func serveFakeRedis(conn net.Conn, version string) {
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	for {
+		args, err := readCommand(r)
+		if err != nil {
+			return
+		}
+		switch name := strings.ToUpper(args[0]); name {
+		case "EVALSHA", "EVAL":
+			fmt.Fprintf(conn, ":%d\r\n", time.Now().UnixMicro())
+		case "INFO":
+			info := "# Server\r\nredis_version:" + version + "\r\n"
+			fmt.Fprintf(conn, "$%d\r\n%s\r\n", len(info), info)
+		default:
+			fmt.Fprintf(conn, "-ERR unknown command '%s', with args beginning with: \r\n", name)
+		}
+	}
+}
+
+// readCommand reads one command (an array of bulk strings) from r.
+func readCommand(r *bufio.Reader) ([]string, error) {
+	var n int
+	if _, err := fmt.Fscanf(r, "*%d\r\n", &n); err != nil || n < 1 || n > 64 {
+		return nil, fmt.Errorf("not a command: %v", err)
+	}
+	args := make([]string, n)
+	for i := range args {
+		var size int
+		if _, err := fmt.Fscanf(r, "$%d\r\n", &size); err != nil || size < 0 || size > 1<<20 {
+			return nil, fmt.Errorf("not a bulk string: %v", err)
+		}
+		b := make([]byte, size+2)
+		if _, err := io.ReadFull(r, b); err != nil {
+			return nil, err
+		}
+		args[i] = string(b[:size])
+	}
+	return args, nil
 }
