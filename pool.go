@@ -15,7 +15,8 @@ import (
 // A Pool is the credentials of one upstream (API keys, deployments), each
 // with a quota of its own: a Transport with a Pool sends each request with
 // the credential that can go soonest, chosen for the whole fleet in the
-// same call that books its wait (on Local, in the same lock). A
+// same call that books its wait (on Local, among its buckets as they
+// stand). A
 // credential the upstream holds (a 429 with Retry-After), slows or spends
 // is passed over for the others until it can go again.
 //

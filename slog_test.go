@@ -23,6 +23,8 @@ func TestSlogObserver(t *testing.T) {
 		{Event{Kind: EventRecover, Limiter: "redis", Key: "k", Delay: 2 * time.Second}, `level=INFO msg="pace: recover" limiter=redis key=k delay=2s`},
 		{Event{Kind: EventHold, Limiter: "redis", Key: "k", Delay: time.Second, Reason: "429 Retry-After: 1"}, `level=INFO msg="pace: hold" limiter=redis key=k delay=1s reason="429 Retry-After: 1"`},
 		{Event{Kind: EventWait, Limiter: "local", Key: "k", Cost: 2, Delay: 5 * time.Millisecond}, `level=DEBUG msg="pace: wait" limiter=local key=k cost=2 delay=5ms`},
+		{Event{Kind: EventWait, Limiter: "redis", Key: "k", Cost: 1, Delay: time.Second, DryRun: true}, `level=DEBUG msg="pace: wait" limiter=redis key=k cost=1 delay=1s dry_run=true`},
+		{Event{Kind: EventMismatch, Limiter: "redis", Key: "k", Reason: "this process paces the key at 200/s"}, `level=WARN msg="pace: mismatch" limiter=redis key=k reason="this process paces the key at 200/s"`},
 		{Event{Kind: EventSlotAbandon, Limiter: "redis", Key: "k", Cost: 1, Delay: 3 * time.Second}, `level=WARN msg="pace: slot-abandon" limiter=redis key=k cost=1 delay=3s`},
 	} {
 		out.Reset()
