@@ -95,7 +95,9 @@ func TestDemoForeign(t *testing.T) {
 // TestDemoDryRun: the demo's 8 workers each send 30 requests a second on
 // their own (an open loop, 240/s before a limit of 200/s burst 10), for
 // 2 s, paced, then as a dry run: the dry run's waits, which nobody waited,
-// have a p50 and a p99 within 10% of those the paced run waited. The
+// have a p50 and a p99 within 10% of those the paced run's limiters booked
+// (by their own clocks: a loaded machine wakes the paced requests late,
+// and their measured waits grew by 17% at p50 once beside a CPU hog). The
 // upstream states no counters and holds 3 tokens beyond the burst: a dry
 // run heeds nothing the upstream says, and the paced run would be steered
 // by its counters, or by a refusal of the start's jitter, which a slack of
@@ -103,8 +105,9 @@ func TestDemoForeign(t *testing.T) {
 func TestDemoDryRun(t *testing.T) {
 	args := []string{"-arrivals", "30", "-headers", "", "-slack", "3"}
 	paced, dry := demo(t, args...), demo(t, append(args, "-dry-run")...)
-	t.Logf("waits p50 %.1fms and p99 %.1fms paced; %.1fms and %.1fms reported by the dry run", paced.WaitP50, paced.WaitP99, dry.WaitP50, dry.WaitP99)
-	for _, w := range [][2]float64{{paced.WaitP50, dry.WaitP50}, {paced.WaitP99, dry.WaitP99}} {
+	t.Logf("waits p50 %.1fms and p99 %.1fms booked paced (%.1fms and %.1fms waited); %.1fms and %.1fms reported by the dry run",
+		paced.BookedP50, paced.BookedP99, paced.WaitP50, paced.WaitP99, dry.WaitP50, dry.WaitP99)
+	for _, w := range [][2]float64{{paced.BookedP50, dry.WaitP50}, {paced.BookedP99, dry.WaitP99}} {
 		if w[0] < 50 || w[1] < 0.9*w[0] || w[1] > 1.1*w[0] {
 			t.Errorf("waits: %.1fms paced, %.1fms in the dry run; want 50ms at least paced, and the dry run's within 10%%", w[0], w[1])
 		}

@@ -35,10 +35,13 @@ type summary struct {
 	SyncCalls   *float64  `json:"sync_calls_per_request"`  // of them, those that synced the upstream's counters
 	PerProcess  []process `json:"per_process"`
 	// WaitP50 and WaitP99 are the fleet's waits: those the requests
-	// waited, or, in a dry run, those their limiters reported.
-	WaitP50 float64 `json:"wait_p50_ms"`
-	WaitP99 float64 `json:"wait_p99_ms"`
-	DryRun  bool    `json:"dry_run"`
+	// waited, or, in a dry run, those their limiters reported; BookedP50
+	// and BookedP99, those their limiters booked (see request.Booked).
+	WaitP50   float64 `json:"wait_p50_ms"`
+	WaitP99   float64 `json:"wait_p99_ms"`
+	BookedP50 float64 `json:"booked_p50_ms"`
+	BookedP99 float64 `json:"booked_p99_ms"`
+	DryRun    bool    `json:"dry_run"`
 	// TooManyLate counts the 429s to requests granted after the run's
 	// first second.
 	TooManyLate int `json:"too_many_requests_after_1s"`
@@ -76,8 +79,11 @@ func summarize(c config, limit pace.Limit, start time.Time, reports []report, up
 		s.Mode += " (embedded store)"
 	}
 	var scriptCalls, syncCalls int64
-	var all []time.Duration
+	var all, booked []time.Duration
 	for _, r := range reports {
+		for _, q := range r.Requests {
+			booked = append(booked, q.Booked)
+		}
 		scriptCalls += r.ScriptCalls
 		syncCalls += r.SyncCalls
 		if r.MetricsURL != "" {
@@ -94,6 +100,7 @@ func summarize(c config, limit pace.Limit, start time.Time, reports []report, up
 		}
 	}
 	s.WaitP50, s.WaitP99 = percentile(all, 0.50), percentile(all, 0.99)
+	s.BookedP50, s.BookedP99 = percentile(booked, 0.50), percentile(booked, 0.99)
 	s.Rate = float64(s.OK) / s.Seconds
 	allowed := float64(limit.Burst()) + limit.Rate()*s.Seconds - float64(s.ForeignOK)
 	if c.Concurrency > 0 {

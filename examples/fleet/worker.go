@@ -30,22 +30,30 @@ type job struct {
 type request struct {
 	Granted time.Time     // when pace let it go
 	Wait    time.Duration // how long pace made it wait, or, in a dry run, would have
-	Status  int           // the upstream's answer, 0 if none
-	refused bool          // in a dry run: its limiter would have refused it
+	// Booked is how long from its start its limiter's last booking said
+	// it would wait: the wait as the limiter's clock has it, which a
+	// loaded machine's late wake-ups do not lengthen, paced or dry.
+	Booked  time.Duration
+	Status  int // the upstream's answer, 0 if none
+	start   time.Time
+	refused bool // in a dry run: its limiter would have refused it
 }
 
 // requestKey is the context key of a request, which a dry run's events fill.
 type requestKey struct{}
 
-// dryRunWaits notes, in the request of ctx, the wait or refusal a dry
-// run's event e reports.
-func dryRunWaits(ctx context.Context, e pace.Event) {
+// bookedWaits notes, in the request of ctx, the wait its limiter booked
+// (event e), and, in a dry run, the wait or refusal e reports.
+func bookedWaits(ctx context.Context, e pace.Event) {
 	q, ok := ctx.Value(requestKey{}).(*request)
 	switch {
-	case !ok || !e.DryRun:
+	case !ok:
 	case e.Kind == pace.EventWait:
-		q.Wait = e.Delay
-	case e.Kind == pace.EventRefuse:
+		q.Booked = time.Since(q.start) + e.Delay
+		if e.DryRun {
+			q.Wait = e.Delay
+		}
+	case e.Kind == pace.EventRefuse && e.DryRun:
 		q.refused = true
 	}
 }
@@ -121,7 +129,7 @@ func (j job) run() (report, error) {
 	var syncs atomic.Int64
 	var served *metrics // with -metrics
 	var limiter pace.Limiter
-	options := []pace.Option{pace.WithObserver(dryRunWaits)}
+	options := []pace.Option{pace.WithObserver(bookedWaits)}
 	if c.DryRun {
 		options = append(options, pace.WithDryRun())
 	}
@@ -142,7 +150,7 @@ func (j job) run() (report, error) {
 			if e.Kind == pace.EventReading || e.Kind == pace.EventStaleReading {
 				syncs.Add(1) // one a sync: the limit is one bucket
 			}
-			dryRunWaits(ctx, e)
+			bookedWaits(ctx, e)
 		}
 		if c.Metrics != "" {
 			if served, err = serveMetrics(c.Metrics, j.Index); err != nil {
@@ -232,8 +240,8 @@ func (j job) send(limiter pace.Limiter, base http.RoundTripper, class pace.Class
 // the deadline end, and notes it in into; it returns false when the next
 // would pass end.
 func (j job) sendOne(limiter pace.Limiter, base http.RoundTripper, class pace.Class, end time.Time, into *[]request, mu *sync.Mutex) bool {
-	q := &request{}
 	start := time.Now()
+	q := &request{start: start}
 	client := &http.Client{Transport: &pace.Transport{Limiter: limiter, Base: stampGrant{base, func(at time.Time) {
 		q.Granted = at
 		if !j.Config.DryRun {
