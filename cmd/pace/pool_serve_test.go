@@ -24,11 +24,13 @@ import (
 //     refuses at most 0.5% of the requests.
 //   - For 7 s, key B answering every request from 1 s to 6 s with a 429
 //     and Retry-After: 5: A and C carry at least 95% of 2 x 100/s
-//     meanwhile, and B sees few requests (its first 429 holds it). Here
-//     the upstream holds one token beyond the burst, as the demo's does:
-//     at a burst matched exactly, the start's jitter is refused now and
-//     then (3 requests in the first run), and a key whose rate it cut
-//     climbs back for seconds (A and C carried 91.5% once in make test).
+//     meanwhile, and B sees few requests (its first 429 holds it).
+//
+// The route ignores refusals that nothing explains: at a burst matched
+// exactly, the start's jitter is refused now and then (3 to 6 requests),
+// and a key whose rate such a refusal cut climbs back for seconds (in make
+// test, 92.9% served once, and A and C 91.5% of 2 x r once), which is the
+// refusals' loop's cost, not the pool's (see TestDemoMatchedStrict).
 func TestServePool(t *testing.T) {
 	python, err := exec.LookPath("python3")
 	if err != nil {
@@ -47,7 +49,7 @@ func TestServePool(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer api.Close()
-		config := fmt.Sprintf("redis: redis://%s\nroutes:\n  - {name: llm, upstream: '%s', limit: 100/s burst 5, api_keys_env: [%s, %s, %s]}\n",
+		config := fmt.Sprintf("redis: redis://%s\nroutes:\n  - {name: llm, upstream: '%s', limit: 100/s burst 5, api_keys_env: [%s, %s, %s], ignore_refusals: true}\n",
 			redisServer.Addr, api.URL(), names[0], names[1], names[2])
 		replicas := []*replica{startReplica(t, config), startReplica(t, config)}
 		start, end := loadFromPython(t, python, seconds, replicas, func(start time.Time) {
@@ -71,7 +73,7 @@ func TestServePool(t *testing.T) {
 	}
 
 	var faultFrom, faultUntil time.Time
-	api, _, _ = run(7, 6, func(api *quotaapi.Pool, start time.Time) {
+	api, _, _ = run(7, 5, func(api *quotaapi.Pool, start time.Time) {
 		faultFrom, faultUntil = start.Add(time.Second), start.Add(6*time.Second)
 		api.Refuse(tokens[1], faultFrom, faultUntil, "5")
 	})
