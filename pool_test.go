@@ -364,3 +364,19 @@ func TestPoolWait(t *testing.T) {
 		t.Error("Pool.Wait on a Limiter of a user's: no error")
 	}
 }
+
+// TestPoolForeignDataNamesItsKey: foreign data at the second credential's
+// bucket, asked first, is a *KeyError for that credential's key and Redis
+// key (before, it named the pool's first key).
+func TestPoolForeignDataNamesItsKey(t *testing.T) {
+	c := newTestRedis(t) // the embedded store's Lua hands pick.lua's pcall the error otherwise
+	r := mustRedis(t, c, mustParseLimit(t, "1/s burst 1"), WithFleetSize(1), sharedOnly)
+	if err := c.Set(context.Background(), DefaultPrefix+"{{api}B}", "lots", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := r.store.Reserve(context.Background(), store.Request{Pool: []string{"{api}A", "{api}B"}, First: 1, Costs: uniform(1, 1)}, time.Minute, 0)
+	var keyErr *KeyError
+	if !errors.As(err, &keyErr) || keyErr.Key != "{api}B" || keyErr.RedisKey != DefaultPrefix+"{{api}B}" {
+		t.Errorf("foreign data at B's bucket: %v (%+v), want a *KeyError naming {api}B and its Redis key", err, keyErr)
+	}
+}

@@ -117,7 +117,7 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 		err = fmt.Errorf("replied %v, want [granted delay now finish... booked... listening recovered]", append([]int64(nil), reply[:size]...))
 	}
 	if err != nil {
-		return Booking{}, s.fail(q.key(), "reserve", keys, err)
+		return Booking{}, s.fail(q.keyOf(keys, err), "reserve", keys, err)
 	}
 	b.Granted, b.Delay, b.Now = reply[0] == 1, Microseconds(reply[1]), reply[2]
 	copy(b.Finishes[:], reply[3:3+n])
@@ -142,12 +142,18 @@ func (q Request) BookedKey(b Booking) string {
 	return q.Key
 }
 
-// key is the key q names: a pool's first, for a request of a pool.
-func (q Request) key() string {
-	if q.Pool != nil {
+// keyOf is the key of q that err, a failure of the call whose keys are
+// keys, concerns: q's own, or, for a pool, the key whose part of keys (an
+// equal share each) holds the key a foreign-data error names.
+func (q Request) keyOf(keys []string, err error) string {
+	if q.Pool == nil {
+		return q.Key
+	}
+	i, _, ok := keyErrorOf(err)
+	if !ok || i < 1 || i > len(keys) {
 		return q.Pool[0]
 	}
-	return q.Key
+	return q.Pool[(i-1)/(len(keys)/len(q.Pool))]
 }
 
 // bookedKeys returns the keys of q's booking (see bookingKeys) and its

@@ -40,19 +40,32 @@ const keyErrorMarker = "PACEKEY "
 // fail turns the error of script's call for key into a *KeyError when the
 // script raised one about keys, and otherwise names the key and script.
 func (s *Store) fail(key, script string, keys []string, err error) error {
-	var redisErr redis.Error
-	if errors.As(err, &redisErr) {
-		if rest, ok := strings.CutPrefix(redisErr.Error(), keyErrorMarker); ok {
-			index, problem, _ := strings.Cut(rest, " ")
-			problem, _, _ = strings.Cut(problem, " script: ") // Redis names the script after the message
-			keyErr := &KeyError{Key: key, Problem: problem}
-			if i, convErr := strconv.Atoi(index); convErr == nil && i >= 1 && i <= len(keys) {
-				keyErr.RedisKey = keys[i-1]
-			}
-			return keyErr
-		}
+	i, problem, ok := keyErrorOf(err)
+	if !ok {
+		return &CallError{Key: key, Script: script, Err: err}
 	}
-	return &CallError{Key: key, Script: script, Err: err}
+	keyErr := &KeyError{Key: key, Problem: problem}
+	if i >= 1 && i <= len(keys) {
+		keyErr.RedisKey = keys[i-1]
+	}
+	return keyErr
+}
+
+// keyErrorOf reads a script's error about one of its keys: the key's
+// index in KEYS (from 1; 0 when unreadable) and what is wrong there.
+func keyErrorOf(err error) (index int, problem string, ok bool) {
+	var redisErr redis.Error
+	if !errors.As(err, &redisErr) {
+		return 0, "", false
+	}
+	rest, ok := strings.CutPrefix(redisErr.Error(), keyErrorMarker)
+	if !ok {
+		return 0, "", false
+	}
+	text, problem, _ := strings.Cut(rest, " ")
+	problem, _, _ = strings.Cut(problem, " script: ") // Redis names the script after the message
+	index, _ = strconv.Atoi(text)
+	return index, problem, true
 }
 
 // A CallError is a script call for a key that failed: Redis did not

@@ -84,7 +84,7 @@ const (
 	HoldSuffix      = "#hold"     // the key's hold
 	SettledSuffix   = "#settled:" // the mark of a reservation settled
 	RateSuffix      = "#rate"     // the key's rate after refusals
-	LimitsSuffix    = "#limits"   // the limits the fleet paces the key at, while its processes disagree
+	LimitsSuffix    = "#limits"   // the limits the fleet paces a one-bucket key at (see lua/limits.lua)
 	CallSuffix      = "#call:"    // the record of a booking's call
 	SlotsSuffix     = "#slots:"   // the holders of a cap's slots
 	LineSuffix      = "#line:"    // its line of waiters
