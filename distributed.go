@@ -100,7 +100,7 @@ func NewRedis(client redis.Scripter, q Quota, opts ...RedisOption) (*Redis, erro
 	r.shareKey = shareKey(client, r.config.prefix, r.config.fleetName, r.limits)
 	r.calls = store.NewCaller(client, r.config.callTimeout)
 	r.failover.CountAnswers(&r.calls.Answers)
-	r.store = store.New(r.calls, r.config.prefix, r.id, storeLimits(r.limits))
+	r.store = store.New(r.calls, r.config.prefix, r.id, storeLimits(r.limits, r.now))
 	return r, nil
 }
 
@@ -137,16 +137,21 @@ func newRedis(q Quota, now func() time.Time, opts ...RedisOption) (*Redis, error
 	return r, nil
 }
 
-// storeLimits are limits as the store takes them. Each limit's Redis key
-// is prefix{key}, a colon and the limit's name; the key of a quota of one
-// unnamed bucket is prefix{key} alone.
-func storeLimits(limits []Limit) []store.Limit {
+// storeLimits are limits as the store takes them, a calendar's windows
+// told by the clock now. Each limit's Redis key is prefix{key}, a colon and
+// the limit's name; the key of a quota of one unnamed bucket is prefix{key}
+// alone.
+func storeLimits(limits []Limit, now func() time.Time) []store.Limit {
 	kinds := map[limitKind]store.Kind{bucket: store.Bucket, slidingWindow: store.SlidingWindow, fixedWindow: store.FixedWindow}
 	out := make([]store.Limit, len(limits))
 	for i, l := range limits {
 		out[i] = store.Limit{Kind: kinds[l.kind], Span: l.intervalMicros(), Count: l.burst, Suffix: ":" + limitName(l)}
 		if l.kind != bucket {
 			out[i].Span = l.period.Microseconds()
+		}
+		if l.cal.unit != notCalendar {
+			windows := &calendarWindows{cal: l.cal}
+			out[i].Windows = func() string { return windows.text(now()) }
 		}
 	}
 	if len(limits) == 1 && limits[0].kind == bucket && limits[0].name == "" {

@@ -351,7 +351,7 @@ func (m *modelCheck) refusalOf(step int, bk modelBooking, served bool) {
 	if err != nil {
 		m.t.Fatalf("step %d: refused: %v", step, err)
 	}
-	if want := m.model.refused(bk.key, bk.b, served, m.now(step, now), int64(store.BucketBurst(storeLimits(r.limits)))); share != want {
+	if want := m.model.refused(bk.key, bk.b, served, m.now(step, now), int64(store.BucketBurst(storeLimits(r.limits, time.Now)))); share != want {
 		m.t.Fatalf("step %d: refused(%s, booked at %d, served %v) at %d: script %d, model %d", step, bk.key, bk.b.Now, served, now, share, want)
 	}
 	switch {

@@ -22,6 +22,7 @@ type Limit struct {
 	kind   limitKind
 	name   string   // names the limit's Redis key; its String when empty
 	learn  learning // adopts the limit the upstream advertises (see Learn)
+	cal    calendar // a Daily or Monthly window's days or months
 }
 
 // limitKind says how a Limit counts.
@@ -144,6 +145,8 @@ func (l Limit) problem() string {
 		return fmt.Sprintf("count %v is above 2^53", l.count)
 	case l.kind == concurrent:
 		return l.capProblem()
+	case l.cal.unit != notCalendar && l.cal.loc == nil:
+		return "a calendar window needs a zone (a *time.Location such as time.UTC)"
 	case l.period <= 0:
 		return fmt.Sprintf("period %v is not positive", l.period)
 	case l.burst < 1:
@@ -250,6 +253,9 @@ func (l Limit) String() string {
 	if l.kind == concurrent {
 		return strconv.FormatFloat(l.count, 'f', -1, 64) + " in flight"
 	}
+	if l.cal.unit != notCalendar {
+		return strconv.FormatFloat(l.count, 'f', -1, 64) + l.cal.calendarText()
+	}
 	s := strconv.FormatFloat(l.count, 'g', -1, 64) + "/" + formatPeriod(l.period)
 	switch {
 	case l.kind == slidingWindow:
@@ -266,16 +272,20 @@ func (l Limit) String() string {
 //
 //	COUNT/PERIOD [burst N | sliding | fixed] [learn [FLOOR..CEILING]]
 //	COUNT in flight
+//	COUNT/day [in ZONE]
+//	COUNT/month [in ZONE]
 //
 // COUNT is a positive number; PERIOD is s, m, h or d (second, minute, hour,
 // day), or a Go duration such as 15m or 500ms. Alone, or with a burst (which
 // defaults to COUNT rounded up), it is a token bucket; "sliding" makes it a
 // Window, "fixed" a FixedWindow (with a whole COUNT); "learn" makes a bucket
 // Learn, and "learn FLOOR..CEILING" LearnWithin(FLOOR, CEILING); "COUNT in
-// flight" is a cap of requests in flight (Concurrent). Examples: "100/s",
-// "5000/h", "10/s burst 20", "900/15m sliding", "100/h fixed", "10/s learn",
-// "10/s learn 1..500", "10 in flight". Anything else is an error that
-// quotes the input.
+// flight" is a cap of requests in flight (Concurrent); "/day" and "/month"
+// are calendar windows (Daily, Monthly) in ZONE, a name of the IANA time
+// zone database, or UTC. Examples: "100/s", "5000/h", "10/s burst 20",
+// "900/15m sliding", "100/h fixed", "10/s learn", "10/s learn 1..500",
+// "10 in flight", "10000/day in America/Los_Angeles", "50000/month".
+// Anything else is an error that quotes the input.
 func ParseLimit(s string) (Limit, error) {
 	bad := func(why string) (Limit, error) {
 		return Limit{}, fmt.Errorf("pace: invalid limit %q: %s (want COUNT/PERIOD [burst N], such as \"100/s\" or \"10/s burst 20\")", s, why)
@@ -283,6 +293,9 @@ func ParseLimit(s string) (Limit, error) {
 	fields := strings.Fields(s)
 	if len(fields) == 3 && fields[1] == "in" && fields[2] == "flight" {
 		return parseCap(fields[0], bad)
+	}
+	if isCalendar(fields) {
+		return parseCalendar(fields, bad)
 	}
 	fields, learn, err := parseLearn(fields)
 	if err != nil {

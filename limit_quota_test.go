@@ -19,7 +19,7 @@ import (
 // modelLimits are a limiter's limits as quota.lua receives them.
 func modelLimits(r *Redis) [][3]int64 {
 	var limits [][3]int64
-	for _, l := range storeLimits(r.limits) {
+	for _, l := range storeLimits(r.limits, time.Now) {
 		limits = append(limits, [3]int64{int64(l.Kind), l.Span, int64(l.Count)})
 	}
 	return limits
@@ -169,7 +169,7 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 			if err != nil {
 				t.Fatalf("step %d: refused: %v", step, err)
 			}
-			if want := model.buckets.refused(bk.key, bk.b, served, now, int64(store.BucketBurst(storeLimits(limiters[bk.limiter].limits)))); share != want {
+			if want := model.buckets.refused(bk.key, bk.b, served, now, int64(store.BucketBurst(storeLimits(limiters[bk.limiter].limits, time.Now)))); share != want {
 				t.Fatalf("step %d: refused(%s, booked at %d, served %v) at %d: script %d, model %d", step, bk.key, bk.b.Now, served, now, share, want)
 			}
 			counts[map[bool]string{true: "rate-cut", false: "rate-unchanged"}[share > 0]]++

@@ -111,7 +111,7 @@ func NewLocal(q Quota, opts ...Option) (*Local, error) {
 // clock.
 func newLocal(limits namedLimits, config commonConfig, now func() time.Time) *Local {
 	loc := &Local{namedLimits: limits, config: config, now: now, seed: maphash.MakeSeed(), costCap: smallestBurst(limits.limits),
-		openBurst: int64(store.BucketBurst(storeLimits(limits.limits)))}
+		openBurst: int64(store.BucketBurst(storeLimits(limits.limits, now)))}
 	for _, l := range limits.limits {
 		loc.refill = max(loc.refill, time.Duration(l.burst)*time.Duration(float64(l.period)/l.count))
 	}

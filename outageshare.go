@@ -40,7 +40,11 @@ func shareKey(client redis.Scripter, prefix, fleetName string, limits []Limit) s
 	case *redis.ClusterClient:
 		where = c.Options().Addrs
 	}
-	return fmt.Sprintf("%v %q %q %v", where, prefix, fleetName, storeLimits(limits))
+	stored := storeLimits(limits, time.Now)
+	for i := range stored {
+		stored[i].Windows = nil // a func prints as its address; the limit's key names its calendar
+	}
+	return fmt.Sprintf("%v %q %q %v", where, prefix, fleetName, stored)
 }
 
 // outageLimiter returns the local limiter for an outage of r that begins at

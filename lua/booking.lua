@@ -11,16 +11,17 @@ end
 
 -- read_booking reads, and checks, limit i's keys for a booking at due: a
 -- bucket's schedule (TAT), how many gaps it has and its steering; or, for a
--- fixed window of length a when with_count, the field of the booking's
--- window and its count.
-local function read_booking(i, kind, a, due, with_count)
+-- fixed window of windows spec (see window_at) when with_count, the field
+-- of the booking's window and its count.
+local function read_booking(i, kind, spec, due, with_count)
   if kind == 1 then
     local tat, steer = read_bucket(2 * i - 1)
     return tat, nil, read(2 * i, 'ZCARD'), steer
   elseif kind == 2 then
     read(2 * i - 1, 'ZCARD')
   elseif with_count then
-    local field = string.format('%d', (due - due % a) / a)
+    local _, _, field = window_at(spec, due)
+    if not field then return nil end -- a calendar's window told no more: gone
     return nil, field, number(2 * i - 1, read(2 * i - 1, 'HGET', field), 2^53)
   end
 end

@@ -79,6 +79,31 @@ local function guard(length)
   return math.min(length - length % 50, 2500000) / 50
 end
 
+-- window_at returns the fixed window that holds t: when it starts, when
+-- the next starts, and its field in the window's counts (a hash). spec is
+-- the windows' length, or, for windows of unequal lengths (a calendar's
+-- days or months), the times they start at, ascending and comma-separated,
+-- the last being the end of the one before; then a t outside them returns
+-- nil. All in microseconds; a window of a length is numbered from the Unix
+-- epoch, one of a calendar by its start.
+local function window_at(spec, t)
+  local a = tonumber(spec)
+  if a then
+    local w = (t - t % a) / a
+    return w * a, (w + 1) * a, string.format('%d', w)
+  end
+  local start
+  for text in string.gmatch(spec, '%d+') do
+    local b = tonumber(text)
+    if b > t then
+      if not start then return nil end
+      return start, b, string.format('%d', start)
+    end
+    start = b
+  end
+  return nil
+end
+
 -- A bucket's value is its schedule, the theoretical arrival time (TAT), or,
 -- once the upstream's counters have steered it, twelve whole numbers,
 -- "TAT SEEN TILL SPREAD LEARNED LEFT BASE SYNCED BOOKED FOREIGN ORDER CEILING":

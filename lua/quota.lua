@@ -19,8 +19,8 @@
 -- ARGV[4i], ARGV[4i+1], ARGV[4i+2], ARGV[4i+3]   limit i: its kind (1
 --           bucket, 2 sliding window, 3 fixed window), then a bucket's
 --           interval (microseconds one unit adds to the schedule) and burst,
---           or a window's length in microseconds and count; then the
---           request's cost under it
+--           or a window's length in microseconds (a fixed window's windows,
+--           see window_at) and count; then the request's cost under it
 -- ARGV[4n+4]  the limits whose costs are a reservation's estimates (see
 --           estimated in common.lua)
 --
@@ -38,7 +38,7 @@ local n = #KEYS - 3
 local seldom = any_exists(n + 1, n + 2, n + 3)
 local again = seldom and recorded(n + 3)
 if again then return again end
-local kinds, as, bs, costs, stored, steers = {}, {}, {}, {}, {}, {}
+local kinds, as, bs, costs, stored, steers, specs = {}, {}, {}, {}, {}, {}, {}
 local due = now + tonumber(ARGV[2])
 local held = seldom and time(n + 1, read(n + 1, 'GET')) or nil
 if held and held > due then due = held end
@@ -47,7 +47,7 @@ local unit = nil -- see rate.lua
 -- Every bucket and sliding window allows any time from a threshold on.
 for i = 1, n do
   local kind, a, b, cost = tonumber(ARGV[4 * i]), tonumber(ARGV[4 * i + 1]), tonumber(ARGV[4 * i + 2]), tonumber(ARGV[4 * i + 3])
-  kinds[i], as[i], bs[i], costs[i] = kind, a, b, cost
+  kinds[i], as[i], bs[i], costs[i], specs[i] = kind, a, b, cost, ARGV[4 * i + 1]
   if kind == 1 then
     stored[i], steers[i] = read_bucket(i)
     local allow = bucket_allow(stored[i], steers[i], a, b, cost, now)
@@ -59,6 +59,11 @@ for i = 1, n do
     if nth and nth + a + guard(a) > due then due = nth + a + guard(a) end
   else
     read(i, 'HLEN')
+    local start, finish = window_at(specs[i], now)
+    if not start then
+      foreign(i, 'is a window of a calendar that does not hold the time of Redis: its process\'s clock is a window off')
+    end
+    a = finish - start
   end
   local per = math.ceil(a / b) -- a unit's time: a window's length over its count
   if kind == 1 then per = interval(steers[i], a) end
@@ -82,24 +87,25 @@ while moved do
   moved = false
   for i = 1, n do
     if kinds[i] == 3 then
-      local w = (due - due % as[i]) / as[i]
+      local start, finish, field = window_at(specs[i], due)
       local room = false
       for _ = 1, 64 do
-        local used = number(i, redis.call('HGET', KEYS[i], string.format('%d', w)), 2^53) or 0
+        if not start then break end
+        local used = number(i, redis.call('HGET', KEYS[i], field), 2^53) or 0
         if used + costs[i] <= bs[i] then
           room = true
           break
         end
-        w = w + 1
+        start, finish, field = window_at(specs[i], finish)
       end
       if not room then
-        foreign(i, 'is booked more than 64 windows ahead')
+        foreign(i, 'is booked more than 64 windows ahead (a calendar: 6 of its days or months)')
       end
-      if w * as[i] > due then
-        due = w * as[i]
+      if start > due then
+        due = start
         moved = true
       end
-      windows[i] = w
+      windows[i] = {field, finish}
     end
   end
 end
@@ -148,13 +154,19 @@ for i = 1, n do
     redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - a - guard(a))
     redis.call('PEXPIREAT', KEYS[i], ms_expiry(due + a + guard(a)))
   else
-    local w = windows[i]
-    redis.call('HINCRBY', KEYS[i], string.format('%d', w), costs[i])
-    local current = (now - now % a) / a
-    redis.call('HDEL', KEYS[i], string.format('%d', current - 1), string.format('%d', current - 2))
+    local field, finish = windows[i][1], windows[i][2]
+    redis.call('HINCRBY', KEYS[i], field, costs[i])
+    -- The two windows before now's are over.
+    local start = window_at(specs[i], now)
+    for _ = 1, 2 do
+      local before, _, old = window_at(specs[i], start - 1)
+      if not before then break end
+      redis.call('HDEL', KEYS[i], old)
+      start = before
+    end
     -- The counts expire with the last window booked: never a key without
     -- an expiry, never one cut short.
-    local expiry = ms_expiry((w + 1) * a)
+    local expiry = ms_expiry(finish)
     if redis.call('PEXPIRETIME', KEYS[i]) < expiry then
       redis.call('PEXPIREAT', KEYS[i], expiry)
     end

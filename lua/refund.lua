@@ -56,7 +56,7 @@ end
 local kinds, tats, fields, used, steers = {}, {}, {}, {}, {}
 for i = 1, n do
   kinds[i] = tonumber(ARGV[4 * i - 1])
-  tats[i], fields[i], used[i], steers[i] = read_booking(i, kinds[i], tonumber(ARGV[4 * i]), due, due > now)
+  tats[i], fields[i], used[i], steers[i] = read_booking(i, kinds[i], ARGV[4 * i], due, due > now)
 end
 
 local reply = {now}

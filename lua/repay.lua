@@ -56,19 +56,21 @@ end
 
 -- repay_fixed counts the debt in the current window, up to its count, and
 -- the rest in the next one.
-local function repay_fixed(i, a, b, debt)
+local function repay_fixed(i, spec, b, debt)
   local key = KEYS[i]
-  local w = (now - now % a) / a
-  local left = debt
-  for window = w, w + 1 do
-    local used = number(i, redis.call('HGET', key, string.format('%d', window)), 2^53) or 0
+  local left, finish, at = debt, now, now
+  for _ = 1, 2 do
+    local start, ends, field = window_at(spec, at)
+    if not start then break end -- beyond the windows of a calendar told
+    at, finish = ends, ends
+    local used = number(i, redis.call('HGET', key, field), 2^53) or 0
     local units = math.max(math.min(left, b - used), 0)
     if units > 0 then
-      redis.call('HINCRBY', key, string.format('%d', window), units)
+      redis.call('HINCRBY', key, field, units)
       left = left - units
     end
   end
-  local expiry = ms_expiry((w + 2) * a)
+  local expiry = ms_expiry(finish)
   if debt > left and redis.call('PEXPIRETIME', key) < expiry then
     redis.call('PEXPIREAT', key, expiry)
   end
@@ -83,7 +85,7 @@ for i = 1, n do
   elseif kinds[i] == 2 then
     units = repay_sliding(i, as[i], bs[i], debts[i], ARGV[1])
   elseif kinds[i] == 3 then
-    units = repay_fixed(i, as[i], bs[i], debts[i])
+    units = repay_fixed(i, ARGV[4 * i - 1], bs[i], debts[i])
   end
   reply[i + 1] = units
 end

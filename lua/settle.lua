@@ -86,7 +86,7 @@ for i = 1, n do
   if ARGV[5 * i + 1] == ARGV[5 * i + 2] and not estimated(mask, i) then
     kinds[i] = 0
   else
-    tats[i], fields[i], used[i], steers[i] = read_booking(i, kinds[i], tonumber(ARGV[5 * i - 1]), due, true)
+    tats[i], fields[i], used[i], steers[i] = read_booking(i, kinds[i], ARGV[5 * i - 1], due, true)
   end
 end
 if not redis.call('SET', KEYS[mark], '1', 'NX', 'PX', 60000) then

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -166,12 +167,10 @@ func planSliding(ctx context.Context, pipe redis.Pipeliner, p *part, l pace.Limi
 // and a new request's wait.
 func planFixed(ctx context.Context, pipe redis.Pipeliner, p *part, l pace.Limit, known bool, now time.Time) func() error {
 	n, some := pipe.HLen(ctx, p.redis), pipe.HScan(ctx, p.redis, 0, "", shownMembers)
-	period := int64(float64(l.Burst()) / l.Rate() * 1e6)
 	var current *redis.StringCmd
-	var window int64
+	start, reset := l.Window(now)
 	if known {
-		window = now.UnixMicro() / period
-		current = pipe.HGet(ctx, p.redis, strconv.FormatInt(window, 10))
+		current = pipe.HGet(ctx, p.redis, windowField(l, start))
 	}
 	return func() error {
 		fields, _ := some.Val()
@@ -190,9 +189,22 @@ func planFixed(ctx context.Context, pipe redis.Pipeliner, p *part, l pace.Limit,
 		}
 		left, wait := int64(l.Burst())-used, time.Duration(0)
 		if left <= 0 {
-			wait = time.Duration((window+1)*period-now.UnixMicro()) * time.Microsecond
+			wait = reset.Sub(now)
 		}
-		p.state = fmt.Sprintf("limit %s: %d of %d left in this window, a new request waits %v; %s", l, max(left, 0), l.Burst(), wait.Round(time.Millisecond), p.state)
+		p.state = fmt.Sprintf("limit %s: %d of %d left in this window, which resets at %s, a new request waits %v; %s",
+			l, max(left, 0), l.Burst(), reset.In(cmp.Or(l.Zone(), time.UTC)).Format(time.RFC3339), wait.Round(time.Millisecond), p.state)
 		return errors.Join(n.Err(), some.Err(), err)
 	}
+}
+
+// windowField is the field of a fixed window's counts for its window that
+// starts at start: a calendar's by its start, in microseconds of the Unix
+// epoch; another's by its number from the epoch (see window_at in
+// lua/common.lua).
+func windowField(l pace.Limit, start time.Time) string {
+	if l.Zone() != nil {
+		return strconv.FormatInt(start.UnixMicro(), 10)
+	}
+	_, end := l.Window(start)
+	return strconv.FormatInt(start.UnixMicro()/end.Sub(start).Microseconds(), 10)
 }

@@ -362,9 +362,14 @@ func TestInspectFindsRulesAndResets(t *testing.T) {
 // one unnamed bucket, NAME=TEXT for a named one), or reading it from the
 // key's name (an AllOf's unnamed limits), inspect says how much is left
 // now and how long a new request would wait: for a bucket, a sliding
-// window and a fixed window, one of them full.
+// window, a fixed window and a calendar's day (with when its window
+// resets), some of them full.
 func TestInspectSaysWhatIsLeft(t *testing.T) {
 	ctx := context.Background()
+	la, err := time.LoadLocation("America/Los_Angeles")
+	if err != nil {
+		t.Fatal(err)
+	}
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	for _, tc := range []struct {
@@ -375,6 +380,7 @@ func TestInspectSaysWhatIsLeft(t *testing.T) {
 		{pace.PerSecond(10).WithBurst(5), "api", 3},
 		{pace.AllOf{pace.Window(5, time.Minute), pace.FixedWindow(10, time.Hour)}, "search", 5},
 		{pace.AllOf{pace.PerSecond(100).Named("requests"), pace.PerMinute(1000).WithBurst(1000).Named("tokens")}, "llm", 4},
+		{pace.AllOf{pace.PerSecond(100), pace.Daily(3, la)}, "gemini", 3},
 	} {
 		r, err := pace.NewRedis(c, tc.quota, pace.WithFleetSize(1))
 		if err != nil {
@@ -393,15 +399,23 @@ func TestInspectSaysWhatIsLeft(t *testing.T) {
 	}
 	report := out.String()
 	t.Logf("\n%s", report)
+	_, hour := pace.FixedWindow(10, time.Hour).Window(time.Now())
+	hour = hour.UTC()
+	_, midnight := pace.Daily(3, la).Window(time.Now())
+	midnight = midnight.In(la)
 	for _, want := range []string{
 		"limit 10/s burst 5: 2 of 5 tokens left, a new request waits 0s",
 		"limit 5/m sliding: 0 of 5 left, a new request waits 59.9",
-		"limit 10/h fixed: 5 of 10 left in this window, a new request waits 0s",
+		"limit 10/h fixed: 5 of 10 left in this window, which resets at " + hour.Format(time.RFC3339) + ", a new request waits 0s",
+		"limit 3/day in America/Los_Angeles: 0 of 3 left in this window, which resets at " + midnight.Format(time.RFC3339) + ", a new request waits ",
 		"limit 1000/m: 996 of 1000 tokens left, a new request waits 0s",
 	} {
 		if !strings.Contains(report, want) {
 			t.Errorf("the report has no %q", want)
 		}
+	}
+	if strings.Contains(report, "resets at "+midnight.Format(time.RFC3339)+", a new request waits 0s") {
+		t.Errorf("a spent day's new request waits 0s")
 	}
 	if err := run(ctx, []string{"inspect", "-redis", "redis://" + srv.Addr, "-limit", "10/x"}, &out, &out); err == nil || !strings.Contains(err.Error(), "10/x") {
 		t.Errorf("-limit 10/x: %v, want an error that names it", err)

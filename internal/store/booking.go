@@ -85,7 +85,7 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 	if !s.oneBucket {
 		script, args, at = quotaScript, append(make([]any, 0, 4+4*n), budgetArg, notBefore.Microseconds(), id), 1
 		for i := range n {
-			args = append(args, s.limitArgs[3*i], s.limitArgs[3*i+1], s.limitArgs[3*i+2], q.Costs[i])
+			args = append(args, s.limitArgs[3*i], s.span(i), s.limitArgs[3*i+2], q.Costs[i])
 		}
 		args = append(args, int64(q.Estimated))
 	}
@@ -248,7 +248,7 @@ func (s *Store) Refund(ctx context.Context, key string, b Booking) ([MaxLimits]R
 	n := len(s.limits)
 	args := append(make([]any, 0, 2+4*n), b.ID, b.Due())
 	for i := range n {
-		args = append(args, s.limitArgs[3*i], s.limitArgs[3*i+1], b.Costs[i], b.Finishes[i])
+		args = append(args, s.limitArgs[3*i], s.span(i), b.Costs[i], b.Finishes[i])
 	}
 	keys := s.Keys(key, true)
 	var reply [1 + MaxLimits]int64
@@ -272,7 +272,7 @@ func (s *Store) Settle(ctx context.Context, key string, b Booking, actual LimitC
 	n := len(s.limits)
 	args := append(make([]any, 0, 3+5*n), b.ID, b.Due())
 	for i := range n {
-		args = append(args, s.limitArgs[3*i], s.limitArgs[3*i+1], s.limitArgs[3*i+2], b.Costs[i], actual[i])
+		args = append(args, s.limitArgs[3*i], s.span(i), s.limitArgs[3*i+2], b.Costs[i], actual[i])
 	}
 	args = append(args, int64(b.Estimated))
 	keys := append(s.Keys(key, true), s.prefix+"{"+key+"}"+SettledSuffix+b.ID)
@@ -290,7 +290,7 @@ func (s *Store) Repay(ctx context.Context, key string, debt LimitCosts) (LimitCo
 	args := make([]any, 0, 1+4*n)
 	args = append(args, s.member+":repay:"+strconv.FormatUint(s.requestIDs.Add(1), 10))
 	for i := range n {
-		args = append(args, s.limitArgs[3*i], s.limitArgs[3*i+1], s.limitArgs[3*i+2], max(debt[i], 0))
+		args = append(args, s.limitArgs[3*i], s.span(i), s.limitArgs[3*i+2], max(debt[i], 0))
 	}
 	keys := s.Keys(key, false)
 	var reply [1 + MaxLimits]int64

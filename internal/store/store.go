@@ -50,6 +50,10 @@ type Limit struct {
 	Span   int64  // a bucket's interval (the time one token takes to refill), or a window's period, in microseconds
 	Count  int    // a bucket's burst, or a window's count
 	Suffix string // what its Redis key adds to prefix{key}: "" for a quota of one unnamed bucket
+	// Windows, if set, gives a fixed window's windows in Span's place: the
+	// times the windows around now start at, as window_at in lua/common.lua
+	// reads them (a calendar's days or months, of unequal lengths).
+	Windows func() string
 }
 
 // New returns the store of a quota of limits, whose calls go through calls,
@@ -69,6 +73,15 @@ func New(calls *Caller, prefix, member string, limits []Limit) *Store {
 		s.booked = append(s.booked, LimitsSuffix) // see lua/limits.lua
 	}
 	return s
+}
+
+// span is limit i's span as the scripts take it: its Span, or its windows
+// around now.
+func (s *Store) span(i int) any {
+	if windows := s.limits[i].Windows; windows != nil {
+		return windows()
+	}
+	return s.limitArgs[3*i+1]
 }
 
 // Keys a user can name never contain ReservedInNames after the hash tag;
