@@ -185,12 +185,12 @@ func TestParseCalendarLimit(t *testing.T) {
 		}
 	}
 	for text, why := range map[string]string{
-		"10/day in Mars/Olympus":      `zone "Mars/Olympus"`,
-		"10/day in":                   "then nothing or in ZONE",
-		"10/day burst 5":              "then nothing or in ZONE",
-		"1.5/day":                     `count "1.5"`,
-		"0/month":                     "count 0",
-		"-3/day in UTC":               "count -3",
+		"10/day in Mars/Olympus":       `zone "Mars/Olympus"`,
+		"10/day in":                    "then nothing or in ZONE",
+		"10/day burst 5":               "then nothing or in ZONE",
+		"1.5/day":                      `count "1.5"`,
+		"0/month":                      "count 0",
+		"-3/day in UTC":                "count -3",
 		"10/month in ../../etc/passwd": `zone "../../etc/passwd"`,
 	} {
 		if _, err := ParseLimit(text); err == nil || !strings.Contains(err.Error(), why) || !strings.Contains(err.Error(), strconv.Quote(text)) {
