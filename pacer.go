@@ -2,7 +2,6 @@ package pace
 
 import (
 	"context"
-	"net/http"
 	"time"
 
 	"github.com/fleetpace/pace/headers"
@@ -12,7 +11,7 @@ import (
 // one question per request and hands it the answer. It takes the request's
 // slot under a cap in flight (TakeSlot), waits for its grant (waitGrant)
 // or reserves its estimated costs (Reserve), heeds what the response says
-// of the key (heedResponse: holds, counters, refusals), and settles the
+// of the key (heedWord: holds, counters, refusals), and settles the
 // reservation once the body ends (Settle). The protocol is unexported: a
 // Limiter of a user's (a decorator, a test's fake) is waited on, and no
 // more. A decorator that had to forward six interfaces to be steered was
@@ -37,11 +36,13 @@ type pacer interface {
 	admit(ctx context.Context, at target, cost int) (*Slot, grant, error)
 	// reserveFor reserves as Reserve does, on at (see target).
 	reserveFor(ctx context.Context, at target, estimate Costs) (*Reservation, error)
-	// heedResponse applies what resp, the response to the request granted
-	// as g, which arrived at arrival, says of key, as far as h allows: its
-	// holds (headers.ParseHold), its counters (headers.ParseReadings), a refusal without a
-	// word. It runs past ctx's end; failures reach the limiter's observer.
-	heedResponse(ctx context.Context, key string, g grant, resp *http.Response, arrival time.Time, h heedScope)
+	// heedWord applies w, what the response to the request granted as g
+	// said of key (see Transport.heed), as far as h allows: its holds, its
+	// counters, a refusal without a word. It runs past ctx's end; failures
+	// reach the limiter's observer.
+	heedWord(ctx context.Context, key string, g grant, w headers.Word, h heedScope)
+	// longestHold is the longest hold the limiter sets (WithMaxHold).
+	longestHold() time.Duration
 }
 
 var (

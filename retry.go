@@ -15,8 +15,9 @@ import (
 // through t: each attempt waits for its own token and honours the holds that
 // responses set. It retries connection errors, 429s and 5xx responses
 // (retryablehttp's DefaultRetryPolicy) up to 4 times, and any other response
-// that holds its key (see headers.ParseHold), such as GitHub's 403 of a secondary
-// limit (Retry-After, or X-RateLimit-Remaining: 0), but not a wait that
+// that holds its key (see headers.ParseHold and headers.HearBody), such as
+// GitHub's 403 of a secondary limit (Retry-After, X-RateLimit-Remaining: 0,
+// or only its message, which holds the key a minute and more), but not a wait that
 // pace refused or could not decide (a *DeadlineError, ErrUnavailable, a bad
 // key or cost): trying again would fail the same way. After a response that
 // set a hold, it retries at once, since the next attempt's wait already lasts
@@ -28,10 +29,8 @@ func NewRetryClient(t *Transport) *retryablehttp.Client {
 	c.Logger = nil
 	c.CheckRetry = retryPolicy
 	c.Backoff = func(min, max time.Duration, attempt int, resp *http.Response) time.Duration {
-		if resp != nil {
-			if _, held := headers.ParseHold(resp, time.Now(), DefaultMaxHold); held {
-				return 0
-			}
+		if resp != nil && holds(resp) {
+			return 0
 		}
 		return retryablehttp.DefaultBackoff(min, max, attempt, resp)
 	}
@@ -46,9 +45,23 @@ func retryPolicy(ctx context.Context, resp *http.Response, err error) (bool, err
 		return false, err
 	}
 	if err == nil && resp != nil && resp.StatusCode == http.StatusForbidden && ctx.Err() == nil {
-		if _, held := headers.ParseHold(resp, time.Now(), DefaultMaxHold); held {
+		if holds(resp) {
 			return true, nil // a rate limit's refusal: the next attempt waits out the hold
 		}
 	}
 	return retryablehttp.DefaultRetryPolicy(ctx, resp, err)
+}
+
+// holds reports whether resp asked for a hold of its key: in its headers,
+// or in the start of its body, which the Transport read (see paced.heed).
+func holds(resp *http.Response) bool {
+	if _, held := headers.ParseHold(resp, time.Now(), DefaultMaxHold); held {
+		return true
+	}
+	body := resp.Body
+	if b, ok := body.(*endingBody); ok {
+		body = b.body
+	}
+	read, ok := body.(*startRead)
+	return ok && read.held
 }

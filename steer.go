@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"math"
-	"net/http"
 	"strconv"
 	"time"
 
@@ -144,21 +143,27 @@ func plainSteers(steers []steering) []store.Steer {
 	return plain
 }
 
-// heedResponse implements pacer.
-func (r *Redis) heedResponse(ctx context.Context, key string, g grant, resp *http.Response, arrival time.Time, h heedScope) {
+// heedWord implements pacer.
+func (r *Redis) heedWord(ctx context.Context, key string, g grant, w headers.Word, h heedScope) {
 	if r.config.dryRun {
 		return // see WithDryRun
 	}
-	r.heed(context.WithoutCancel(ctx), key, g.t, headers.Hear(resp, arrival, r.config.maxHold), h)
+	r.heed(context.WithoutCancel(ctx), key, g.t, w, h)
 }
 
-// heedResponse implements pacer.
-func (loc *Local) heedResponse(ctx context.Context, key string, g grant, resp *http.Response, arrival time.Time, h heedScope) {
+// heedWord implements pacer.
+func (loc *Local) heedWord(ctx context.Context, key string, g grant, w headers.Word, h heedScope) {
 	if loc.config.dryRun {
 		return // see WithDryRun
 	}
-	loc.heed(context.WithoutCancel(ctx), key, g.t, headers.Hear(resp, arrival, loc.config.maxHold), h)
+	loc.heed(context.WithoutCancel(ctx), key, g.t, w, h)
 }
+
+// longestHold implements pacer.
+func (r *Redis) longestHold() time.Duration { return r.config.maxHold }
+
+// longestHold implements pacer.
+func (loc *Local) longestHold() time.Duration { return loc.config.maxHold }
 
 // heed applies w: the holds first, since a hold takes the key's
 // next reading afresh, then the counters (see Sync), then, for a request

@@ -53,6 +53,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fleetpace/pace/headers"
 	"github.com/fleetpace/pace/internal/store"
 )
 
@@ -107,6 +108,8 @@ type Transport struct {
 	// one that can go soonest, each under a key of its own on the
 	// request's limiter, which must be Local or Redis (see Pool).
 	Pool *Pool
+
+	repeats repeatedHolds // see headers.Hold.Repeats
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -149,7 +152,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil || resp == nil {
 		return resp, err
 	}
-	p.heed(req.Context(), resp, time.Now())
+	p.heed(req.Context(), resp, time.Now(), &t.repeats)
 	if p.slot != nil || (p.res != nil && p.settle != nil) {
 		resp.Body, handed = p.endingBody(req.Context(), resp), true
 	}
@@ -277,13 +280,23 @@ func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(
 }
 
 // heed hands what resp, which arrived at arrival, says of p's key to p's
-// limiter, when it is pace's own: its holds, counters and refusals. It runs
-// past the request's context: the response has been counted already.
-// Failures reach the limiter's observer.
-func (p paced) heed(ctx context.Context, resp *http.Response, arrival time.Time) {
-	if p.pacer != nil {
-		p.pacer.heedResponse(ctx, p.key, p.grant, resp, arrival, p.scope)
+// limiter, when it is pace's own: its holds, counters and refusals, each
+// hold that repeats lengthened by repeats. A refusal's body is read first,
+// up to headers.BodySize, for the hold it asks for (headers.HearBody), and
+// passed on whole. It runs past the request's context: the response has been
+// counted already. Failures reach the limiter's observer.
+func (p paced) heed(ctx context.Context, resp *http.Response, arrival time.Time, repeats *repeatedHolds) {
+	if p.pacer == nil {
+		return
 	}
+	w := headers.Hear(resp, arrival, p.pacer.longestHold())
+	if headers.Refuses(resp) && len(w.Holds) == 0 && resp.Body != nil {
+		body := readStart(resp)
+		headers.HearBody(&w, body.start, p.pacer.longestHold())
+		body.held = len(w.Holds) > 0
+	}
+	repeats.lengthen(p.key, &w, p.pacer.longestHold())
+	p.pacer.heedWord(ctx, p.key, p.grant, w, p.scope)
 }
 
 // CloseIdleConnections closes the idle connections of Base, if it has such a

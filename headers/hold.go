@@ -23,6 +23,12 @@ type Hold struct {
 	// the quota is about one of its limits (see ParseReadings).
 	Quota string
 
+	// Repeats: the upstream asks for a wait that grows while it goes on
+	// refusing (GitHub's secondary limit, which said no time): a Transport
+	// doubles it for each such refusal that comes within the last one's
+	// length of its end, until a success (see HearBody).
+	Repeats bool
+
 	// OnlyReading: the reading that said so was the response's only one,
 	// so it is about a quota's only rate limit too, unless OwnQuota: it
 	// names a quota of its own (see Reading.OwnQuota).

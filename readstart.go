@@ -1,0 +1,41 @@
+package pace
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+
+	"github.com/fleetpace/pace/headers"
+)
+
+// startRead is a response body whose start a Transport read to hear what
+// it says (see paced.heed): that start, then the rest, as they came. held
+// says the start asked for a hold, which NewRetryClient's policy heeds.
+type startRead struct {
+	io.Reader
+	body  io.ReadCloser
+	start []byte
+	held  bool
+}
+
+func (b *startRead) Close() error { return b.body.Close() }
+
+// readStart reads the start of resp's body, up to headers.BodySize (less
+// when the body ends sooner or fails), and puts in its place a body that
+// reads it all as it came.
+func readStart(resp *http.Response) *startRead {
+	start, err := io.ReadAll(io.LimitReader(resp.Body, headers.BodySize))
+	rest := io.Reader(resp.Body)
+	if err != nil {
+		rest = errReader{err}
+	}
+	b := &startRead{Reader: io.MultiReader(bytes.NewReader(start), rest), body: resp.Body, start: start}
+	resp.Body = b
+	return b
+}
+
+// errReader fails every Read with err: the error a body's read met, passed
+// on after what it read.
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) { return 0, r.err }

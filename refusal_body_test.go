@@ -1,0 +1,155 @@
+package pace
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fleetpace/pace/internal/redistest"
+)
+
+// refusingUpstream answers its requests in turn with what answer says of
+// the nth (1, 2, ...): a status and a JSON body, no header; it counts what
+// it was asked. While together is above 1, the first together requests
+// wait until all have come, so that they are answered at once.
+func refusingUpstream(t *testing.T, answer func(n int32) (int, string), together int) (*httptest.Server, *atomic.Int32) {
+	var asked atomic.Int32
+	var arrived sync.WaitGroup
+	arrived.Add(together)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := asked.Add(1)
+		if together > 1 && int(n) <= together {
+			arrived.Done()
+			arrived.Wait()
+		}
+		status, body := answer(n)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		io.WriteString(w, body)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &asked
+}
+
+// geminiBody is a Gemini refusal whose RetryInfo asks for delay.
+func geminiBody(delay string) string {
+	return `{"error": {"code": 429, "message": "You exceeded your current quota.", "status": "RESOURCE_EXHAUSTED", "details": [` +
+		`{"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [{"quotaId": "GenerateRequestsPerMinutePerProjectPerModel"}]},` +
+		`{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "` + delay + `"}]}}`
+}
+
+// TestRetryInfoHoldsTheFleet: Gemini 429s whose bodies say retryDelay
+// hold the key for the fleet, and, explained, cut no rate: four in a row
+// (0.3 s each: unexplained, the first would open the key's rate and the
+// others cut it), then one of "3s", after which another process's next
+// request waits 2.5 s or more. The callers read the whole bodies, as they
+// came.
+func TestRetryInfoHoldsTheFleet(t *testing.T) {
+	srv := redistest.Start(t)
+	const short = 4
+	answer := func(n int32) (int, string) {
+		switch {
+		case n <= short:
+			return http.StatusTooManyRequests, geminiBody("0.3s")
+		case n == short+1:
+			return http.StatusTooManyRequests, geminiBody("3s")
+		}
+		return http.StatusOK, "{}"
+	}
+	upstream, asked := refusingUpstream(t, answer, 1)
+	var logs [2]eventLog
+	var clients [2]*http.Client
+	for i := range clients {
+		r := mustRedis(t, srv.Client(t), PerSecond(10), WithObserver(logs[i].observe), WithFleetSize(2))
+		clients[i] = &http.Client{Transport: &Transport{Limiter: r, Key: func(*http.Request) string { return "gemini" }}}
+	}
+	for n := range int32(short + 1) {
+		resp, err := clients[0].Get(upstream.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if _, want := answer(n + 1); err != nil || string(body) != want || resp.StatusCode != http.StatusTooManyRequests {
+			t.Errorf("refusal %d reached the caller as %d %q, %v", n+1, resp.StatusCode, body, err)
+		}
+	}
+	start := time.Now()
+	resp, err := clients[1].Get(upstream.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if waited := time.Since(start); waited < 2500*time.Millisecond {
+		t.Errorf("the other process's next request went after %v, want 2.5 s or more", waited)
+	}
+	for i := range logs {
+		if n := logs[i].count(EventRate); n > 0 {
+			t.Errorf("process %d heard %d cuts of the key's rate, want none: the bodies explained the refusals", i, n)
+		}
+	}
+	if e, ok := logs[0].last(EventHold); !ok || !strings.Contains(e.Reason, `RetryInfo retryDelay: 3s`) {
+		t.Errorf("the hold's event: %+v, %v; want one that says the body's RetryInfo", e, ok)
+	}
+	if n := asked.Load(); n != short+2 {
+		t.Errorf("the upstream was asked %d times, want %d", n, short+2)
+	}
+}
+
+// githubSecondaryBody is GitHub's refusal of a secondary limit, with no
+// header that says when.
+const githubSecondaryBody = `{"message": "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.", ` +
+	`"documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api#about-secondary-rate-limits", "status": "403"}`
+
+// TestSecondaryLimitHolds: GitHub's secondary 403 with no header holds the
+// key a minute: the next request, whose deadline is a second away, is
+// refused with a DeadlineError that says so; two such 403s together hold
+// it two minutes. The retry client retries such a 403, whose next attempt
+// waits out the hold (refused here by its deadline, not sent).
+func TestSecondaryLimitHolds(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, tc := range []struct {
+		together int
+		want     time.Duration
+	}{{1, time.Minute}, {2, 2 * time.Minute}} {
+		answer := func(n int32) (int, string) {
+			if int(n) <= tc.together {
+				return http.StatusForbidden, githubSecondaryBody
+			}
+			return http.StatusOK, "{}"
+		}
+		upstream, asked := refusingUpstream(t, answer, tc.together)
+		r := mustRedis(t, srv.Client(t), PerSecond(10), WithPrefix(upstream.URL), WithFleetSize(1))
+		tr := &Transport{Limiter: r}
+		var wg sync.WaitGroup
+		for range tc.together {
+			wg.Go(func() {
+				resp, err := (&http.Client{Transport: tr}).Get(upstream.URL)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				resp.Body.Close()
+			})
+		}
+		wg.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, upstream.URL, nil)
+		_, err := NewRetryClient(tr).StandardClient().Do(req)
+		cancel()
+		var refused *DeadlineError
+		if !errors.As(err, &refused) || refused.Delay < tc.want-time.Second || refused.Delay > tc.want {
+			t.Errorf("%d secondary 403s: the next request: %v, want a DeadlineError of a wait of %v", tc.together, err, tc.want)
+		}
+		if n := asked.Load(); n != int32(tc.together) {
+			t.Errorf("%d secondary 403s: the upstream was asked %d times, want %d", tc.together, n, tc.together)
+		}
+	}
+}
