@@ -9,21 +9,27 @@ import (
 	"time"
 )
 
-// endingBody wraps resp's body so that, once it ends, its reservation (if
-// any) is settled with what p's Settler reads of it, and its slot (if any)
-// is freed. When the Settler cannot tell, the reservation keeps its
-// estimate. The settlement runs past the request's context: the response
-// has been counted already. The slot lapses if the body shows no sign of
+// endingBody wraps resp's body, which arrived at arrival, so that, once it
+// ends, its reservation (if any) is settled with what p's Settler reads of
+// it, the counters it states (if p reads them: BodyCounters) reach p's
+// limiter, and its slot (if any) is freed. When the Settler cannot tell,
+// the reservation keeps its estimate. The settlement runs past the
+// request's context: the response has been counted already. The slot lapses if the body shows no sign of
 // life for a lease and is never closed, unless the caller said it always
 // closes it (WithBodyAlwaysClosed). An upgraded connection's body (a
 // 101's: a WebSocket) stays writable, and holds the slot until it closes.
-func (p paced) endingBody(ctx context.Context, resp *http.Response) io.ReadCloser {
+func (p paced) endingBody(ctx context.Context, resp *http.Response, arrival time.Time) io.ReadCloser {
 	b := &endingBody{body: resp.Body, slot: p.slot, length: resp.ContentLength}
-	if p.res != nil && p.settle != nil {
+	if settles, reads := p.res != nil && p.settle != nil, p.readsBody(); settles || reads {
 		ctx = context.WithoutCancel(ctx)
-		b.settle = func(ends BodyEnds) {
-			if actual, ok := p.settle(resp, ends); ok {
-				p.pacer.Settle(ctx, p.res, actual) // a failure reaches the Limiter's observer
+		b.atEnd = func(ends BodyEnds) {
+			if settles {
+				if actual, ok := p.settle(resp, ends); ok {
+					p.pacer.Settle(ctx, p.res, actual) // a failure reaches the Limiter's observer
+				}
+			}
+			if reads {
+				p.heedBody(ctx, resp, ends, arrival)
 			}
 		}
 	}
@@ -44,13 +50,13 @@ type upgradedBody struct {
 }
 
 // endingBody passes a response body through as it comes and, once, when the
-// body reaches EOF or is closed, whichever comes first: calls settle (when
+// body reaches EOF or is closed, whichever comes first: calls atEnd (when
 // set) with its first and last BodyEndSize bytes, and frees slot (when
 // set). Each Read is a sign of life of slot's request. It holds no data
 // back: each Read returns what the body's Read returned.
 type endingBody struct {
 	body   io.ReadCloser
-	settle func(BodyEnds) // nil: nothing to settle, and no bytes kept
+	atEnd  func(BodyEnds) // nil: nothing to settle or read, and no bytes kept
 	slot   *Slot          // nil: no slot to free
 	length int64          // the response's ContentLength: -1 when unknown
 
@@ -69,7 +75,7 @@ func (b *endingBody) Read(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.read += int64(n)
-	if b.settle != nil {
+	if b.atEnd != nil {
 		b.keep(p[:n])
 		b.json.scan(p[:n])
 	}
@@ -102,7 +108,7 @@ func (b *endingBody) keep(p []byte) {
 	b.tail = append(b.tail, p...)
 }
 
-// end settles and frees the slot, once: eof says the body was read to its
+// end hands the ends on and frees the slot, once: eof says the body was read to its
 // EOF; closed before it, the body is complete still when its Content-Length
 // was read, or one whole JSON value. The caller holds b.mu.
 func (b *endingBody) end(eof bool) {
@@ -111,8 +117,8 @@ func (b *endingBody) end(eof bool) {
 	}
 	b.ended = true
 	complete := eof || (b.length >= 0 && b.read >= b.length) || b.json.whole()
-	if b.settle != nil {
-		b.settle(BodyEnds{Head: b.head, Tail: b.tail[max(len(b.tail)-BodyEndSize, 0):], Complete: complete})
+	if b.atEnd != nil {
+		b.atEnd(BodyEnds{Head: b.head, Tail: b.tail[max(len(b.tail)-BodyEndSize, 0):], Complete: complete})
 	}
 	b.slot.Release() // a failure reaches the Limiter's observer
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	mathrand "math/rand/v2"
 	"net/http"
 	"os"
@@ -60,6 +61,10 @@ type fleetWorker struct {
 	Tokens *tokenRun
 	// Lease is the lease of slots (WithLease); 0 for the default.
 	Lease time.Duration
+	// ShopifyCost, when set with URL, makes each request cost that much
+	// under the limit, and the Transport read the counters of the
+	// upstream's bodies (ShopifyCounters); each body is read to its end.
+	ShopifyCost int
 	// Pool, when set with URL, names the credentials of the Transport's
 	// Pool: each secret is poolSecret of its name, in Authorization.
 	Pool []string
@@ -352,6 +357,10 @@ func (w fleetWorker) run() (fleetReport, error) {
 		base := &http.Transport{MaxIdleConnsPerHost: w.Goroutines}
 		defer base.CloseIdleConnections()
 		transport := &Transport{Base: stampGrant{base, r}, Limiter: r}
+		if w.ShopifyCost > 0 {
+			transport.BodyCounters = ShopifyCounters
+			transport.Cost = func(*http.Request) int { return w.ShopifyCost }
+		}
 		if w.Pool != nil {
 			transport.Pool = &Pool{}
 			for _, name := range w.Pool {
@@ -369,6 +378,7 @@ func (w fleetWorker) run() (fleetReport, error) {
 			}
 			resp, err := client.Do(req)
 			if err == nil {
+				io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 				ctx.Value(requestKey{}).(*fleetRequest).Status = resp.StatusCode
 			}

@@ -63,6 +63,11 @@ type Rule struct {
 	Estimate func(*http.Request) Costs
 	Settle   Settler
 
+	// BodyCounters, when set, reads the counters the upstream states in
+	// the rule's response bodies, as Transport.BodyCounters does; the
+	// Limiter must then be Local or Redis.
+	BodyCounters BodyCounters
+
 	// Class is the priority class of the rule's requests (see Class),
 	// unless a request's context carries one (WithClass).
 	Class Class
@@ -140,6 +145,9 @@ func checkRule(r Rule) error {
 	p, ours := r.Limiter.(pacer)
 	if r.Estimate != nil && !ours {
 		return fmt.Errorf("pace: rule %q has an Estimate, and its Limiter (a %T) is not one that reserves: Local or Redis", r.Name, r.Limiter)
+	}
+	if r.BodyCounters != nil && !ours {
+		return fmt.Errorf("pace: rule %q has BodyCounters, and its Limiter (a %T) is not one they steer: Local or Redis", r.Name, r.Limiter)
 	}
 	if ours && r.Cost > p.MaxCost() {
 		return fmt.Errorf("pace: rule %q: cost %d exceeds the burst %d of its limiter", r.Name, r.Cost, p.MaxCost())

@@ -89,6 +89,11 @@ type Transport struct {
 	Estimate func(*http.Request) Costs
 	Settle   Settler
 
+	// BodyCounters, if set, reads the upstream's counters where it states
+	// them in the response body (ShopifyCounters), which then steer the
+	// key as its headers' do, once the body ends.
+	BodyCounters BodyCounters
+
 	// IgnoreCounters stops the Transport from steering a Redis
 	// by the upstream's counters in each response (see headers.ParseReadings and
 	// Redis.Sync), which it does by default. Holds are still heeded.
@@ -152,9 +157,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil || resp == nil {
 		return resp, err
 	}
-	p.heed(req.Context(), resp, time.Now(), &t.repeats)
-	if p.slot != nil || (p.res != nil && p.settle != nil) {
-		resp.Body, handed = p.endingBody(req.Context(), resp), true
+	arrival := time.Now()
+	p.heed(req.Context(), resp, arrival, &t.repeats)
+	if p.slot != nil || (p.res != nil && p.settle != nil) || p.readsBody() {
+		resp.Body, handed = p.endingBody(req.Context(), resp, arrival), true
 	}
 	return resp, err
 }
@@ -166,16 +172,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // response may steer, and, under a cap in flight, slot is the request's,
 // until its response ends.
 type paced struct {
-	limiter Limiter
-	pacer   pacer // limiter, when it is pace's own
-	key     string
-	at      target // what the wait booked on: key, or a Pool's keys (key is then the one booked)
-	res     *Reservation
-	settle  Settler
-	grant   grant
-	scope   heedScope
-	slot    *Slot
-	class   Class // the Rule's, for a request whose context carries none
+	limiter  Limiter
+	pacer    pacer // limiter, when it is pace's own
+	key      string
+	at       target // what the wait booked on: key, or a Pool's keys (key is then the one booked)
+	res      *Reservation
+	settle   Settler
+	counters BodyCounters // reads the counters its body states
+	grant    grant
+	scope    heedScope
+	slot     *Slot
+	class    Class // the Rule's, for a request whose context carries none
 }
 
 // wait waits for the request's turn, and returns how it was paced.
@@ -195,7 +202,7 @@ func (t *Transport) wait(req *http.Request) (paced, error) {
 		}
 		scope := t.scope()
 		scope.refusals = scope.refusals && !rule.IgnoreRefusals
-		return t.waitFor(req, paced{limiter: rule.Limiter, key: key, settle: rule.Settle, class: rule.Class, scope: scope}, cost, rule.Estimate)
+		return t.waitFor(req, paced{limiter: rule.Limiter, key: key, settle: rule.Settle, counters: rule.BodyCounters, class: rule.Class, scope: scope}, cost, rule.Estimate)
 	}
 	switch {
 	case t.Settle != nil && t.Estimate == nil:
@@ -213,7 +220,7 @@ func (t *Transport) wait(req *http.Request) (paced, error) {
 	if t.Cost != nil && t.Estimate == nil {
 		cost = t.Cost(req)
 	}
-	return t.waitFor(req, paced{limiter: t.Limiter, key: keyOf(req), settle: t.Settle, scope: t.scope()}, cost, t.Estimate)
+	return t.waitFor(req, paced{limiter: t.Limiter, key: keyOf(req), settle: t.Settle, counters: t.BodyCounters, scope: t.scope()}, cost, t.Estimate)
 }
 
 // target is the target of req's wait, whose key is key: key, or the

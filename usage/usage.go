@@ -1,6 +1,7 @@
 // Package usage reads the usage objects that LLM APIs put in their
 // response bodies, whole or streamed: OpenAI's chat/completions,
-// completions and Responses API, and Anthropic's Messages API. It reads a
+// completions and Responses API, and Anthropic's Messages API; and the
+// cost bucket Shopify's GraphQL Admin API states in its bodies. It reads a
 // body's first and last bytes (what pace's Transport keeps of it, Ends),
 // never panics, and believes no count below 0 or above MaxCount. Another
 // vendor's format is one more function here.
@@ -147,23 +148,75 @@ func first(b []byte) (object, bool) {
 	return object{}, false
 }
 
-// at parses the usage object whose key begins at b[i]. A key inside a JSON
-// string is escaped (\"usage\"), and passed over.
+// at parses the usage object whose key begins at b[i].
 func at(b []byte, i int) (object, bool) {
-	if i > 0 && b[i-1] == '\\' {
-		return object{}, false
-	}
-	rest := bytes.TrimLeft(b[i+len(key):], " \t\r\n")
-	if len(rest) == 0 || rest[0] != ':' {
-		return object{}, false
-	}
-	rest = bytes.TrimLeft(rest[1:], " \t\r\n")
-	if len(rest) == 0 || rest[0] != '{' {
-		return object{}, false
-	}
 	var u object
-	if err := json.NewDecoder(bytes.NewReader(rest)).Decode(&u); err != nil || !u.valid() {
+	if !decodeAt(b, i, key, &u) || !u.valid() {
 		return object{}, false
 	}
 	return u, true
 }
+
+// decodeAt decodes into v the object after the key name that begins at
+// b[i]. A key inside a JSON string is escaped (\"usage\"), and passed over.
+func decodeAt(b []byte, i int, name []byte, v any) bool {
+	if i > 0 && b[i-1] == '\\' {
+		return false
+	}
+	rest := bytes.TrimLeft(b[i+len(name):], " \t\r\n")
+	if len(rest) == 0 || rest[0] != ':' {
+		return false
+	}
+	rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+	if len(rest) == 0 || rest[0] != '{' {
+		return false
+	}
+	return json.NewDecoder(bytes.NewReader(rest)).Decode(v) == nil
+}
+
+// Throttle is the cost bucket that Shopify's GraphQL Admin API states in
+// each response's extensions.cost.throttleStatus: a leaky bucket of Maximum
+// points, Available now (after the query's cost), that restores
+// RestoreRate points a second. Throttled says the query was refused
+// (errors[].extensions.code "THROTTLED", in a 200).
+type Throttle struct {
+	Maximum, Available, RestoreRate float64
+	Throttled                       bool
+}
+
+// Shopify returns the cost bucket a response of Shopify's GraphQL Admin API
+// states: the last extensions.cost object of its tail whose throttleStatus
+// is plausible (a maximum from 1 to MaxCount, available from 0 to the
+// maximum, a restore rate above 0 and at most the maximum a second).
+func Shopify(ends Ends) (Throttle, bool) {
+	var cost struct {
+		ThrottleStatus *struct {
+			MaximumAvailable   float64 `json:"maximumAvailable"`
+			CurrentlyAvailable float64 `json:"currentlyAvailable"`
+			RestoreRate        float64 `json:"restoreRate"`
+		} `json:"throttleStatus"`
+	}
+	for end := len(ends.Tail); end > 0; {
+		i := bytes.LastIndex(ends.Tail[:end], costKey)
+		if i < 0 {
+			return Throttle{}, false
+		}
+		end = i
+		cost.ThrottleStatus = nil
+		if !decodeAt(ends.Tail, i, costKey, &cost) || cost.ThrottleStatus == nil {
+			continue
+		}
+		s := cost.ThrottleStatus
+		if s.MaximumAvailable >= 1 && s.MaximumAvailable <= MaxCount && s.CurrentlyAvailable >= 0 &&
+			s.CurrentlyAvailable <= s.MaximumAvailable && s.RestoreRate > 0 && s.RestoreRate <= s.MaximumAvailable {
+			throttled := bytes.Contains(ends.Head, throttledCode) || bytes.Contains(ends.Tail, throttledCode)
+			return Throttle{Maximum: s.MaximumAvailable, Available: s.CurrentlyAvailable, RestoreRate: s.RestoreRate, Throttled: throttled}, true
+		}
+	}
+	return Throttle{}, false
+}
+
+var (
+	costKey       = []byte(`"cost"`)
+	throttledCode = []byte(`"THROTTLED"`)
+)

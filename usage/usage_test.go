@@ -86,12 +86,44 @@ func TestAnthropic(t *testing.T) {
 	}
 }
 
+// TestShopify: the cost buckets Shopify's GraphQL Admin API states, in a
+// query's answer and in a refusal (THROTTLED, in a 200), and the bodies
+// that state none, or one not to believe.
+func TestShopify(t *testing.T) {
+	products, throttled := sample(t, "shopify-products.json"), sample(t, "shopify-throttled.json")
+	long := `{"data": {"notes": "` + strings.Repeat("x", 20<<10) + `"}, ` + products[strings.Index(products, `"extensions"`):]
+	for name, tc := range map[string]struct {
+		body string
+		want Throttle
+		ok   bool
+	}{
+		"a query's answer":              {products, Throttle{Maximum: 1000, Available: 954, RestoreRate: 50}, true},
+		"THROTTLED in a 200":            {throttled, Throttle{Maximum: 2000, Available: 542.5, RestoreRate: 100, Throttled: true}, true},
+		"a long answer: in its tail":    {long, Throttle{Maximum: 1000, Available: 954, RestoreRate: 50}, true},
+		"a REST answer":                 {`{"products": [{"id": 1, "cost": "4.00"}]}`, Throttle{}, false},
+		"a cost with no throttleStatus": {`{"data": {}, "extensions": {"cost": {"requestedQueryCost": 1}}}`, Throttle{}, false},
+		"available above the maximum":   {strings.Replace(products, `"currentlyAvailable": 954`, `"currentlyAvailable": 1954`, 1), Throttle{}, false},
+		"a negative restore rate":       {strings.Replace(products, `"restoreRate": 50.0`, `"restoreRate": -50.0`, 1), Throttle{}, false},
+		"a maximum beyond MaxCount":     {strings.Replace(products, `"maximumAvailable": 1000.0`, `"maximumAvailable": 1e300`, 1), Throttle{}, false},
+		"cut short":                     {products[:len(products)-60], Throttle{}, false},
+		"an escaped key in a string":    {`{"data": {"note": "\"cost\": {\"throttleStatus\": {}}"}}`, Throttle{}, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			got, ok := Shopify(endsOf(tc.body, false))
+			if got != tc.want || ok != tc.ok {
+				t.Errorf("Shopify = %+v, %v; want %+v, %v", got, ok, tc.want, tc.ok)
+			}
+		})
+	}
+}
+
 // FuzzUsage: whatever a body's ends, the readers never panic and never
 // count below zero or beyond MaxCount.
 func FuzzUsage(f *testing.F) {
 	f.Add([]byte(sample(f, "anthropic-stream-start.txt")), []byte(sample(f, "anthropic-stream-end.txt")), true)
 	f.Add([]byte(sample(f, "openai-stream.txt")), []byte(sample(f, "openai-stream.txt")), true)
 	f.Add([]byte(`{"usage":{`), []byte(`"usage":{"total_tokens":1}}`), false)
+	f.Add([]byte(sample(f, "shopify-throttled.json")), []byte(sample(f, "shopify-throttled.json")), true)
 	f.Fuzz(func(t *testing.T, head, tail []byte, complete bool) {
 		ends := Ends{Head: head, Tail: tail, Complete: complete}
 		tokens, ok := OpenAI(ends)
@@ -100,6 +132,9 @@ func FuzzUsage(f *testing.F) {
 			if n < 0 || n > 2*MaxCount {
 				t.Fatalf("counted %d, %d, %d (%v, %v)", tokens, in, out, ok, ok2)
 			}
+		}
+		if th, ok := Shopify(ends); ok && !(th.Maximum >= 1 && th.Maximum <= MaxCount && th.Available >= 0 && th.Available <= th.Maximum && th.RestoreRate > 0) {
+			t.Fatalf("believed the bucket %+v", th)
 		}
 	})
 }

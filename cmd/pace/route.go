@@ -113,7 +113,8 @@ func (rt *route) rules(st store) ([]pace.Rule, error) {
 	rt.ruled = map[string]*pace.Redis{}
 	for i, r := range rt.config.Rules {
 		field := fmt.Sprintf("rules[%d] %q", i, r.Name)
-		rule := pace.Rule{Name: r.Name, PathPrefix: r.Path, Method: r.Method, Cost: r.Cost, KeyHeader: r.KeyHeader, Unlimited: r.Unlimited}
+		rule := pace.Rule{Name: r.Name, PathPrefix: r.Path, Method: r.Method, Cost: r.Cost, KeyHeader: r.KeyHeader, Unlimited: r.Unlimited,
+			BodyCounters: bodyCounters[r.BodyCounters]}
 		if !r.Unlimited {
 			limit, _ := pace.ParseLimit(r.Limit) // checked
 			limiter, err := rt.newLimiter(st, limit, field)

@@ -93,6 +93,8 @@ func TestServeConfigErrors(t *testing.T) {
 		"rule bad method":        {route("    limit: 1/s\n    rules:\n      - {name: s, method: 'G T', limit: 1/s}\n"), `"G T"`},
 		"rule bad limit":         {route("    limit: 1/s\n    rules:\n      - {name: s, path: /v1/x/, limit: 0/s}\n"), `rules[0] "s": limit: pace`},
 		"rule cost past burst":   {route("    limit: 1/s\n    rules:\n      - {name: s, path: /v1/x/, limit: 2/s, cost: 5}\n"), "5"},
+		"rule body counters":     {route("    limit: 1/s\n    rules:\n      - {name: s, path: /v1/x/, limit: 2/s, body_counters: stripe}\n"), `rules[0] "s": body_counters "stripe": want shopify`},
+		"rule calendar zone":     {route("    limit: 1/s\n    rules:\n      - {name: s, path: /v1/x/, limit: 10000/day in Pacific/Atlantis}\n"), `zone "Pacific/Atlantis"`},
 		"short idle timeout":     {"idle_timeout: 1ms\n" + route("    limit: 1/s\n"), "idle_timeout 1ms: want 10ms or more"},
 		"no connections":         {"max_connections: -1\n" + route("    limit: 1/s\n"), "max_connections -1: want 1 or more"},
 		"two documents":          {route("    limit: 1/s\n---\n" + route("    limit: 2/s\n")), "a second YAML document"},

@@ -103,7 +103,13 @@ type ruleConfig struct {
 	Cost      int    `yaml:"cost"`
 	KeyHeader string `yaml:"key_header"`
 	Unlimited bool   `yaml:"unlimited"`
+	// BodyCounters names the counters the upstream states in its bodies,
+	// which then steer the rule's keys: "shopify" (pace.ShopifyCounters).
+	BodyCounters string `yaml:"body_counters"`
 }
+
+// bodyCounters are the readers of counters a rule's body_counters names.
+var bodyCounters = map[string]pace.BodyCounters{"shopify": pace.ShopifyCounters}
 
 // Defaults of what a configuration leaves out.
 const (
@@ -379,6 +385,9 @@ func (r *routeConfig) checkRules() []error {
 			if _, err := pace.ParseLimit(rule.Limit); err != nil {
 				errs = append(errs, fmt.Errorf("%s: limit: %w", field, err))
 			}
+		}
+		if _, known := bodyCounters[rule.BodyCounters]; rule.BodyCounters != "" && (!known || rule.Unlimited) {
+			errs = append(errs, fmt.Errorf("%s: body_counters %q: want shopify, on a rule with a limit", field, rule.BodyCounters))
 		}
 	}
 	return errs

@@ -32,15 +32,21 @@ const (
 	// -remaining-requests and -reset-requests (until the bucket is full,
 	// as a Go duration) of a token bucket.
 	OpenAI Dialect = "openai"
+	// Shopify answers every request 200, as Shopify's GraphQL Admin API
+	// does, with the bucket (Burst points, restored at Rate a second, each
+	// request Cost) in its body's extensions.cost.throttleStatus, and a
+	// refusal as errors[].extensions.code THROTTLED; its Arrival notes a
+	// refusal as a 429.
+	Shopify Dialect = "shopify"
 )
 
 // ParseDialect reads a dialect's name: "github", "ietf", "openai" or "".
 func ParseDialect(s string) (Dialect, error) {
 	switch d := Dialect(s); d {
-	case Silent, GitHub, IETF, OpenAI:
+	case Silent, GitHub, IETF, OpenAI, Shopify:
 		return d, nil
 	}
-	return Silent, fmt.Errorf("dialect %q: want github, ietf or openai", s)
+	return Silent, fmt.Errorf("dialect %q: want github, ietf, openai or shopify", s)
 }
 
 // Windowed reports whether the dialect counts a fixed window, rather than a
@@ -68,6 +74,9 @@ type Config struct {
 	// Service is how long the server takes to answer a request, which is
 	// in flight meanwhile (see Counts.MaxInFlight).
 	Service time.Duration
+	// Cost is what each request takes of the bucket (1 when 0); the
+	// foreign client's take 1.
+	Cost int
 }
 
 // Once is one answer: its status and one header.
@@ -151,10 +160,26 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer s.serving()()
 	a = s.take(a, w.Header())
+	if s.config.Dialect == Shopify {
+		s.answerAsShopify(w, a)
+		return
+	}
 	w.WriteHeader(a.Status)
 	if a.Status == http.StatusOK {
 		fmt.Fprintf(w, "ok, %d left\n", a.Left)
 	}
+}
+
+// answerAsShopify answers a as Shopify's GraphQL Admin API does: 200, the
+// bucket in the body, THROTTLED when a was refused.
+func (s *Server) answerAsShopify(w http.ResponseWriter, a Arrival) {
+	w.Header().Set("Content-Type", "application/json")
+	answer := `"data": {"shop": {"name": "quotaapi"}}`
+	if a.Status != http.StatusOK {
+		answer = `"errors": [{"message": "Throttled", "extensions": {"code": "THROTTLED", "documentation": "https://shopify.dev/api/usage/rate-limits"}}]`
+	}
+	fmt.Fprintf(w, `{%s, "extensions": {"cost": {"requestedQueryCost": %d, "actualQueryCost": %d, "throttleStatus": {"maximumAvailable": %d.0, "currentlyAvailable": %d, "restoreRate": %g}}}}`,
+		answer, max(s.config.Cost, 1), max(s.config.Cost, 1), s.config.Burst, a.Left, s.config.Rate)
 }
 
 // serving counts a request in flight until the server has taken its
@@ -261,7 +286,7 @@ func (s *Server) take(a Arrival, h http.Header) Arrival {
 		s.used++
 	case c.Dialect.Windowed():
 		a.Status = http.StatusTooManyRequests
-	case s.bucket != nil && !s.bucket.AllowN(now, 1):
+	case s.bucket != nil && !s.bucket.AllowN(now, s.costOf(a)):
 		a.Status = http.StatusTooManyRequests
 	}
 	switch {
@@ -285,6 +310,15 @@ func (s *Server) take(a Arrival, h http.Header) Arrival {
 		s.counts.Refused++
 	}
 	return a
+}
+
+// costOf is what a takes of the bucket: the configured Cost, 1 for the
+// foreign client's.
+func (s *Server) costOf(a Arrival) int {
+	if a.Foreign {
+		return 1
+	}
+	return max(s.config.Cost, 1)
 }
 
 // state writes the counters of the dialect, left units left at now.
