@@ -12,15 +12,15 @@ import (
 // start at midnight in loc, so a day of a change to or from daylight saving
 // time is 23 or 25 hours long, as Google's "per day, reset at midnight
 // Pacific time" quotas count. A request that finds its day full waits for
-// the next one. It needs Redis (a Redis limiter); on Local, and while Redis
-// fails, it is paced as a token bucket of n/2 at once and n/2 a day.
+// the next one. A Local counts it in its process; while Redis fails, a Redis
+// limiter paces it as a token bucket of its share of n a day.
 func Daily(n int, loc *time.Location) Limit {
 	return calendarLimit(n, calendar{unit: day, loc: loc})
 }
 
 // Monthly returns a quota of n events a calendar month in loc: its windows
 // start at midnight of the first day of each month in loc, whatever the
-// month's length, as a monthly plan counts. It needs Redis, as Daily does.
+// month's length, as a monthly plan counts. It is kept as Daily is.
 func Monthly(n int, loc *time.Location) Limit {
 	return calendarLimit(n, calendar{unit: month, loc: loc})
 }

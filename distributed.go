@@ -438,7 +438,7 @@ func (r *Redis) Settle(ctx context.Context, res *Reservation, actual Costs) erro
 		err = r.settleShared(ctx, res, costs)
 	}
 	if t.local != nil {
-		t.local.settle(res.key, res.estimate, costs, r.now())
+		t.local.settle(res.key, &t.res, res.estimate, costs, r.now())
 	}
 	if t.limiter == "local" {
 		r.failover.Owe(res.key, costs, res.estimate)
@@ -454,7 +454,7 @@ func (r *Redis) settleShared(ctx context.Context, res *Reservation, actual store
 		return err
 	}, func(local *Local) error {
 		if local != nil && local != res.ticket.local {
-			local.settle(res.key, res.estimate, actual, r.now())
+			local.settle(res.key, &localBooking{}, res.estimate, actual, r.now())
 		}
 		return fmt.Errorf("pace: key %s: the settlement is kept by this process alone: %w", store.QuoteKey(res.key), ErrUnavailable)
 	})

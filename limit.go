@@ -48,7 +48,8 @@ func Window(n int, per time.Duration) Limit {
 // FixedWindow returns a fixed window quota: at most n events in each period
 // of length per, with periods aligned to Redis's clock (a minute's windows
 // start on the minute), as an upstream that counts so would. A request that
-// finds its window full waits for the next one. It needs Redis.
+// finds its window full waits for the next one. A Local aligns its windows
+// to its own clock, as Redis does to Redis's.
 func FixedWindow(n int, per time.Duration) Limit {
 	return Limit{count: float64(n), period: per, burst: n, kind: fixedWindow}
 }

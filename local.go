@@ -1,6 +1,7 @@
 package pace
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -63,7 +64,8 @@ type localShard struct {
 // cancellation is made before it: a booking at a time ahead (the end of a
 // hold, a time Redis gave) makes the ones after it begin there too.
 type localKey struct {
-	lims []*rate.Limiter
+	lims []*rate.Limiter // a limit's bucket; nil for a window
+	wins []*localWindows // a fixed window's counts, nil for a bucket; nil for a quota of buckets
 	last time.Time
 	rate steer.Rate // after refusals the upstream gave without saying why
 }
@@ -73,12 +75,18 @@ type localKey struct {
 type rateNote struct{ listening, recovered bool }
 
 // localBooking is what a Local booked for one request: a reservation a
-// limit, or none where the request was granted at once.
-type localBooking [store.MaxLimits]*rate.Reservation
+// bucket, or none where the request was granted at once; the start of the
+// window a fixed window booked, and its cost.
+type localBooking struct {
+	res     [store.MaxLimits]*rate.Reservation
+	windows [store.MaxLimits]time.Time
+	costs   store.LimitCosts
+}
 
 // NewLocal returns a Local that gives each key the quota q: a Limit, or
-// several token buckets at once with AllOf, and at most one cap of requests
-// in flight (Concurrent). Windows need a Redis limiter.
+// several token buckets and fixed windows (FixedWindow, Daily, Monthly)
+// at once with AllOf, and at most one cap of requests in flight
+// (Concurrent). Sliding windows need a Redis limiter.
 func NewLocal(q Quota, opts ...Option) (*Local, error) {
 	all, err := checkQuota(q)
 	if err != nil {
@@ -86,8 +94,8 @@ func NewLocal(q Quota, opts ...Option) (*Local, error) {
 	}
 	limits, c := newSlotCap(all)
 	for _, l := range limits {
-		if l.kind != bucket {
-			return nil, fmt.Errorf("pace: NewLocal(%s): windows need a Redis limiter; Local paces token buckets", l)
+		if l.kind == slidingWindow {
+			return nil, fmt.Errorf("pace: NewLocal(%s): sliding windows need a Redis limiter; Local paces token buckets and fixed windows", l)
 		}
 	}
 	var config commonConfig
@@ -113,7 +121,9 @@ func newLocal(limits namedLimits, config commonConfig, now func() time.Time) *Lo
 	loc := &Local{namedLimits: limits, config: config, now: now, seed: maphash.MakeSeed(), costCap: smallestBurst(limits.limits),
 		openBurst: int64(store.BucketBurst(storeLimits(limits.limits, now)))}
 	for _, l := range limits.limits {
-		loc.refill = max(loc.refill, time.Duration(l.burst)*time.Duration(float64(l.period)/l.count))
+		if l.kind == bucket { // a window's key goes once its windows are over
+			loc.refill = max(loc.refill, time.Duration(l.burst)*time.Duration(float64(l.period)/l.count))
+		}
 	}
 	for i := range loc.shards {
 		loc.shards[i].limiters = make(map[string]*localKey)
@@ -235,7 +245,7 @@ func (loc *Local) Settle(ctx context.Context, r *Reservation, actual Costs) erro
 		return nil
 	}
 	loc.capDebts(ctx, loc.config.observer, "local", r, &costs, loc.config.maxHold)
-	loc.settle(r.key, r.estimate, costs, loc.now())
+	loc.settle(r.key, &r.ticket.localWait.res, r.estimate, costs, loc.now())
 	return loc.settled(ctx, loc.config.observer, "local", r.key, &r.estimate, &costs, nil)
 }
 
@@ -395,18 +405,29 @@ func (loc *Local) underRate(k *localKey, costs *store.LimitCosts, now, at time.T
 func (k *localKey) book(costs *store.LimitCosts, now, at time.Time, budget time.Duration, b *localBooking) (delay time.Duration, ok bool) {
 	due := at // when every limit has its cost
 	for i, lim := range k.lims {
+		if lim == nil {
+			continue
+		}
 		if short := float64(costs[i]) - lim.TokensAt(at); short > 0 {
 			due = latest(due, at.Add(time.Duration(math.Ceil(short/float64(lim.Limit())*float64(time.Second)))))
 		}
 	}
+	due, fits := k.fitWindows(costs, due)
+	if !fits {
+		return max(due.Sub(now), store.MaxDelay+time.Second), false // no window within reach: beyond any wait
+	}
 	if delay = due.Sub(now); delay > budget {
 		return delay, false
 	}
-	delay = 0
+	delay = due.Sub(now)
 	for i, lim := range k.lims {
-		if costs[i] > 0 {
-			b[i] = lim.ReserveN(due, costs[i])
-			delay = max(delay, b[i].DelayFrom(now))
+		switch {
+		case costs[i] == 0:
+		case lim == nil:
+			b.windows[i], b.costs[i] = k.wins[i].add(due, costs[i], now), costs[i]
+		default:
+			b.res[i] = lim.ReserveN(due, costs[i])
+			delay = max(delay, b.res[i].DelayFrom(now))
 		}
 	}
 	k.last = due
@@ -416,6 +437,9 @@ func (k *localKey) book(costs *store.LimitCosts, now, at time.Time, budget time.
 // allowAll grants costs at now under every limit when each has them, and
 // reports whether it did.
 func (k *localKey) allowAll(now time.Time, costs *store.LimitCosts) bool {
+	if k.wins != nil {
+		return false // a window's count: book
+	}
 	if len(k.lims) == 1 {
 		return k.lims[0].AllowN(now, costs[0])
 	}
@@ -438,9 +462,12 @@ func (loc *Local) cancel(key string, b localBooking, now time.Time) {
 	defer shard.mu.Unlock()
 	if k, ok := shard.limiters[key]; ok {
 		k.last = latest(now, k.last)
-		for _, r := range b {
+		for i, r := range b.res {
 			if r != nil {
 				r.CancelAt(k.last)
+			}
+			if !b.windows[i].IsZero() {
+				k.wins[i].giveBack(b.windows[i], b.costs[i], now)
 			}
 		}
 	}
@@ -448,8 +475,10 @@ func (loc *Local) cancel(key string, b localBooking, now time.Time) {
 
 // settle charges key's buckets, at now or its last reservation time, with
 // the difference between actual and estimate under each limit: a debt (of
-// a burst at most: see capDebts), or a credit that fills the bucket at most.
-func (loc *Local) settle(key string, estimate, actual store.LimitCosts, now time.Time) {
+// a burst at most: see capDebts), or a credit that fills the bucket at most;
+// and the windows b booked (the window of now, when it booked none) with it,
+// never below zero.
+func (loc *Local) settle(key string, b *localBooking, estimate, actual store.LimitCosts, now time.Time) {
 	shard := loc.shard(key)
 	shard.mu.Lock()
 	defer shard.mu.Unlock()
@@ -457,6 +486,8 @@ func (loc *Local) settle(key string, estimate, actual store.LimitCosts, now time
 	k.last = latest(now, k.last)
 	for i, lim := range k.lims {
 		switch diff := actual[i] - estimate[i]; {
+		case lim == nil:
+			k.wins[i].add(cmp.Or(b.windows[i], now), diff, now)
 		case diff > 0:
 			// A reservation may not exceed the burst: for the time of the
 			// debt, the burst is the debt.
@@ -528,6 +559,13 @@ func (s *localShard) limiter(loc *Local, key string, now time.Time) *localKey {
 			k.last = latest(loc.emptyAt, (*loc.floors.Load())[key])
 		}
 		for i, l := range loc.limits {
+			if l.kind == fixedWindow {
+				if k.wins == nil {
+					k.wins = make([]*localWindows, len(loc.limits))
+				}
+				k.wins[i] = &localWindows{limit: l}
+				continue
+			}
 			k.lims[i] = rate.NewLimiter(rate.Limit(l.Rate()), l.burst)
 			if !k.last.IsZero() {
 				k.lims[i].AllowN(k.last, l.burst)
@@ -540,8 +578,8 @@ func (s *localShard) limiter(loc *Local, key string, now time.Time) *localKey {
 
 // full reports whether every bucket of the key is full at now.
 func (k *localKey) full(now time.Time) bool {
-	for _, lim := range k.lims {
-		if lim.TokensAt(now) < float64(lim.Burst()) {
+	for i, lim := range k.lims {
+		if lim == nil && !k.wins[i].empty(now) || lim != nil && lim.TokensAt(now) < float64(lim.Burst()) {
 			return false
 		}
 	}
