@@ -419,7 +419,6 @@ func (k *localKey) book(costs *store.LimitCosts, now, at time.Time, budget time.
 	if delay = due.Sub(now); delay > budget {
 		return delay, false
 	}
-	delay = due.Sub(now)
 	for i, lim := range k.lims {
 		switch {
 		case costs[i] == 0:
@@ -428,9 +427,9 @@ func (k *localKey) book(costs *store.LimitCosts, now, at time.Time, budget time.
 		default:
 			b.res[i] = lim.ReserveN(due, costs[i])
 			delay = max(delay, b.res[i].DelayFrom(now))
+			k.last = due // a window counts by its own time: only a bucket needs it
 		}
 	}
-	k.last = due
 	return delay, true
 }
 
