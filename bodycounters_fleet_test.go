@@ -1,7 +1,6 @@
 package pace
 
 import (
-	"net/http"
 	"testing"
 	"time"
 
@@ -45,24 +44,9 @@ func TestShopifyFleet(t *testing.T) {
 			spent, fleet.ok*cost, budget, 100*float64(fleet.ok*cost)/budget, fleet.refused)
 		if fleet.refused > 0 {
 			t.Errorf("%d spent before: %d THROTTLED answers, want none", spent, fleet.refused)
-			logRefusals(t, arrivals, start)
 		}
 		if float64(fleet.ok*cost) < 0.95*budget {
 			t.Errorf("%d spent before: the fleet spent %d points, less than 95%% of %.0f", spent, fleet.ok*cost, budget)
-		}
-	}
-}
-
-// logRefusals logs each refused arrival of the fleet, and the arrivals
-// just before it: when it came and was granted, from start, and what the
-// upstream had left.
-func logRefusals(t *testing.T, arrivals []quotaapi.Arrival, start time.Time) {
-	for i, a := range arrivals {
-		if a.Foreign || a.Status == http.StatusOK {
-			continue
-		}
-		for _, b := range arrivals[max(i-3, 0) : i+1] {
-			t.Logf("arrival at %v, granted at %v, status %d, %d left", b.At.Sub(start), b.Granted.Sub(start), b.Status, b.Left)
 		}
 	}
 }

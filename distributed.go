@@ -72,7 +72,7 @@ type sharedStore interface {
 	NewCall() uint64
 	Refund(ctx context.Context, key string, b store.Booking) ([store.MaxLimits]store.RefundResult, int64, error)
 	Settle(ctx context.Context, key string, b store.Booking, actual store.LimitCosts) (settled bool, now int64, err error)
-	Sync(ctx context.Context, key string, b store.Booking, steers []store.Steer, refused bool, ago time.Duration, channel string) (store.SyncReply, error)
+	Sync(ctx context.Context, key string, b store.Booking, steers []store.Steer, refused bool, channel string) (store.SyncReply, error)
 	Hold(ctx context.Context, key string, d time.Duration, channel string) (changed bool, end int64, err error)
 	Slots(ctx context.Context, key string, c store.SlotCall) (store.SlotsReply, error)
 	Line(ctx context.Context, key string, earliest, turn time.Duration) (time.Duration, error)

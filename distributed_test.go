@@ -296,7 +296,7 @@ func (m *modelCheck) sync(step int) {
 // syncOne steers the key of booking bk, on r (a limit of interval a and
 // burst), with st, for a request the upstream served or refused.
 func (m *modelCheck) syncOne(step int, r *Redis, a, burst int64, bk modelBooking, st store.Steer, refused bool) {
-	reply, err := storeOf(r).Sync(context.Background(), bk.key, bk.b, []store.Steer{st}, refused, 0, "pace-model-holds")
+	reply, err := storeOf(r).Sync(context.Background(), bk.key, bk.b, []store.Steer{st}, refused, "pace-model-holds")
 	if err != nil {
 		m.t.Fatalf("step %d: sync: %v", step, err)
 	}

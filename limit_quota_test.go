@@ -213,7 +213,7 @@ func syncQuota(t *testing.T, step int, r *Redis, key string, b store.Booking, mo
 	a, burst := r.limits[i].intervalMicros(), int64(r.limits[i].burst)
 	st := randomSteering(rng, i, a, burst)
 	refused := rng.IntN(4) == 0
-	reply, err := storeOf(r).Sync(context.Background(), key, b, []store.Steer{st}, refused, 0, "pace-model-holds")
+	reply, err := storeOf(r).Sync(context.Background(), key, b, []store.Steer{st}, refused, "pace-model-holds")
 	if err != nil {
 		t.Fatalf("step %d: sync: %v", step, err)
 	}

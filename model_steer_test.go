@@ -99,8 +99,7 @@ const (
 // sync is sync.lua for one bucket stored as tat and s (nil when not
 // steered): it returns the bucket's new TAT and steering, and 0 (stale), 1
 // (applied) or 2 (applied, and learned anew).
-func (s *steerModel) sync(tat, a, b, finish, booked, due, bookedAt, arrived int64, cost int64, refused bool, left, reset int64, refills bool, learned, held, now int64) (int64, *steerModel, int64) {
-	burst := bookedAt >= due
+func (s *steerModel) sync(tat, a, b, finish, booked, due int64, burst bool, cost int64, refused bool, left, reset int64, refills bool, learned, held, now int64) (int64, *steerModel, int64) {
 	fresh := s == nil || (booked > s.synced && due >= s.order)
 	slower := learned > s.interval(a)
 	_, unit, spreading, _ := s.step(tat, a, b, now, now)
@@ -112,9 +111,8 @@ func (s *steerModel) sync(tat, a, b, finish, booked, due, bookedAt, arrived int6
 	if !fresh && !slower {
 		return tat, s, 0
 	}
-	old, result, ahead, unseen := tat, int64(1), int64(0), int64(0)
+	old, result, ahead := tat, int64(1), int64(0)
 	if fresh {
-		unseen = s.inFlight(booked, due, bookedAt, arrived, refills, now)
 		s, left = s.takeIn(tat, a, finish, booked, due, burst, cost, left, refills, held, now)
 	}
 	if learned > 0 && learned != s.learned {
@@ -132,7 +130,7 @@ func (s *steerModel) sync(tat, a, b, finish, booked, due, bookedAt, arrived int6
 		if spreading && tat > 0 && ahead == 0 {
 			last, booked = tat-unit, tat-unit
 		}
-		tat = s.spend(tat, free, last, a, b, cost, left+ahead-unseen, reset, refills, now)
+		tat = s.spend(tat, free, last, a, b, cost, left+ahead, reset, refills, now)
 		if ahead == 0 && max(s.allow(tat, a, b, 1, now, now), now) <= booked {
 			s.movedBack(free)
 		}
@@ -140,18 +138,6 @@ func (s *steerModel) sync(tat, a, b, finish, booked, due, bookedAt, arrived int6
 		tat = now + max(int64(math.Ceil(float64(old-now)/float64(unit)))-ahead, 0)*s.fleetInterval(a, b)
 	}
 	return tat, s, result
-}
-
-// inFlight is in_flight, for a steered bucket (0 for one not steered yet).
-func (s *steerModel) inFlight(booked, due, bookedAt, arrived int64, refills bool, now int64) int64 {
-	if s == nil {
-		return 0
-	}
-	after, flight, span := s.booked-booked, max(arrived-due, 0), now-bookedAt
-	if !refills || after <= 0 || span <= 0 {
-		return 0
-	}
-	return int64(math.Floor(float64(after) * math.Min(float64(flight)/float64(span), 1)))
 }
 
 // takeIn is take_in: it returns the steering and the units left. held is

@@ -124,7 +124,7 @@ func (s *fakeStore) Settle(_ context.Context, key string, b store.Booking, actua
 	return true, now, nil
 }
 
-func (s *fakeStore) Sync(_ context.Context, key string, b store.Booking, steers []store.Steer, refused bool, _ time.Duration, _ string) (store.SyncReply, error) {
+func (s *fakeStore) Sync(_ context.Context, key string, b store.Booking, steers []store.Steer, refused bool, _ string) (store.SyncReply, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.syncs++

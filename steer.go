@@ -82,7 +82,7 @@ func (r *Redis) sync(ctx context.Context, key string, b store.Booking, readings 
 		if len(steers) == 0 || !r.syncs.Due(key, b, plain, refused, now) {
 			return nil // nothing to steer
 		}
-		reply, err := r.store.Sync(ctx, key, b, plain, refused, now.Sub(arrival), r.holdChannel())
+		reply, err := r.store.Sync(ctx, key, b, plain, refused, r.holdChannel())
 		if err != nil {
 			return err
 		}

@@ -30,13 +30,12 @@
 --           is a baseline only
 -- ARGV[1]   the Pub/Sub channel of holds; ARGV[2] the key, as the fleet
 --           names it (see hold.lua); ARGV[3] 1 when the upstream refused
---           the request (a 429), else 0; ARGV[4] the microseconds since
---           its response arrived
--- ARGV[11i-6], ..., ARGV[11i+4]   for bucket i: its configured interval
+--           the request (a 429), else 0
+-- ARGV[11i-7], ..., ARGV[11i+3]   for bucket i: its configured interval
 --           and burst; the bucket's TAT and count of units booked after the
 --           request's booking (see reserve.lua), the request's due time,
---           the time of its booking (its due time when it went without
---           waiting), and its cost under the bucket; the units left,
+--           whether it went without waiting (1) or not (0), and its cost
+--           under the bucket; the units left,
 --           the microseconds until the reset or refill, whether the quota
 --           refills (1) or is a window (0); and the interval advertised, or
 --           0 when not learning
@@ -48,37 +47,22 @@
 local tau = 500000 -- the time constant of the estimate of others' rate
 local probe = 1000000 -- the fleet's interval while others seem to spend all of a window
 local held = time(#KEYS, read(#KEYS, 'GET')) or 0
-local arrived = now - tonumber(ARGV[4]) -- when the response arrived
 
 -- since is how many units the upstream had not counted of a bucket stored
--- as tat and steer when it counted request r: those booked after it. Once
--- the bucket is steered, they are counted (BOOKED). Before, a request that
--- went without waiting (burst) may have gone with others of its burst,
--- booked before it (after its due time, on the schedule), that arrived
--- after it: they count.
-local function since(tat, steer, r)
+-- as tat and steer when it counted a request of cost units, booked with
+-- booked units counted (0: not steered then), at due, leaving the bucket
+-- at finish: those booked after it. Before the bucket was steered, a
+-- request that went without waiting (burst) may have gone with others of
+-- its burst, booked before it (after due, on the schedule), that arrived
+-- after it: they count too.
+local function since(tat, steer, a, finish, booked, due, burst, cost)
   if steer then
-    return math.max(steer.booked - r.booked, 0)
+    return math.max(steer.booked - booked, 0)
   end
   local n = 0
-  if tat and tat > r.finish then n = math.ceil((tat - r.finish) / r.a) end
-  if r.burst then n = n + math.max(math.ceil((r.finish - r.cost * r.a - r.due) / r.a), 0) end
+  if tat and tat > finish then n = math.ceil((tat - finish) / a) end
+  if burst then n = n + math.max(math.ceil((finish - cost * a - due) / a), 0) end
   return n
-end
-
--- in_flight is how many units booked before request r may have arrived
--- after it, once its bucket is steered: as many as the
--- fleet booked after r (AFTER units), at the rate it booked them since r's
--- booking, in the time r took from its due time to its response's
--- arrival. At the end of a burst, where the upstream's bucket runs dry,
--- the requests in flight together arrive in any order. They lower the
--- level a quota that refills is given, not the estimate of others' rate
--- (an estimate that varies from one reading to the next would be others'
--- spending).
-local function in_flight(r, after)
-  local flight, span = math.max(arrived - r.due, 0), now - r.booked_at
-  if not r.refills or after <= 0 or span <= 0 then return 0 end
-  return math.floor(after * math.min(flight / span, 1))
 end
 
 -- estimate_foreign updates the estimate of others' rate by what they spent
@@ -201,10 +185,9 @@ end
 
 -- reading is what ARGV says of bucket i (see above).
 local function reading(i)
-  local o = 11 * i - 6
-  local due, booked_at = tonumber(ARGV[o + 4]), tonumber(ARGV[o + 5])
+  local o = 11 * i - 7
   return {a = tonumber(ARGV[o]), b = tonumber(ARGV[o + 1]), finish = tonumber(ARGV[o + 2]),
-    booked = tonumber(ARGV[o + 3]), due = due, booked_at = booked_at, burst = booked_at >= due,
+    booked = tonumber(ARGV[o + 3]), due = tonumber(ARGV[o + 4]), burst = ARGV[o + 5] == '1',
     cost = tonumber(ARGV[o + 6]), left = tonumber(ARGV[o + 7]), reset = tonumber(ARGV[o + 8]),
     refills = ARGV[o + 9] == '1', learned = tonumber(ARGV[o + 10])}
 end
@@ -214,7 +197,7 @@ end
 -- across a hold), and the reading as the baseline of the next. It returns the steering and the
 -- units left, less those booked after the request.
 local function take_in(tat, steer, r)
-  local left = r.left - since(tat, steer, r)
+  local left = r.left - since(tat, steer, r.a, r.finish, r.booked, r.due, r.burst, r.cost)
   local first = not steer
   steer = steer or {seen = 0, till = 0, spread = 0, learned = 0, left = 0, base = 0, synced = 0, booked = 0, foreign = 0, order = 0,
     ceiling = tat or now}
@@ -241,11 +224,8 @@ local function steer_bucket(i, r, refused)
     if refused and steer then write_bucket(KEYS[i], tat, steer) end
     return 0, steer and steer.synced or 0
   end
-  local old, left, result, ahead, unseen = tat, r.left, 1, 0, 0
-  if fresh then
-    if steer then unseen = in_flight(r, steer.booked - r.booked) end
-    steer, left = take_in(tat, steer, r)
-  end
+  local old, left, result, ahead = tat, r.left, 1, 0
+  if fresh then steer, left = take_in(tat, steer, r) end
   if r.learned > 0 and r.learned ~= steer.learned then
     -- The units booked to go after now book anew, at the new pace, and the
     -- bookings to come are not all new: no baseline. The bucket alone
@@ -261,7 +241,7 @@ local function steer_bucket(i, r, refused)
     -- the bookings to come may go before some of them (see ORDER).
     local last, booked = nil, free - 1
     if spreading and tat and ahead == 0 then last, booked = tat - unit, tat - unit end
-    tat = spend(tat, free, last, steer, a, b, r.cost, left + ahead - unseen, r.reset, r.refills)
+    tat = spend(tat, free, last, steer, a, b, r.cost, left + ahead, r.reset, r.refills)
     if ahead == 0 and math.max(bucket_allow(tat, steer, a, b, 1, now), now) <= booked then moved_back(steer, free) end
   elseif ahead > 0 then -- an older reading, of a slower limit: the units ahead, at the new pace
     tat = now + math.max(math.ceil((old - now) / unit) - ahead, 0) * fleet_interval(steer, a, b)

@@ -43,17 +43,17 @@ type SyncReply struct {
 }
 
 // Sync steers key's buckets by what a response said (see lua/sync.lua),
-// for the request booked as b, whose response arrived ago. The upstream
-// refused the request when refused (a 429). When the pace changes, it
-// tells the fleet on channel, as of a hold.
-func (s *Store) Sync(ctx context.Context, key string, b Booking, steers []Steer, refused bool, ago time.Duration, channel string) (SyncReply, error) {
+// for the request booked as b. The upstream refused the request when
+// refused (a 429). When the pace changes, it tells the fleet on channel,
+// as of a hold.
+func (s *Store) Sync(ctx context.Context, key string, b Booking, steers []Steer, refused bool, channel string) (SyncReply, error) {
 	keys := s.Keys(key, false)
 	syncKeys := make([]string, 0, len(steers)+1)
-	args := append(make([]any, 0, 4+11*len(steers)), channel, key, flag(refused), max(ago, 0).Microseconds())
+	args := append(make([]any, 0, 3+11*len(steers)), channel, key, flag(refused))
 	for _, st := range steers {
 		syncKeys = append(syncKeys, keys[st.Limit])
 		args = append(args, s.limitArgs[3*st.Limit+1], s.limitArgs[3*st.Limit+2], b.Finishes[st.Limit], b.Booked[st.Limit],
-			b.Due(), b.Now, b.Costs[st.Limit], st.Remaining, st.Reset.Microseconds(), flag(st.Refills), st.Learned)
+			b.Due(), flag(b.Delay == 0), b.Costs[st.Limit], st.Remaining, st.Reset.Microseconds(), flag(st.Refills), st.Learned)
 	}
 	syncKeys = append(syncKeys, s.HoldKey(key))
 	var reply [1 + 2*MaxLimits]int64
