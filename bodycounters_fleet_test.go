@@ -23,7 +23,7 @@ import (
 // in any order (beside a CPU hog, 1 or 2 THROTTLED in 4 runs of 18). In
 // each case it spends 95% or more of what the bucket had and restored
 // (within its burst). What it spends after the first second, against the
-// restore rate, is logged, not bounded: once in some 40 runs beside a CPU
+// restore rate, is logged, not bounded: once in 26 runs beside a CPU
 // hog, the first second held 22 queries more than the burst and a
 // second's rate allow, and the seconds after it fewer, the whole run
 // within what the bucket allowed (a cause not found).
