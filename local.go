@@ -75,12 +75,18 @@ type localKey struct {
 type rateNote struct{ listening, recovered bool }
 
 // localBooking is what a Local booked for one request: a reservation a
-// bucket, or none where the request was granted at once; the start of the
-// window a fixed window booked, and its cost.
+// bucket, or none where the request was granted at once; and what it
+// booked in fixed windows, if any.
 type localBooking struct {
 	res     [store.MaxLimits]*rate.Reservation
-	windows [store.MaxLimits]time.Time
-	costs   store.LimitCosts
+	windows *windowsBooked
+}
+
+// windowsBooked is the start of the window each fixed window booked (zero
+// for the other limits), and the costs booked there.
+type windowsBooked struct {
+	starts [store.MaxLimits]time.Time
+	costs  store.LimitCosts
 }
 
 // NewLocal returns a Local that gives each key the quota q: a Limit, or
@@ -423,7 +429,10 @@ func (k *localKey) book(costs *store.LimitCosts, now, at time.Time, budget time.
 		switch {
 		case costs[i] == 0:
 		case lim == nil:
-			b.windows[i], b.costs[i] = k.wins[i].add(due, costs[i], now), costs[i]
+			if b.windows == nil {
+				b.windows = new(windowsBooked)
+			}
+			b.windows.starts[i], b.windows.costs[i] = k.wins[i].add(due, costs[i], now), costs[i]
 		default:
 			b.res[i] = lim.ReserveN(due, costs[i])
 			delay = max(delay, b.res[i].DelayFrom(now))
@@ -465,8 +474,8 @@ func (loc *Local) cancel(key string, b localBooking, now time.Time) {
 			if r != nil {
 				r.CancelAt(k.last)
 			}
-			if !b.windows[i].IsZero() {
-				k.wins[i].giveBack(b.windows[i], b.costs[i], now)
+			if b.windows != nil && !b.windows.starts[i].IsZero() {
+				k.wins[i].giveBack(b.windows.starts[i], b.windows.costs[i], now)
 			}
 		}
 	}
@@ -486,7 +495,7 @@ func (loc *Local) settle(key string, b *localBooking, estimate, actual store.Lim
 	for i, lim := range k.lims {
 		switch diff := actual[i] - estimate[i]; {
 		case lim == nil:
-			k.wins[i].add(cmp.Or(b.windows[i], now), diff, now)
+			k.wins[i].add(cmp.Or(b.windows.start(i), now), diff, now)
 		case diff > 0:
 			// A reservation may not exceed the burst: for the time of the
 			// debt, the burst is the debt.

@@ -120,3 +120,12 @@ func (k *localKey) fitWindows(costs *store.LimitCosts, due time.Time) (time.Time
 	}
 	return due, true
 }
+
+// start is the start of the window that limit i booked in w (zero when
+// it booked none, or w is nil).
+func (w *windowsBooked) start(i int) time.Time {
+	if w == nil {
+		return time.Time{}
+	}
+	return w.starts[i]
+}
