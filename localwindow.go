@@ -13,7 +13,7 @@ import (
 // are kept.
 type localWindows struct {
 	limit  Limit
-	booked []windowCount // by start
+	booked []windowCount // in the order they were first booked
 }
 
 // windowCount is what one window holds.
