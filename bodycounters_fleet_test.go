@@ -56,12 +56,17 @@ func TestShopifyFleet(t *testing.T) {
 		later := tallyOf(arrivals, start.Add(time.Second), last.Add(time.Nanosecond))
 		budget := min(level, float64(c.burst)) + 50*last.Sub(start).Seconds() // what the bucket had and restored, within the burst
 		restored := 50 * last.Sub(start.Add(time.Second)).Seconds()
-		fallbacks := 0
+		fallbacks, alone, stall := 0, 0, time.Duration(0) // alone: requests a process decided without Redis
 		for _, r := range reports {
-			fallbacks += len(r.Fallbacks)
+			fallbacks, stall = fallbacks+len(r.Fallbacks), max(stall, r.Stall)
+			for _, q := range r.Requests {
+				if q.Limiter != "" && q.Limiter != "redis" {
+					alone++
+				}
+			}
 		}
-		t.Logf("%s: the fleet spent %d points of the %.0f the bucket had and restored within its burst (%.1f%%), after the first second %.1f%% of the restore rate; %d THROTTLED, %d after the first second; %d fallbacks",
-			name, fleet.ok*cost, budget, 100*float64(fleet.ok*cost)/budget, 100*float64(later.ok*cost)/restored, fleet.refused, later.refused, fallbacks)
+		t.Logf("%s: the fleet spent %d points of the %.0f the bucket had and restored within its burst (%.1f%%), after the first second %.1f%% of the restore rate; %d THROTTLED, %d after the first second; %d fallbacks, %d requests decided without Redis, the longest stall %v",
+			name, fleet.ok*cost, budget, 100*float64(fleet.ok*cost)/budget, 100*float64(later.ok*cost)/restored, fleet.refused, later.refused, fallbacks, alone, stall)
 		if later.refused > 0 || fleet.refused > c.firstSecond {
 			t.Errorf("%s: %d THROTTLED answers, %d after the first second; want %d at most, none after", name, fleet.refused, later.refused, c.firstSecond)
 			logRefusals(t, arrivals, start)
