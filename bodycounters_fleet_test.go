@@ -23,10 +23,12 @@ import (
 // in any order (beside a CPU hog, 1 or 2 THROTTLED in 4 runs of 18). In
 // each case it spends 95% or more of what the bucket had and restored
 // (within its burst). What it spends after the first second, against the
-// restore rate, is logged, not bounded: in 2 runs of 46 beside a CPU
-// hog, the first second held 18 and 22 queries more than the burst and a
-// second's rate allow, and the seconds after it fewer, the whole run
-// within what the bucket allowed, with no fallback (a cause not found).
+// restore rate, is logged, not bounded: in 3 runs of 90 beside a CPU
+// hog, the first second held 18, 22 and 22 queries more than the burst
+// and a second's rate allow, and the seconds after it fewer, with no
+// fallback: the whole run spent up to 1.8% more than the burst and the
+// restore rate allow, within what the upstream's bucket had (a cause not
+// found).
 func TestShopifyFleet(t *testing.T) {
 	besideOthers(t)
 	srv := redistest.Start(t)
