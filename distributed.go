@@ -40,7 +40,7 @@ import (
 // A Redis is safe for concurrent use. Create it with NewRedis.
 type Redis struct {
 	namedLimits
-	id       string // names this limiter's requests in Redis (see newLimiterID)
+	id       string // names this limiter's requests in Redis (see Process.newLimiterID)
 	shareKey string // names its fleet and quota among the process's outage limiters
 	client   redis.Scripter
 	costCap  int // the smallest burst or window count of the limits: the most a request may cost under every limit
@@ -123,8 +123,8 @@ func newRedis(q Quota, now func() time.Time, opts ...RedisOption) (*Redis, error
 		return nil, err
 	}
 	r.slotCap = store.NewSlotCap(limitName(c.limit), c.limit.burst, r.lease(), r.holdChannel())
-	r.fleet = newFleet(r.config.prefix, r.config.fleetName, r.config.fleetSize)
-	r.id = newLimiterID()
+	r.fleet = newFleet(r.config.prefix, r.config.fleetName, r.config.fleetSize, r.config.process)
+	r.id = r.config.process.newLimiterID()
 	r.fallbackSlots = newSemaphore(r.lease(), now, r.config.observer, "local")
 	r.failover = outage.New(outage.Config[*Local]{
 		PacesLocally: r.config.policy == FallbackLocal,
@@ -132,6 +132,7 @@ func newRedis(q Quota, now func() time.Time, opts ...RedisOption) (*Redis, error
 		MaxCooldown:  r.config.maxCooldown,
 		NewLocal:     r.outageLimiter,
 		Release:      r.releaseOutage,
+		Jitter:       r.config.process.draw,
 	})
 	r.shareKey = r.id // a test's fakes: its own
 	return r, nil

@@ -27,16 +27,15 @@ func newTestRedis(t testing.TB) *redis.Client {
 }
 
 // scriptRedis returns a client of a real redis-server started for the
-// test, as newTestRedis does; on a machine without one, outside make test,
-// of the embedded Redis-protocol store the demo runs on (miniredis, whose
-// Lua runs the scripts), so that go test alone checks the scripts' logic
-// against the models. Tests of timing, faults and fleets need the real one.
+// test, as newTestRedis does, under make test; under go test alone, of the
+// embedded Redis-protocol store the demo runs on (miniredis, whose Lua runs
+// the scripts), so that tier 1 checks the scripts' logic against the
+// models. Tests of timing, faults and fleets need the real one.
 func scriptRedis(t testing.TB) *redis.Client {
 	t.Helper()
-	if tiers.Runs("redis-server") {
+	if tiers.All() {
 		return newTestRedis(t)
 	}
-	t.Log("redis-server is not installed: the scripts run on the embedded store (make test runs them on redis-server)")
 	c := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
 	t.Cleanup(func() { c.Close() })
 	return c

@@ -2,11 +2,7 @@ package pace
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"os"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -22,7 +18,7 @@ import (
 // to the busy ones.
 type fleet struct {
 	key      string // prefix{fleet}#name
-	member   string // this process (processMember)
+	member   string // this process (Process.member)
 	pinned   int    // a size the user set, or 0
 	size     atomic.Int64
 	nextBeat atomic.Int64 // time.Now().UnixNano() of the next heartbeat
@@ -37,29 +33,8 @@ const (
 	firstBeatGap = 5 * time.Millisecond
 )
 
-func newFleet(prefix, name string, pinned int) *fleet {
-	return &fleet{key: prefix + "{" + store.FleetTag + "}#" + name, member: processMember(), pinned: pinned}
-}
-
-// processMember names this process in its fleets: one member however many
-// limiters it has (the Rules of a crawler make one for each host), so that
-// each counts the processes, not the limiters, and an outage's share is
-// the process's.
-var processMember = sync.OnceValue(func() string {
-	var id [6]byte
-	rand.Read(id[:])
-	host, _ := os.Hostname()
-	return host + ":" + strconv.Itoa(os.Getpid()) + ":" + hex.EncodeToString(id[:])
-})
-
-// limiterIDs numbers this process's Redis limiters, whose ids (the
-// process's member and the number) keep the names of their requests in
-// Redis apart: the grants of sliding windows, the holders of slots.
-var limiterIDs atomic.Uint64
-
-// newLimiterID returns the id of a new Redis limiter of this process.
-func newLimiterID() string {
-	return processMember() + ":" + strconv.FormatUint(limiterIDs.Add(1), 10)
+func newFleet(prefix, name string, pinned int, p *Process) *fleet {
+	return &fleet{key: prefix + "{" + store.FleetTag + "}#" + name, member: p.member, pinned: pinned}
 }
 
 // Size returns the fleet's size: the pinned one, else the last one counted,

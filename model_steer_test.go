@@ -55,10 +55,13 @@ func (s *steerModel) step(tat, a, b, due, now int64) (int64, int64, bool, int64)
 func (s *steerModel) allow(tat, a, b, cost, arrival, now int64) int64 {
 	base, i, spread, after := s.step(tat, a, b, arrival, now)
 	t := max(arrival, base)
-	if spread {
-		return t
+	if !spread {
+		t = max(t+cost*i-b*i, after)
 	}
-	return max(t+cost*i-b*i, after)
+	if s != nil {
+		t = max(t, s.ceiling+(cost-b)*s.interval(a))
+	}
+	return t
 }
 
 // finish is bucket_finish.

@@ -60,6 +60,7 @@ type redisConfig struct {
 	fleetName                string
 	fleetSize                int
 	minCooldown, maxCooldown time.Duration
+	process                  *Process // WithProcess; validate makes nil thisProcess
 }
 
 // The defaults of a Redis limiter.
@@ -99,6 +100,9 @@ func (c *redisConfig) validate() error {
 		return fmt.Errorf("pace: WithFleetSize(%d): negative", c.fleetSize)
 	case c.minCooldown <= 0 || c.maxCooldown < c.minCooldown:
 		return fmt.Errorf("pace: WithCooldown(%v, %v): want 0 < min <= max", c.minCooldown, c.maxCooldown)
+	}
+	if c.process == nil {
+		c.process = thisProcess()
 	}
 	return c.commonConfig.validate()
 }

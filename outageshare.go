@@ -17,12 +17,12 @@ import (
 // a failover). Limiters of the same quota on different Redis servers (or
 // prefixes, or fleets) do not.
 
-// outageShares are the outage limiters in use in this process, by fleet and
+// outageShares are the outage limiters in use in a process, by fleet and
 // quota (Redis.shareKey).
-var outageShares = struct {
+type outageShares struct {
 	sync.Mutex
 	by map[string]*outageShare
-}{by: make(map[string]*outageShare)}
+}
 
 type outageShare struct {
 	local *Local
@@ -56,9 +56,10 @@ func shareKey(client redis.Scripter, prefix, fleetName string, limits []Limit) s
 // later, since Redis may have granted the whole burst and booked callers who
 // still wait.
 func (r *Redis) outageLimiter(since time.Time, floors map[string]time.Time) *Local {
-	outageShares.Lock()
-	defer outageShares.Unlock()
-	if s := outageShares.by[r.shareKey]; s != nil {
+	inUse := &r.config.process.outages
+	inUse.Lock()
+	defer inUse.Unlock()
+	if s := inUse.by[r.shareKey]; s != nil {
 		s.users++
 		s.local.addFloors(floors)
 		return s.local
@@ -72,18 +73,19 @@ func (r *Redis) outageLimiter(since time.Time, floors map[string]time.Time) *Loc
 	loc := newLocal(named, r.config.commonConfig, r.now)
 	loc.emptyAt = since
 	loc.floors.Store(&floors)
-	outageShares.by[r.shareKey] = &outageShare{local: loc, users: 1}
+	inUse.by[r.shareKey] = &outageShare{local: loc, users: 1}
 	return loc
 }
 
 // releaseOutage lets go of loc, an outage limiter of r's: the last of its
 // users forgets it.
 func (r *Redis) releaseOutage(loc *Local) {
-	outageShares.Lock()
-	defer outageShares.Unlock()
-	if s := outageShares.by[r.shareKey]; s != nil && s.local == loc {
+	inUse := &r.config.process.outages
+	inUse.Lock()
+	defer inUse.Unlock()
+	if s := inUse.by[r.shareKey]; s != nil && s.local == loc {
 		if s.users--; s.users == 0 {
-			delete(outageShares.by, r.shareKey)
+			delete(inUse.by, r.shareKey)
 		}
 	}
 }

@@ -246,13 +246,16 @@ local function bucket_step(tat, steer, a, b, due)
 end
 
 -- bucket_allow is the earliest time a bucket allows cost units for a
--- request that cannot go before arrival.
+-- request that cannot go before arrival; a steered one, never before its
+-- CEILING allows them: whatever a reading said, the bucket alone bounds
+-- the fleet (b + r*t), a window's spread and the burst at its reset too.
 local function bucket_allow(tat, steer, a, b, cost, arrival)
   local base, i, spread, after = bucket_step(tat, steer, a, b, arrival)
   local t = arrival
   if base and base > t then t = base end
-  if spread then return t end
-  return math.max(t + cost * i - b * i, after)
+  if not spread then t = math.max(t + cost * i - b * i, after) end
+  if steer then t = math.max(t, steer.ceiling + (cost - b) * interval(steer, a)) end
+  return t
 end
 
 -- bucket_finish is a bucket's TAT after cost units booked at due.

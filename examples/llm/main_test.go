@@ -7,6 +7,7 @@ import (
 
 	"github.com/fleetpace/pace/internal/exampletest"
 	"github.com/fleetpace/pace/internal/redistest"
+	"github.com/fleetpace/pace/internal/tiers"
 )
 
 // llm runs the example with args and returns its summary.
@@ -26,7 +27,9 @@ func llm(t *testing.T, args ...string) summary {
 // and books at max_tokens in between: measured 95.6% to 98.8% beside a CPU hog).
 //
 // The four runs go at once: each sleeps most of its 6 s (0.5 s of CPU).
+// Real processes on the wall clock: make test runs it.
 func TestLLM(t *testing.T) {
+	tiers.Full(t)
 	t.Parallel()
 	runs := map[string][]string{
 		"settled":                  nil,
@@ -60,6 +63,17 @@ func TestLLM(t *testing.T) {
 	}
 	if steered := got["not settled, steered"]; steered.TooMany > 1 || steered.Utilisation < 0.93 {
 		t.Errorf("not settled, steered by the counters: %.3f of the tokens and %d 429s; want 0.93 or more, at most one", steered.Utilisation, steered.TooMany)
+	}
+}
+
+// TestLLMRuns: the batch runs with its defaults for a second, every answer
+// counted, none refused beyond the first: what go test alone checks of the
+// example (TestLLM measures it).
+func TestLLMRuns(t *testing.T) {
+	t.Parallel()
+	s := llm(t, "-duration", "1s")
+	if s.Accepted == 0 || s.TooMany > 1 {
+		t.Errorf("%d accepted, %d 429s; want some accepted, at most one 429", s.Accepted, s.TooMany)
 	}
 }
 

@@ -31,6 +31,9 @@ type Config[L comparable] struct {
 	// Release, if set, is told of each local limiter NewLocal returned once
 	// the failover no longer uses it.
 	Release func(L)
+	// Jitter, if set, draws the spread of each cool-down, from 0 to 1, so
+	// that a fleet's processes do not probe together; else math/rand's.
+	Jitter func() float64
 }
 
 // ReturnWindow is how long a process that is back on Redis keeps its outage's
@@ -203,7 +206,11 @@ func (f *Failover[L]) Fail(now time.Time, call Failure, timeout time.Duration) (
 	if cooldown > f.config.MaxCooldown || cooldown <= 0 {
 		cooldown = f.config.MaxCooldown
 	}
-	f.retryAt = now.Add(min(time.Duration(float64(cooldown)*(0.8+0.4*rand.Float64())), f.config.MaxCooldown))
+	jitter := rand.Float64
+	if f.config.Jitter != nil {
+		jitter = f.config.Jitter
+	}
+	f.retryAt = now.Add(min(time.Duration(float64(cooldown)*(0.8+0.4*jitter())), f.config.MaxCooldown))
 	if f.Mode() == Outage {
 		return false, true, f.local
 	}

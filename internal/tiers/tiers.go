@@ -1,8 +1,10 @@
 // Package tiers tells the two tiers of pace's tests apart. go test alone
-// runs what needs nothing installed, and skips, saying why, a test that
-// needs a program the machine lacks (redis-server, nginx, HAProxy...);
-// make test, as CI runs it, sets AllVar and installs them, and there a
-// missing program fails its test: no test skipped there counts as passed.
+// (tier 1) runs what needs nothing but Go: unit and model tests, the
+// examples, and the fleet simulator (internal/fleetsim), the same whatever
+// the machine has installed. A test that needs a real part (redis-server,
+// nginx, HAProxy, the clients in other languages) or real processes runs
+// only under make test (tier 2), which sets AllVar and installs them; there
+// a missing program fails its test: no test skipped there counts as passed.
 package tiers
 
 import (
@@ -16,27 +18,30 @@ import (
 const AllVar = "PACE_TEST_ALL"
 
 // Need returns the path of the program name, on PATH or in /usr/sbin
-// (where Debian puts nginx and HAProxy), or ends tb: skipped, unless
-// AllVar is set, and then failed, either way naming the Debian package
-// that has it.
+// (where Debian puts nginx and HAProxy), under make test; else it skips
+// tb, a test of tier 2. Under make test a missing program fails tb,
+// naming the Debian package that has it.
 func Need(tb testing.TB, name, pkg string) string {
 	tb.Helper()
+	Full(tb)
 	bin, err := find(name)
 	if err != nil {
-		if os.Getenv(AllVar) != "" {
-			tb.Fatalf("%s is not installed (%v): install it with `apt-get install -y %s`; make test does", name, err, pkg)
-		}
-		tb.Skipf("%s is not installed: this test runs under make test, which installs %s", name, pkg)
+		tb.Fatalf("%s is not installed (%v): install it with `apt-get install -y %s`; make test does", name, err, pkg)
 	}
 	return bin
 }
 
-// Runs reports whether the tests that Need name run: it is installed, or
-// AllVar is set (and a missing one fails them).
-func Runs(name string) bool {
-	_, err := find(name)
-	return err == nil || os.Getenv(AllVar) != ""
+// Full skips tb unless make test runs it: tb needs real processes or
+// real parts, and belongs to tier 2.
+func Full(tb testing.TB) {
+	tb.Helper()
+	if !All() {
+		tb.Skipf("a test of real processes and parts: make test runs it (%s=1)", AllVar)
+	}
 }
+
+// All reports whether every test runs: make test's tier 2.
+func All() bool { return os.Getenv(AllVar) != "" }
 
 // find returns the path of the program name, on PATH or in /usr/sbin.
 func find(name string) (string, error) {

@@ -1,0 +1,332 @@
+// Package fleetsim runs a fleet of pace's processes against a model of an
+// upstream API, on one virtual clock (testing/synctest): the real Redis
+// limiters and Transports, each process with its own pace.Process and
+// go-redis client, the embedded Redis-protocol store served over in-memory
+// connections whose TIME follows the virtual clock, and a seeded network
+// with latency, jitter and faults between them. Every run checks the
+// invariants pace promises (invariants.go), and a seed replays its run.
+package fleetsim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fleetpace/pace"
+)
+
+// A Case is one simulated run: the upstream, how it answers, the fleet and
+// its network, and the faults. Its text (String) is a list of key=value
+// pairs that Parse reads back, so that a run printed is a run replayed.
+type Case struct {
+	Upstream   string        // a family of upstreamModels: strict, nginx, haproxy, window, github
+	Rate       float64       // the upstream's requests a second (a window's count per Window)
+	Burst      int           // the upstream's burst (strict, nginx)
+	Slack      int           // tokens the strict bucket holds beyond its burst
+	Window     time.Duration // a window's length (window, github)
+	RetryAfter string        // on every refusal: "" none, whole seconds, or "auto" (until admitted, rounded up)
+	Counters   string        // the counters on every answer: none, openai, github, ietf
+	Body       string        // what a body says: none, retryinfo (a refusal's delay), shopify (the bucket, every answer)
+	Procs      int           // processes
+	Workers    int           // goroutines in each, one request after another
+	Duration   time.Duration // how long they send
+	Limit      string        // pace's limit (pace.ParseLimit); "" is the upstream's own
+	Cost       int           // tokens a request takes, of pace's limit and the upstream's
+	Latency    time.Duration // one way, to Redis and to the upstream
+	Jitter     time.Duration // at most, added to each one-way trip
+	Faults     string        // none, kill, stall, slowlink, lostreply, flush
+	MaxHold    time.Duration // the limiters' WithMaxHold
+	Seed       uint64        // the network's and the faults' draws
+}
+
+// keys are Case's keys in the order String writes them.
+var keys = []string{"upstream", "rate", "burst", "slack", "window", "retry_after", "counters", "body",
+	"procs", "workers", "duration", "limit", "cost", "latency", "jitter", "faults", "max_hold", "seed"}
+
+// Default is the case every Parse starts from.
+func Default() Case {
+	return Case{Upstream: "strict", Rate: 100, Burst: 5, Window: time.Second, Counters: "none", Body: "none",
+		Procs: 3, Workers: 3, Duration: 6 * time.Second, Cost: 1, Latency: time.Millisecond,
+		Jitter: 500 * time.Microsecond, Faults: "none", MaxHold: pace.DefaultMaxHold, Seed: 1}
+}
+
+// String writes c as Parse reads it.
+func (c Case) String() string {
+	var b strings.Builder
+	for i, k := range keys {
+		v := c.get(k)
+		if strings.ContainsAny(v, " '") || v == "" {
+			v = "'" + v + "'"
+		}
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(k + "=" + v)
+	}
+	return b.String()
+}
+
+func (c Case) get(k string) string {
+	switch k {
+	case "upstream":
+		return c.Upstream
+	case "rate":
+		return strconv.FormatFloat(c.Rate, 'g', -1, 64)
+	case "burst":
+		return strconv.Itoa(c.Burst)
+	case "slack":
+		return strconv.Itoa(c.Slack)
+	case "window":
+		return c.Window.String()
+	case "retry_after":
+		return c.RetryAfter
+	case "counters":
+		return c.Counters
+	case "body":
+		return c.Body
+	case "procs":
+		return strconv.Itoa(c.Procs)
+	case "workers":
+		return strconv.Itoa(c.Workers)
+	case "duration":
+		return c.Duration.String()
+	case "limit":
+		return c.Limit
+	case "cost":
+		return strconv.Itoa(c.Cost)
+	case "latency":
+		return c.Latency.String()
+	case "jitter":
+		return c.Jitter.String()
+	case "faults":
+		return c.Faults
+	case "max_hold":
+		return c.MaxHold.String()
+	default: // seed
+		return strconv.FormatUint(c.Seed, 10)
+	}
+}
+
+// Parse reads a case: space-separated key=value pairs over Default, a
+// value with spaces in single quotes, as in
+// "upstream=nginx rate=50 burst=5 limit='100/s burst 5' retry_after=1".
+func Parse(spec string) (Case, error) {
+	c := Default()
+	pairs, err := split(spec)
+	if err != nil {
+		return c, err
+	}
+	for _, p := range pairs {
+		k, v, _ := strings.Cut(p, "=")
+		if err := c.set(k, v); err != nil {
+			return c, err
+		}
+	}
+	return c, c.check()
+}
+
+// split cuts spec at spaces outside single quotes, and drops the quotes.
+func split(spec string) ([]string, error) {
+	var out []string
+	var cur strings.Builder
+	quoted, any := false, false
+	for _, r := range spec {
+		switch {
+		case r == '\'':
+			quoted, any = !quoted, true
+		case r == ' ' && !quoted:
+			if any {
+				out = append(out, cur.String())
+			}
+			cur.Reset()
+			any = false
+		default:
+			cur.WriteRune(r)
+			any = true
+		}
+	}
+	if quoted {
+		return nil, fmt.Errorf("fleetsim: case %q: a quote is not closed", spec)
+	}
+	if any {
+		out = append(out, cur.String())
+	}
+	return out, nil
+}
+
+func (c *Case) set(k, v string) error {
+	var err error
+	bad := func(want string) error {
+		return fmt.Errorf("fleetsim: %s=%s: want %s", k, v, want)
+	}
+	switch k {
+	case "upstream":
+		c.Upstream = v
+	case "rate":
+		c.Rate, err = strconv.ParseFloat(v, 64)
+	case "burst":
+		c.Burst, err = strconv.Atoi(v)
+	case "slack":
+		c.Slack, err = strconv.Atoi(v)
+	case "window":
+		c.Window, err = time.ParseDuration(v)
+	case "retry_after":
+		c.RetryAfter = strings.TrimPrefix(v, "none")
+	case "counters":
+		c.Counters = v
+	case "body":
+		c.Body = v
+	case "procs":
+		c.Procs, err = strconv.Atoi(v)
+	case "workers":
+		c.Workers, err = strconv.Atoi(v)
+	case "duration":
+		c.Duration, err = time.ParseDuration(v)
+	case "limit":
+		c.Limit = v
+	case "cost":
+		c.Cost, err = strconv.Atoi(v)
+	case "latency":
+		c.Latency, err = time.ParseDuration(v)
+	case "jitter":
+		c.Jitter, err = time.ParseDuration(v)
+	case "faults":
+		c.Faults = v
+	case "max_hold":
+		c.MaxHold, err = time.ParseDuration(v)
+	case "seed":
+		c.Seed, err = strconv.ParseUint(v, 10, 64)
+	default:
+		return fmt.Errorf("fleetsim: unknown key %q: want one of %s", k, strings.Join(keys, ", "))
+	}
+	if err != nil {
+		return bad("a value of its kind, such as " + Default().get(k))
+	}
+	return nil
+}
+
+// Families, dialects and faults the simulator knows.
+var (
+	Upstreams = []string{"strict", "nginx", "haproxy", "window", "github"}
+	Counters  = []string{"none", "openai", "github", "ietf"}
+	Bodies    = []string{"none", "retryinfo", "shopify"}
+	Faults    = []string{"none", "kill", "stall", "slowlink", "lostreply", "flush"}
+)
+
+// check reports a case that cannot run, naming the key.
+func (c Case) check() error {
+	in := func(k, v string, set []string) error {
+		if !slices.Contains(set, v) {
+			return fmt.Errorf("fleetsim: %s=%s: want one of %s", k, v, strings.Join(set, ", "))
+		}
+		return nil
+	}
+	for _, err := range []error{in("upstream", c.Upstream, Upstreams), in("counters", c.Counters, Counters),
+		in("body", c.Body, Bodies), in("faults", c.Faults, Faults)} {
+		if err != nil {
+			return err
+		}
+	}
+	if _, err := c.retryAfter(0); err != nil {
+		return err
+	}
+	switch {
+	case !(c.Rate > 0 && c.Rate <= 100_000):
+		return fmt.Errorf("fleetsim: rate=%v: want more than 0, at most 100000", c.Rate)
+	case c.Burst < 1 || c.Slack < 0 || c.Cost < 1 || c.Cost > c.Burst:
+		return fmt.Errorf("fleetsim: burst=%d slack=%d cost=%d: want a burst of 1 or more, a slack of 0 or more, a cost from 1 to the burst", c.Burst, c.Slack, c.Cost)
+	case c.Procs < 1 || c.Procs > 64 || c.Workers < 1 || c.Workers > 64:
+		return fmt.Errorf("fleetsim: procs=%d workers=%d: want 1 to 64 each", c.Procs, c.Workers)
+	case c.Duration < time.Second || c.Duration > time.Hour:
+		return fmt.Errorf("fleetsim: duration=%v: want 1s to 1h", c.Duration)
+	case c.Window < time.Millisecond || c.Latency < 0 || c.Jitter < 0 || c.MaxHold < time.Millisecond:
+		return fmt.Errorf("fleetsim: window=%v latency=%v jitter=%v max_hold=%v: want a window and a max_hold of 1ms or more, no negative time", c.Window, c.Latency, c.Jitter, c.MaxHold)
+	}
+	l, err := c.paceLimit()
+	if err != nil {
+		return err
+	}
+	if c.Cost > l.Burst() {
+		return fmt.Errorf("fleetsim: cost=%d is more than the limit %q's burst", c.Cost, c.Limit)
+	}
+	return nil
+}
+
+// paceLimit is the limit the fleet's limiters are built with: Limit, or
+// the upstream's own rate and burst.
+func (c Case) paceLimit() (pace.Limit, error) {
+	if c.Limit == "" {
+		return pace.PerSecond(c.Rate).WithBurst(c.Burst), nil
+	}
+	l, err := pace.ParseLimit(c.Limit)
+	if err != nil {
+		return l, fmt.Errorf("fleetsim: limit=%q: %w", c.Limit, err)
+	}
+	if l.Rate() <= 0 || l.Burst() < 1 || strings.Contains(l.String(), "window") || strings.Contains(l.String(), "flight") {
+		return l, fmt.Errorf("fleetsim: limit=%q: want a token bucket, such as '100/s burst 5'", c.Limit)
+	}
+	return l, nil
+}
+
+// retryAfter is the Retry-After of a refusal whose request the upstream
+// would admit in wait: none, RetryAfter's seconds, or wait's, rounded up.
+func (c Case) retryAfter(wait time.Duration) (string, error) {
+	switch c.RetryAfter {
+	case "":
+		return "", nil
+	case "auto":
+		return strconv.FormatInt(max(int64((wait+time.Second-1)/time.Second), 1), 10), nil
+	}
+	if n, err := strconv.Atoi(c.RetryAfter); err != nil || n < 0 || n > 3600 {
+		return "", fmt.Errorf("fleetsim: retry_after=%s: want none, auto, or whole seconds from 0 to 3600", c.RetryAfter)
+	}
+	return c.RetryAfter, nil
+}
+
+// Draw returns a case drawn from the whole space by seed: a family and
+// its dialect, a burst from 1 to 20, pace's limit 0.5 to 2 times the
+// upstream's, 1 to 16 processes, jitter from none to tens of
+// milliseconds, and now and then a fault.
+func Draw(seed uint64) Case {
+	r := rand.New(rand.NewPCG(seed, 0x5eed))
+	c := Default()
+	c.Seed = seed
+	c.Upstream = Upstreams[r.IntN(len(Upstreams))]
+	c.Rate = float64([]int{10, 20, 50, 100, 150, 200, 400}[r.IntN(7)])
+	c.Burst = 1 + r.IntN(20)
+	if r.IntN(4) == 0 {
+		c.Slack = 1
+	}
+	c.Procs = []int{1, 2, 3, 4, 8, 16}[r.IntN(6)]
+	c.Workers = 1 + r.IntN(4)
+	c.Duration = time.Duration(3+r.IntN(4)) * time.Second
+	c.Latency = []time.Duration{0, 200 * time.Microsecond, time.Millisecond, 5 * time.Millisecond}[r.IntN(4)]
+	c.Jitter = []time.Duration{0, 100 * time.Microsecond, time.Millisecond, 10 * time.Millisecond, 30 * time.Millisecond}[r.IntN(5)]
+	c.RetryAfter = []string{"", "", "1", "auto"}[r.IntN(4)]
+	c.Counters = Counters[r.IntN(len(Counters))]
+	switch c.Upstream {
+	case "window", "github":
+		c.Window = []time.Duration{time.Second, 2 * time.Second, 10 * time.Second}[r.IntN(3)]
+		if c.Upstream == "github" {
+			c.Counters = "github"
+		}
+	case "strict":
+		c.Body = Bodies[r.IntN(len(Bodies))]
+	}
+	if factor := []float64{0.5, 0.8, 1, 1, 1, 1.25, 2}[r.IntN(7)]; factor != 1 {
+		c.Limit = fmt.Sprintf("%g/s burst %d", c.Rate*factor, c.Burst)
+	}
+	if r.IntN(5) == 0 {
+		c.Faults = Faults[1+r.IntN(len(Faults)-1)]
+	}
+	c.MaxHold = []time.Duration{pace.DefaultMaxHold, pace.DefaultMaxHold, time.Second, 3 * time.Second}[r.IntN(4)]
+	// Size the run by requests: a simulated second costs about a real
+	// millisecond per few requests.
+	for c.Rate*c.Duration.Seconds() > 1500 && c.Duration > time.Second {
+		c.Duration -= time.Second
+	}
+	return c
+}
