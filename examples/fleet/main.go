@@ -9,6 +9,7 @@
 //	go run ./examples/fleet -idle 6            # only 2 of the 8 workers busy: the quota is still used
 //	go run ./examples/fleet -local -idle 6     # each process alone at 1/4 of the quota: what a static split costs
 //	go run ./examples/fleet -foreign 50        # a client without pace takes 50/s: the fleet takes the rest
+//	go run ./examples/fleet -retry-after-each 1 -slack 0  # every 429 says Retry-After: 1, as most APIs' do
 //	go run ./examples/fleet -foreign 50 -headers github  # the same, over a fixed window with GitHub's headers
 //	go run ./examples/fleet -concurrency 4     # at most 4 in flight in the whole fleet, each taking 50 ms upstream
 //	go run ./examples/fleet -priority          # critical requests beside the batch workers: they wait one or two intervals
@@ -40,6 +41,7 @@ type config struct {
 	Plot       string        // an SVG file for requests per second over time
 	KillRedis  time.Duration // stop the embedded store this far in, for a second
 	RetryAfter bool          // the built-in upstream answers one 429 with Retry-After: 1
+	RetryEach  int           // the built-in upstream's every 429 says Retry-After: this many seconds (0: none)
 	Foreign    float64       // a foreign client's rate on the built-in upstream, without pace
 	Headers    string        // the dialect of the built-in upstream's counters
 	Slack      int           // tokens the built-in upstream's bucket holds beyond the limit's burst
@@ -81,6 +83,7 @@ func main() {
 	flag.StringVar(&c.Plot, "plot", "", "write requests per second over time to this SVG file")
 	flag.DurationVar(&c.KillRedis, "kill-redis-at", 0, "stop the embedded store this far into the run, for a second")
 	flag.BoolVar(&c.RetryAfter, "retry-after", false, "the built-in upstream answers one 429 with Retry-After: 1, a third into the run")
+	flag.IntVar(&c.RetryEach, "retry-after-each", 0, "the built-in upstream's every 429 says Retry-After: this many seconds, as most APIs' do (0: none)")
 	flag.Float64Var(&c.Foreign, "foreign", 0, "a foreign client spends this many requests a second of the built-in upstream's quota, without pace")
 	flag.IntVar(&c.Concurrency, "concurrency", 0, "at most this many requests in flight in the whole fleet (the built-in upstream then takes 50 ms a request)")
 	flag.StringVar(&c.Metrics, "metrics", "", "each worker process serves its metrics (paceotel) as Prometheus text on this HOST:PORT, plus its index (PORT 0: any free port)")
@@ -108,8 +111,10 @@ func (c config) check() error {
 		return fmt.Errorf("-metrics works with Redis only (the metrics are a Redis limiter's)")
 	case c.KillRedis != 0 && (c.Redis != "" || c.Local):
 		return fmt.Errorf("-kill-redis-at works on the embedded store only")
-	case (c.RetryAfter || c.Foreign != 0) && c.Target != "":
-		return fmt.Errorf("-retry-after and -foreign work with the built-in upstream only")
+	case (c.RetryAfter || c.RetryEach != 0 || c.Foreign != 0) && c.Target != "":
+		return fmt.Errorf("-retry-after, -retry-after-each and -foreign work with the built-in upstream only")
+	case c.RetryEach < 0 || c.RetryEach > 3600:
+		return fmt.Errorf("-retry-after-each %d: want 0 (none) to 3600 seconds", c.RetryEach)
 	case c.Slack < 0 || (c.Slack != 1 && c.Target != ""):
 		return fmt.Errorf("-slack %d: want 0 or more, with the built-in upstream only", c.Slack)
 	case c.Arrivals < 0 || c.Arrivals > 10000:

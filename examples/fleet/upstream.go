@@ -3,6 +3,7 @@ package main
 import (
 	"math"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/fleetpace/pace"
@@ -19,7 +20,8 @@ import (
 // (whole seconds), of the limit's rate times its length, from the start
 // on. With -headers, it
 // states its counters in that dialect; with -retry-after, it answers one
-// 429 with Retry-After: 1, a third into the run; with -foreign, a foreign
+// 429 with Retry-After: 1, a third into the run; with -retry-after-each N,
+// every 429 says Retry-After: N; with -foreign, a foreign
 // client spends the same quota, without pace, from start on; with
 // -concurrency, it takes 50 ms to answer each request.
 func startUpstream(c config, limit pace.Limit, start time.Time) (*quotaapi.Server, error) {
@@ -32,6 +34,9 @@ func startUpstream(c config, limit pace.Limit, start time.Time) (*quotaapi.Serve
 		q.Window = 10 * max(c.Duration.Round(time.Second), time.Second)
 		q.Count = int(math.Round(limit.Rate() * q.Window.Seconds()))
 		q.WindowsFrom = start
+	}
+	if c.RetryEach > 0 {
+		q.RetryAfter = strconv.Itoa(c.RetryEach)
 	}
 	if c.RetryAfter {
 		q.Once = quotaapi.Once{At: start.Add(c.Duration / 3), Status: http.StatusTooManyRequests, Header: "Retry-After", Value: "1"}

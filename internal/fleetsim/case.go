@@ -37,7 +37,7 @@ type Case struct {
 	Cost       int           // tokens a request takes, of pace's limit and the upstream's
 	Latency    time.Duration // one way, to Redis and to the upstream
 	Jitter     time.Duration // at most, added to each one-way trip
-	Faults     string        // none, kill, stall, slowlink, lostreply, flush
+	Faults     string        // none, kill, stall, slowlink, lostreply, flush, pause
 	MaxHold    time.Duration // the limiters' WithMaxHold
 	Seed       uint64        // the network's and the faults' draws
 }
@@ -213,7 +213,7 @@ var (
 	Upstreams = []string{"strict", "nginx", "haproxy", "window", "github"}
 	Counters  = []string{"none", "openai", "github", "ietf"}
 	Bodies    = []string{"none", "retryinfo", "shopify"}
-	Faults    = []string{"none", "kill", "stall", "slowlink", "lostreply", "flush"}
+	Faults    = []string{"none", "kill", "stall", "slowlink", "lostreply", "flush", "pause"}
 )
 
 // check reports a case that cannot run, naming the key.
@@ -265,10 +265,18 @@ func (c Case) paceLimit() (pace.Limit, error) {
 	if err != nil {
 		return l, fmt.Errorf("fleetsim: limit=%q: %w", c.Limit, err)
 	}
-	if l.Rate() <= 0 || l.Burst() < 1 || strings.Contains(l.String(), "window") || strings.Contains(l.String(), "flight") {
+	if !isBucket(l) {
 		return l, fmt.Errorf("fleetsim: limit=%q: want a token bucket, such as '100/s burst 5'", c.Limit)
 	}
 	return l, nil
+}
+
+// isBucket reports whether l is a plain token bucket, whose text is
+// COUNT/PERIOD [burst N]: not a window, a cap, a calendar, nor learning.
+func isBucket(l pace.Limit) bool {
+	rate, rest, _ := strings.Cut(l.String(), " ")
+	plain := strings.Contains(rate, "/") && !strings.HasSuffix(rate, "/day") && !strings.HasSuffix(rate, "/month")
+	return plain && (rest == "" || strings.HasPrefix(rest, "burst ") && !strings.Contains(rest, "learn"))
 }
 
 // retryAfter is the Retry-After of a refusal whose request the upstream

@@ -57,7 +57,7 @@ func (s *sim) trace() []string {
 		lines = append(lines, line{a.at, fmt.Sprintf("%-14v p%-2d arrival sent %v ok=%v", s.since(a.at), a.proc, s.since(a.sent), a.ok)})
 	}
 	for _, e := range s.events {
-		text := fmt.Sprintf("%-14v p%-2d %s delay=%v", s.since(e.at), e.proc, e.Kind, e.Delay)
+		text := fmt.Sprintf("%-14v p%-2d %s delay=%v by=%s", s.since(e.at), e.proc, e.Kind, e.Delay, e.Limiter)
 		if e.Reason != "" {
 			text += " reason=" + e.Reason
 		}
@@ -81,11 +81,13 @@ func (s *sim) trace() []string {
 // over every span t, at most b + r*t units, plus a burst at each switch
 // between Redis and the fallback (failures.md), and at a restart that
 // empties the store a burst and the bookings it forgot (one a worker at
-// most). The limit binds the grants, on Redis's clock; an
-// arrival comes a reply's trip from Redis and a trip to the upstream after
-// its grant, so arrivals may bunch by the links' jitter (and a slow link's
-// delay): the span counted is t plus that. A leaky bucket of the limit,
-// drained by each arrival, must never go below empty.
+// most). The limit binds the grants, on Redis's clock; an arrival comes
+// its answer's way back from Redis and a trip to the upstream after its
+// grant, so arrivals may bunch by as much as those vary: the jitter of the
+// two trips, the stagger, and what the slowest answer took beyond a round
+// trip (a slow link, a frozen Redis, an answer lost and asked for again),
+// and what a pause holds back. The span counted is t plus that. A leaky
+// bucket of the limit, drained by each arrival, must never go below empty.
 func (s *sim) checkBound() []string {
 	arrivals := slices.Clone(s.up.arrivals)
 	slices.SortStableFunc(arrivals, func(a, b arrival) int { return a.at.Compare(b.at) })
@@ -96,7 +98,8 @@ func (s *sim) checkBound() []string {
 		switches++
 		forgotten = float64(s.c.Procs * s.c.Workers * s.c.Cost)
 	}
-	spread := 2*s.c.Jitter + staggerRange + s.faults.extra(s.faults.from) + time.Microsecond // a microsecond: the schedule's rounding
+	roundTrip := 2*(s.c.Latency+s.c.Jitter) + staggerRange
+	spread := 2*s.c.Jitter + staggerRange + max(s.calls.longest-roundTrip, 0) + s.faults.bunching() + time.Microsecond // a microsecond: the schedule's rounding
 	size := burst*float64(1+switches) + forgotten + rate*spread.Seconds()
 	tokens, last := size, s.start
 	for i, a := range arrivals {

@@ -90,17 +90,22 @@ func newRedisServer(c Case, f *faults) (*redisServer, error) {
 // errRefused is a dial to a Redis that is down.
 var errRefused = &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
 
-// dial connects a client, as go-redis's Dialer: a pipe to the store whose
-// two ways are links of their own. It takes no time: pace dials under a
-// sync.Once, which a synctest bubble does not take for durably blocked.
-func (s *redisServer) dial(context.Context, string, string) (net.Conn, error) {
+// dialer returns the go-redis Dialer of process proc: it connects a pipe
+// to the store whose two ways are links of their own. It takes no time:
+// pace dials under a sync.Once, which a synctest bubble does not take for
+// durably blocked.
+func (s *redisServer) dialer(proc int) func(context.Context, string, string) (net.Conn, error) {
+	return func(context.Context, string, string) (net.Conn, error) { return s.dial(proc) }
+}
+
+func (s *redisServer) dial(proc int) (net.Conn, error) {
 	if s.faults.down(time.Now()) {
 		return nil, errRefused
 	}
 	toServer, toClient := newLink(s.c, 1), newLink(s.c, 2)
 	client, server := net.Pipe()
-	cc := newDelayedConn(client, toServer, s.faults, false)
-	sc := newDelayedConn(server, toClient, s.faults, true)
+	cc := newDelayedConn(client, toServer, s.faults, false, proc)
+	sc := newDelayedConn(server, toClient, s.faults, true, proc)
 	cc.peer, sc.peer = sc, cc
 	s.mu.Lock()
 	s.conns[cc] = struct{}{}
@@ -134,6 +139,7 @@ type delayedConn struct {
 	link      *link
 	faults    *faults
 	fromRedis bool
+	proc      int // the client's process
 	peer      *delayedConn
 
 	mu      sync.Mutex
@@ -150,8 +156,8 @@ type packet struct {
 	data []byte
 }
 
-func newDelayedConn(c net.Conn, l *link, f *faults, fromRedis bool) *delayedConn {
-	return &delayedConn{Conn: c, link: l, faults: f, fromRedis: fromRedis, wake: make(chan struct{}, 1), closing: make(chan struct{})}
+func newDelayedConn(c net.Conn, l *link, f *faults, fromRedis bool, proc int) *delayedConn {
+	return &delayedConn{Conn: c, link: l, faults: f, fromRedis: fromRedis, proc: proc, wake: make(chan struct{}, 1), closing: make(chan struct{})}
 }
 
 // Write queues b for delivery a trip from now, after what is queued.
@@ -203,6 +209,9 @@ func (c *delayedConn) deliver() {
 		now := time.Now()
 		if thaw := c.faults.frozenUntil(now); !c.fromRedis && !c.sleepUntil(thaw) {
 			return // a frozen Redis reads its commands when it thaws
+		}
+		if !c.sleepUntil(c.faults.pausedUntil(now, c.proc)) {
+			return // a paused process neither sends nor reads
 		}
 		if c.fromRedis && c.faults.loseReply(now, c.link.hash(now, nil)) {
 			c.Close()
@@ -258,14 +267,37 @@ type faults struct {
 }
 
 // newFaults places c's fault from a third of the run on, for a sixth of it
-// (a stall or a kill for at most 2 s, as an operator's restart takes).
+// (a stall or a kill for at most 2 s, as an operator's restart takes); a
+// paused process, for pauseLength.
 func newFaults(c Case, start time.Time) *faults {
 	f := &faults{kind: c.Faults}
 	if f.kind != "none" {
 		f.from = start.Add(c.Duration / 3)
 		f.until = f.from.Add(min(c.Duration/6, 2*time.Second))
 	}
+	if f.kind == "pause" {
+		f.until = f.from.Add(pauseLength)
+	}
 	return f
+}
+
+// pauseLength is how long a paused process is away: as long as a process
+// starved of CPU, or in a long garbage collection, on a loaded machine.
+const pauseLength = 300 * time.Millisecond
+
+// paused is how long process proc, paused at now, stays away (0 when it
+// is not).
+func (f *faults) paused(now time.Time, proc int) time.Duration {
+	return max(f.pausedUntil(now, proc).Sub(now), 0)
+}
+
+// pausedUntil is when process proc, paused at now, goes on: only the first
+// process pauses.
+func (f *faults) pausedUntil(now time.Time, proc int) time.Time {
+	if proc == 0 && f.during(now, "pause") {
+		return f.until
+	}
+	return time.Time{}
 }
 
 func (f *faults) during(now time.Time, kind string) bool {
@@ -283,10 +315,22 @@ func (f *faults) frozenUntil(now time.Time) time.Time {
 	return time.Time{}
 }
 
+// slowLinkDelay is what a slow link adds to each trip.
+const slowLinkDelay = 40 * time.Millisecond
+
 // extra is what a slow link adds to a trip at now.
 func (f *faults) extra(now time.Time) time.Duration {
 	if f.during(now, "slowlink") {
-		return 40 * time.Millisecond
+		return slowLinkDelay
+	}
+	return 0
+}
+
+// bunching is how much a pause can bunch arrivals beyond what the links
+// do: it holds a process's granted requests and lets them go at once.
+func (f *faults) bunching() time.Duration {
+	if f.kind == "pause" {
+		return pauseLength
 	}
 	return 0
 }
@@ -307,18 +351,24 @@ type workerKey struct{}
 // stagger is a go-redis hook that delays each command by up to
 // staggerRange, drawn from the worker that asks it (or its process) and
 // the instant: workers that ask at one instant write at instants of their
-// own, in an order the seed decides, not the scheduler.
+// own, in an order the seed decides, not the scheduler. It also measures
+// how long each worker's calls take to be answered, from the first of the
+// attempts that failed before (see calls).
 type stagger struct {
-	link *link
-	proc string
+	link  *link
+	proc  string
+	calls *calls
 }
 
 func (s stagger) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (s stagger) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		s.wait(ctx)
-		return next(ctx, cmd)
+		name := s.wait(ctx)
+		begun := time.Now()
+		err := next(ctx, cmd)
+		s.calls.answered(name, begun, err)
+		return err
 	}
 }
 
@@ -329,12 +379,38 @@ func (s stagger) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 	}
 }
 
-func (s stagger) wait(ctx context.Context) {
+// wait staggers the call of ctx's worker, and returns the worker's name.
+func (s stagger) wait(ctx context.Context) string {
 	name, _ := ctx.Value(workerKey{}).(string)
 	if name == "" {
 		name = s.proc
 	}
 	sleep(ctx, time.Duration(s.link.hash(time.Now(), []byte(name))%uint64(staggerRange)))
+	return name
+}
+
+// calls keeps the longest a worker's call took to be answered, counted
+// from its first attempt when it was asked again after failures (a call
+// whose answer was lost is asked again, and finds its booking): a grant
+// reaches its process that long after Redis made it, at most.
+type calls struct {
+	mu      sync.Mutex
+	failing map[string]time.Time // the first attempt of each worker's call that has failed so far
+	longest time.Duration
+}
+
+func (c *calls) answered(name string, begun time.Time, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if first, ok := c.failing[name]; ok {
+		begun = first
+	}
+	if err != nil && !errors.Is(err, redis.Nil) {
+		c.failing[name] = begun
+		return
+	}
+	delete(c.failing, name)
+	c.longest = max(c.longest, time.Since(begun))
 }
 
 // staggerRange bounds stagger's delays: wide enough that two of a few

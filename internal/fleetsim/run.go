@@ -61,6 +61,7 @@ type sim struct {
 	redis  *redisServer
 	faults *faults
 
+	calls    calls // how long Redis's answers took
 	mu       sync.Mutex
 	events   []event
 	attempts int
@@ -101,9 +102,10 @@ func run(t *testing.T, c Case) Result {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &sim{c: c, limit: limit, start: time.Now(), up: newUpstream(c)}
+	s := &sim{c: c, limit: limit, start: time.Now(), calls: calls{failing: make(map[string]time.Time)}}
 	s.end = s.start.Add(c.Duration)
 	s.faults = newFaults(c, s.start)
+	s.up = newUpstream(c, s.faults)
 	if s.redis, err = newRedisServer(c, s.faults); err != nil {
 		t.Fatal(err)
 	}
@@ -150,11 +152,11 @@ func (s *sim) scheduleRestarts() {
 func (s *sim) process(p int) (http.RoundTripper, func(), error) {
 	client := redis.NewClient(&redis.Options{
 		Addr:                     "redis:6379",
-		Dialer:                   s.redis.dial,
+		Dialer:                   s.redis.dialer(p),
 		ContextTimeoutEnabled:    true,
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	})
-	client.AddHook(stagger{link: newLink(s.c, 0), proc: "sim-" + strconv.Itoa(p)})
+	client.AddHook(stagger{link: newLink(s.c, 0), proc: "sim-" + strconv.Itoa(p), calls: &s.calls})
 	limiter, err := pace.NewRedis(client, s.limit,
 		pace.WithProcess(pace.NewNamedProcess("sim-"+strconv.Itoa(p))), pace.WithMaxHold(s.c.MaxHold),
 		pace.WithObserver(func(_ context.Context, e pace.Event) { s.note(p, e) }))

@@ -85,7 +85,7 @@ func summary(results []Result) string {
 		if r.Case.RetryAfter != "" {
 			said = "retry_after=" + r.Case.RetryAfter
 		}
-		for _, k := range []string{"upstream=" + r.Case.Upstream, said, "counters=" + r.Case.Counters, "body=" + r.Case.Body, "faults=" + r.Case.Faults} {
+		for _, k := range []string{"upstream=" + r.Case.Upstream, said, "counters=" + r.Case.Counters, "body=" + r.Case.Body, "faults=" + r.Case.Faults, burstBand(r.Case), configured(r.Case)} {
 			g := groups[k]
 			if g == nil {
 				g = &group{least: 2}
@@ -106,6 +106,29 @@ func summary(results []Result) string {
 		fmt.Fprintf(&b, "%-22s %5d %9.3f %9.3f %8d %7d %10d\n", k, g.runs, g.util/float64(g.runs), g.least, g.refused, g.after1s, g.violations)
 	}
 	return b.String()
+}
+
+// burstBand names the band of c's burst.
+func burstBand(c Case) string {
+	switch {
+	case c.Burst == 1:
+		return "burst 1"
+	case c.Burst <= 5:
+		return "burst 2-5"
+	}
+	return "burst 6-20"
+}
+
+// configured says how pace's limit stands to the upstream's.
+func configured(c Case) string {
+	l, _ := c.paceLimit()
+	switch r := l.Rate() / c.Rate; {
+	case r < 1:
+		return "pace below"
+	case r > 1:
+		return "pace above"
+	}
+	return "pace matched"
 }
 
 // writeJSON writes the results as the sweep's JSON.

@@ -19,8 +19,9 @@ type arrival struct {
 // upstream is the simulated API: c's model behind a link from each
 // process, noting every request.
 type upstream struct {
-	c     Case
-	model model
+	c      Case
+	model  model
+	faults *faults
 
 	mu       sync.Mutex
 	arrivals []arrival
@@ -34,8 +35,8 @@ type heard struct {
 	hold time.Duration
 }
 
-func newUpstream(c Case) *upstream {
-	return &upstream{c: c, model: newModel(c)}
+func newUpstream(c Case, f *faults) *upstream {
+	return &upstream{c: c, model: newModel(c), faults: f}
 }
 
 // A route is one process's way to the upstream: its http.RoundTripper.
@@ -59,11 +60,12 @@ func (r *route) RoundTrip(req *http.Request) (*http.Response, error) {
 	r.up.mu.Lock()
 	r.up.sends++
 	r.up.mu.Unlock()
-	if err := sleep(req.Context(), r.out.trip(sent, []byte(req.Header.Get(workerHeader)))); err != nil {
+	if err := sleep(req.Context(), r.up.faults.paused(sent, r.proc)+r.out.trip(sent, []byte(req.Header.Get(workerHeader)))); err != nil {
 		return nil, err
 	}
 	resp, hold := r.up.arrive(req, sent, r.proc)
-	if err := sleep(req.Context(), r.back.trip(time.Now(), []byte(req.Header.Get(workerHeader)))); err != nil {
+	back := time.Now()
+	if err := sleep(req.Context(), r.up.faults.paused(back, r.proc)+r.back.trip(back, []byte(req.Header.Get(workerHeader)))); err != nil {
 		return nil, err
 	}
 	if hold > 0 {

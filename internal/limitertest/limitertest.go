@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -27,20 +28,32 @@ func Nginx(tb testing.TB, rate, burst int) string {
 	return StartNginx(tb, rate, burst).URL
 }
 
+// NginxWithRetryAfter starts nginx as Nginx does, and each of its 429s
+// says Retry-After: retryAfter (seconds), as most APIs' do.
+func NginxWithRetryAfter(tb testing.TB, rate, burst, retryAfter int) string {
+	tb.Helper()
+	return startNginx(tb, rate, burst, retryAfter).URL
+}
+
 // NginxServer is an nginx that StartNginx started: SetRate reloads it at
 // another rate.
 type NginxServer struct {
-	URL         string
-	tb          testing.TB
-	dir         string
-	port, burst int
-	cmd         *exec.Cmd
+	URL                     string
+	tb                      testing.TB
+	dir                     string
+	port, burst, retryAfter int
+	cmd                     *exec.Cmd
 }
 
 // StartNginx starts nginx as Nginx does, and returns it.
 func StartNginx(tb testing.TB, rate, burst int) *NginxServer {
 	tb.Helper()
-	n := &NginxServer{tb: tb, dir: workDir(tb, "nginx"), port: loopback.FreePort(tb), burst: burst}
+	return startNginx(tb, rate, burst, 0)
+}
+
+func startNginx(tb testing.TB, rate, burst, retryAfter int) *NginxServer {
+	tb.Helper()
+	n := &NginxServer{tb: tb, dir: workDir(tb, "nginx"), port: loopback.FreePort(tb), burst: burst, retryAfter: retryAfter}
 	if err := os.WriteFile(filepath.Join(n.dir, "index.html"), []byte("ok\n"), 0o644); err != nil {
 		tb.Fatal(err)
 	}
@@ -62,8 +75,13 @@ func (n *NginxServer) SetRate(rate int) {
 	}
 }
 
-// conf is nginx's configuration at rate a second.
+// conf is nginx's configuration at rate a second. A Retry-After of 0 is
+// none: the map's empty value adds no header.
 func (n *NginxServer) conf(rate int) string {
+	retryAfter := ""
+	if n.retryAfter > 0 {
+		retryAfter = strconv.Itoa(n.retryAfter)
+	}
 	// A "return" would answer in the rewrite phase, before limit_req: the
 	// file goes through it.
 	return fmt.Sprintf(`worker_processes 1;
@@ -79,6 +97,7 @@ http {
   uwsgi_temp_path %[1]s/uwsgi;
   scgi_temp_path %[1]s/scgi;
   limit_req_zone $server_name zone=api:1m rate=%[3]dr/s;
+  map $status $retry_after { 429 "%[5]s"; default ""; }
   server {
     listen 127.0.0.1:%[2]d;
     server_name api;
@@ -86,11 +105,12 @@ http {
     location / {
       limit_req zone=api burst=%[4]d nodelay;
       limit_req_status 429;
+      add_header Retry-After $retry_after always;
       try_files /index.html =404;
     }
   }
 }
-`, n.dir, n.port, rate, n.burst)
+`, n.dir, n.port, rate, n.burst, retryAfter)
 }
 
 // HAProxy starts HAProxy on a free loopback port, denying with a 429 the
@@ -100,6 +120,17 @@ http {
 // It returns the URL.
 func HAProxy(tb testing.TB, limit int) string {
 	tb.Helper()
+	return HAProxyWithRetryAfter(tb, limit, 0)
+}
+
+// HAProxyWithRetryAfter starts HAProxy as HAProxy does, and each of its
+// 429s says Retry-After: retryAfter (seconds; 0 for none).
+func HAProxyWithRetryAfter(tb testing.TB, limit, retryAfter int) string {
+	tb.Helper()
+	header := ""
+	if retryAfter > 0 {
+		header = fmt.Sprintf(" hdr Retry-After %d", retryAfter)
+	}
 	dir := workDir(tb, "haproxy")
 	port := loopback.FreePort(tb)
 	conf := fmt.Sprintf(`global
@@ -113,9 +144,9 @@ frontend api
   bind 127.0.0.1:%d
   stick-table type string len 8 size 10 expire 10s store http_req_rate(1s)
   http-request track-sc0 str(api)
-  http-request deny deny_status 429 if { sc_http_req_rate(0) gt %d }
+  http-request deny deny_status 429%s if { sc_http_req_rate(0) gt %d }
   http-request return status 200
-`, port, limit)
+`, port, header, limit)
 	run(tb, "haproxy", dir, conf, port, "-db", "-f", filepath.Join(dir, "limiter.conf"))
 	return fmt.Sprintf("http://127.0.0.1:%d/", port)
 }
@@ -144,8 +175,12 @@ func run(tb testing.TB, name, dir, conf string, port int, args ...string) *exec.
 	if err := cmd.Start(); err != nil {
 		tb.Fatalf("limitertest: starting %s: %v", bin, err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	exited := make(chan struct{}) // closed once the program has exited, with waitErr
+	var waitErr error
+	go func() {
+		waitErr = cmd.Wait()
+		close(exited)
+	}()
 	tb.Cleanup(func() {
 		// SIGTERM: nginx's master stops its workers too (a SIGKILL left
 		// them running, orphans); SIGKILL if it does not end within 5 s.
@@ -161,10 +196,10 @@ func run(tb testing.TB, name, dir, conf string, port int, args ...string) *exec.
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	for deadline := time.Now().Add(startTimeout); ; time.Sleep(10 * time.Millisecond) {
 		select {
-		case err := <-exited:
+		case <-exited:
 			log, _ := os.ReadFile(filepath.Join(dir, "output.log"))
 			errLog, _ := os.ReadFile(filepath.Join(dir, "error.log"))
-			tb.Fatalf("limitertest: %s exited: %v\n%s%s", name, err, log, errLog)
+			tb.Fatalf("limitertest: %s exited: %v\n%s%s", name, waitErr, log, errLog)
 		default:
 		}
 		conn, err := net.DialTimeout("tcp", addr, time.Second)

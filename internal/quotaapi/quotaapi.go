@@ -71,6 +71,9 @@ type Config struct {
 	// Retry-After: 1. It spends nothing, and its counters say what the
 	// quota has left, as a service's do when another of its parts refuses.
 	Once Once
+	// RetryAfter, when set, is the Retry-After every refusal of the quota
+	// carries, as most real APIs send one with each 429.
+	RetryAfter string
 	// Service is how long the server takes to answer a request, which is
 	// in flight meanwhile (see Counts.MaxInFlight).
 	Service time.Duration
@@ -288,6 +291,9 @@ func (s *Server) take(a Arrival, h http.Header) Arrival {
 		a.Status = http.StatusTooManyRequests
 	case s.bucket != nil && !s.bucket.AllowN(now, s.costOf(a)):
 		a.Status = http.StatusTooManyRequests
+	}
+	if a.Status == http.StatusTooManyRequests && c.RetryAfter != "" && h != nil {
+		h.Set("Retry-After", c.RetryAfter)
 	}
 	switch {
 	case c.Dialect.Windowed():
