@@ -256,10 +256,10 @@ func (c Case) check() error {
 }
 
 // paceLimit is the limit the fleet's limiters are built with: Limit, or
-// the upstream's own rate and burst.
+// the upstream's own rate (a window's count over its length) and burst.
 func (c Case) paceLimit() (pace.Limit, error) {
 	if c.Limit == "" {
-		return pace.PerSecond(c.Rate).WithBurst(c.Burst), nil
+		return pace.Per(c.Rate, c.period()).WithBurst(c.Burst), nil
 	}
 	l, err := pace.ParseLimit(c.Limit)
 	if err != nil {
@@ -270,6 +270,18 @@ func (c Case) paceLimit() (pace.Limit, error) {
 	}
 	return l, nil
 }
+
+// period is the time the upstream's Rate counts: a window's length, or a
+// second.
+func (c Case) period() time.Duration {
+	if c.Upstream == "window" || c.Upstream == "github" {
+		return c.Window
+	}
+	return time.Second
+}
+
+// upstreamRate is the upstream's rate a second.
+func (c Case) upstreamRate() float64 { return c.Rate / c.period().Seconds() }
 
 // isBucket reports whether l is a plain token bucket, whose text is
 // COUNT/PERIOD [burst N]: not a window, a cap, a calendar, nor learning.
@@ -325,7 +337,7 @@ func Draw(seed uint64) Case {
 		c.Body = Bodies[r.IntN(len(Bodies))]
 	}
 	if factor := []float64{0.5, 0.8, 1, 1, 1, 1.25, 2}[r.IntN(7)]; factor != 1 {
-		c.Limit = fmt.Sprintf("%g/s burst %d", c.Rate*factor, c.Burst)
+		c.Limit = pace.Per(c.Rate*factor, c.period()).WithBurst(c.Burst).String()
 	}
 	if r.IntN(5) == 0 {
 		c.Faults = Faults[1+r.IntN(len(Faults)-1)]
@@ -333,7 +345,7 @@ func Draw(seed uint64) Case {
 	c.MaxHold = []time.Duration{pace.DefaultMaxHold, pace.DefaultMaxHold, time.Second, 3 * time.Second}[r.IntN(4)]
 	// Size the run by requests: a simulated second costs about a real
 	// millisecond per few requests.
-	for c.Rate*c.Duration.Seconds() > 1500 && c.Duration > time.Second {
+	for c.upstreamRate()*c.Duration.Seconds() > 1500 && c.Duration > time.Second {
 		c.Duration -= time.Second
 	}
 	return c

@@ -122,7 +122,7 @@ func burstBand(c Case) string {
 // configured says how pace's limit stands to the upstream's.
 func configured(c Case) string {
 	l, _ := c.paceLimit()
-	switch r := l.Rate() / c.Rate; {
+	switch r := l.Rate() / c.upstreamRate(); {
 	case r < 1:
 		return "pace below"
 	case r > 1:
