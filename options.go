@@ -2,6 +2,7 @@ package pace
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -100,6 +101,8 @@ func (c *redisConfig) validate() error {
 		return fmt.Errorf("pace: WithFleetSize(%d): negative", c.fleetSize)
 	case c.minCooldown <= 0 || c.maxCooldown < c.minCooldown:
 		return fmt.Errorf("pace: WithCooldown(%v, %v): want 0 < min <= max", c.minCooldown, c.maxCooldown)
+	case c.process != nil && (c.process.member == "" || c.process.jitter == nil):
+		return errors.New(`pace: WithProcess: a Process without a name: make it with NewProcess, or NewNamedProcess("NAME")`)
 	}
 	if c.process == nil {
 		c.process = thisProcess()

@@ -19,7 +19,9 @@ import (
 //
 // A program has one Process, the default of every Redis limiter. Tests and
 // simulations that run several processes of a fleet in one Go program give
-// each its own with WithProcess. A Process is safe for concurrent use.
+// each its own with WithProcess. A Process is safe for concurrent use;
+// make one with NewProcess or NewNamedProcess (a limiter refuses the zero
+// value, which has no name).
 type Process struct {
 	member     string
 	limiterIDs atomic.Uint64
@@ -61,8 +63,8 @@ func (p *Process) draw() float64 {
 var thisProcess = sync.OnceValue(NewProcess)
 
 // WithProcess makes the limiter one of p's: it counts in its fleet as p,
-// and shares p's outage limiters. The default is the program's own
-// process.
+// and shares p's outage limiters. The default (also for a nil p) is the
+// program's own process.
 func WithProcess(p *Process) RedisOption {
 	return redisOption(func(c *redisConfig) { c.process = p })
 }

@@ -42,9 +42,55 @@ type Case struct {
 	Seed       uint64        // the network's and the faults' draws
 }
 
-// keys are Case's keys in the order String writes them.
-var keys = []string{"upstream", "rate", "burst", "slack", "window", "retry_after", "counters", "body",
-	"procs", "workers", "duration", "limit", "cost", "latency", "jitter", "faults", "max_hold", "seed"}
+// fields are c's fields by their keys, in the order String writes them.
+func (c *Case) fields() []field {
+	return []field{{"upstream", &c.Upstream}, {"rate", &c.Rate}, {"burst", &c.Burst}, {"slack", &c.Slack},
+		{"window", &c.Window}, {"retry_after", &c.RetryAfter}, {"counters", &c.Counters}, {"body", &c.Body},
+		{"procs", &c.Procs}, {"workers", &c.Workers}, {"duration", &c.Duration}, {"limit", &c.Limit},
+		{"cost", &c.Cost}, {"latency", &c.Latency}, {"jitter", &c.Jitter}, {"faults", &c.Faults},
+		{"max_hold", &c.MaxHold}, {"seed", &c.Seed}}
+}
+
+// A field is one of a Case's fields: its key, and a pointer to it.
+type field struct {
+	key string
+	ptr any // *string, *int, *uint64, *float64 or *time.Duration
+}
+
+func (f field) String() string {
+	switch p := f.ptr.(type) {
+	case *string:
+		return *p
+	case *int:
+		return strconv.Itoa(*p)
+	case *uint64:
+		return strconv.FormatUint(*p, 10)
+	case *float64:
+		return strconv.FormatFloat(*p, 'g', -1, 64)
+	default:
+		return f.ptr.(*time.Duration).String()
+	}
+}
+
+// set reads v into the field.
+func (f field) set(v string) (err error) {
+	switch p := f.ptr.(type) {
+	case *string:
+		*p = v
+	case *int:
+		*p, err = strconv.Atoi(v)
+	case *uint64:
+		*p, err = strconv.ParseUint(v, 10, 64)
+	case *float64:
+		*p, err = strconv.ParseFloat(v, 64)
+	default:
+		*f.ptr.(*time.Duration), err = time.ParseDuration(v)
+	}
+	if err != nil {
+		return fmt.Errorf("fleetsim: %s=%s: want a value of its kind, such as %s", f.key, v, f.String())
+	}
+	return nil
+}
 
 // Default is the case every Parse starts from.
 func Default() Case {
@@ -55,59 +101,15 @@ func Default() Case {
 
 // String writes c as Parse reads it.
 func (c Case) String() string {
-	var b strings.Builder
-	for i, k := range keys {
-		v := c.get(k)
+	var pairs []string
+	for _, f := range c.fields() {
+		v := f.String()
 		if strings.ContainsAny(v, " '") || v == "" {
 			v = "'" + v + "'"
 		}
-		if i > 0 {
-			b.WriteByte(' ')
-		}
-		b.WriteString(k + "=" + v)
+		pairs = append(pairs, f.key+"="+v)
 	}
-	return b.String()
-}
-
-func (c Case) get(k string) string {
-	switch k {
-	case "upstream":
-		return c.Upstream
-	case "rate":
-		return strconv.FormatFloat(c.Rate, 'g', -1, 64)
-	case "burst":
-		return strconv.Itoa(c.Burst)
-	case "slack":
-		return strconv.Itoa(c.Slack)
-	case "window":
-		return c.Window.String()
-	case "retry_after":
-		return c.RetryAfter
-	case "counters":
-		return c.Counters
-	case "body":
-		return c.Body
-	case "procs":
-		return strconv.Itoa(c.Procs)
-	case "workers":
-		return strconv.Itoa(c.Workers)
-	case "duration":
-		return c.Duration.String()
-	case "limit":
-		return c.Limit
-	case "cost":
-		return strconv.Itoa(c.Cost)
-	case "latency":
-		return c.Latency.String()
-	case "jitter":
-		return c.Jitter.String()
-	case "faults":
-		return c.Faults
-	case "max_hold":
-		return c.MaxHold.String()
-	default: // seed
-		return strconv.FormatUint(c.Seed, 10)
-	}
+	return strings.Join(pairs, " ")
 }
 
 // Parse reads a case: space-separated key=value pairs over Default, a
@@ -120,12 +122,27 @@ func Parse(spec string) (Case, error) {
 		return c, err
 	}
 	for _, p := range pairs {
-		k, v, _ := strings.Cut(p, "=")
-		if err := c.set(k, v); err != nil {
+		if err := c.set(p); err != nil {
 			return c, err
 		}
 	}
+	if c.RetryAfter == "none" {
+		c.RetryAfter = ""
+	}
 	return c, c.check()
+}
+
+// set reads one key=value pair into c.
+func (c *Case) set(pair string) error {
+	k, v, _ := strings.Cut(pair, "=")
+	var keys []string
+	for _, f := range c.fields() {
+		if f.key == k {
+			return f.set(v)
+		}
+		keys = append(keys, f.key)
+	}
+	return fmt.Errorf("fleetsim: unknown key %q: want one of %s", k, strings.Join(keys, ", "))
 }
 
 // split cuts spec at spaces outside single quotes, and drops the quotes.
@@ -155,57 +172,6 @@ func split(spec string) ([]string, error) {
 		out = append(out, cur.String())
 	}
 	return out, nil
-}
-
-func (c *Case) set(k, v string) error {
-	var err error
-	bad := func(want string) error {
-		return fmt.Errorf("fleetsim: %s=%s: want %s", k, v, want)
-	}
-	switch k {
-	case "upstream":
-		c.Upstream = v
-	case "rate":
-		c.Rate, err = strconv.ParseFloat(v, 64)
-	case "burst":
-		c.Burst, err = strconv.Atoi(v)
-	case "slack":
-		c.Slack, err = strconv.Atoi(v)
-	case "window":
-		c.Window, err = time.ParseDuration(v)
-	case "retry_after":
-		c.RetryAfter = strings.TrimPrefix(v, "none")
-	case "counters":
-		c.Counters = v
-	case "body":
-		c.Body = v
-	case "procs":
-		c.Procs, err = strconv.Atoi(v)
-	case "workers":
-		c.Workers, err = strconv.Atoi(v)
-	case "duration":
-		c.Duration, err = time.ParseDuration(v)
-	case "limit":
-		c.Limit = v
-	case "cost":
-		c.Cost, err = strconv.Atoi(v)
-	case "latency":
-		c.Latency, err = time.ParseDuration(v)
-	case "jitter":
-		c.Jitter, err = time.ParseDuration(v)
-	case "faults":
-		c.Faults = v
-	case "max_hold":
-		c.MaxHold, err = time.ParseDuration(v)
-	case "seed":
-		c.Seed, err = strconv.ParseUint(v, 10, 64)
-	default:
-		return fmt.Errorf("fleetsim: unknown key %q: want one of %s", k, strings.Join(keys, ", "))
-	}
-	if err != nil {
-		return bad("a value of its kind, such as " + Default().get(k))
-	}
-	return nil
 }
 
 // Families, dialects and faults the simulator knows.
