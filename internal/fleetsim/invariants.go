@@ -152,19 +152,32 @@ func (s *sim) checkBookings() []string {
 	return out
 }
 
-// checkHolds holds that no request was sent inside a hold, once the
-// fleet could know of it. A hold's EventHold comes a trip from Redis after
-// the hold was set; a grant made just before it reaches its process a trip
-// later, and the hold's message reaches a sleeping caller a trip after it
-// was set too: so a send counts from the event's time plus a trip's
-// jitter, until a trip before the hold's end. (A hold that does not
-// outlast one in place is not reported, and needs no check.)
+// checkHolds holds that the fleet heeded every hold the upstream asked
+// for, and sent nothing inside one once it could know of it (while Redis
+// answers: no fault). A refusal that asks for a hold, heard at t, is
+// covered by a hold reported within two round trips to Redis after t (the
+// process's calls as it hears the answer), until the end it asked for
+// (within MaxHold, and a trip).
+// A hold's event comes a trip from Redis after the hold was set; a grant
+// made just before it reaches its process a trip later, and the hold's
+// message reaches a sleeping caller a trip after it was set: so no send
+// counts from the event's time plus a trip's jitter, until a trip before
+// the hold's end.
 func (s *sim) checkHolds() []string {
 	if s.c.Faults != "none" {
 		return nil
 	}
 	trip := s.c.Latency + s.c.Jitter + time.Microsecond
-	for _, h := range s.holds() {
+	holds := s.holds()
+	for _, h := range s.up.answers {
+		asked := span{h.at, h.at.Add(min(h.hold, s.c.MaxHold) - trip)}
+		if !slices.ContainsFunc(holds, func(held span) bool {
+			return !held.from.After(asked.from.Add(4*trip+2*staggerRange)) && !held.until.Before(asked.until)
+		}) {
+			return []string{fmt.Sprintf("holds: a refusal heard at %v asked for %v, and no hold covers it", s.since(h.at), h.hold)}
+		}
+	}
+	for _, h := range holds {
 		from, until := h.from.Add(s.c.Jitter+time.Millisecond), h.until.Add(-trip)
 		for _, a := range s.up.arrivals {
 			if a.sent.After(from) && a.sent.Before(until) {

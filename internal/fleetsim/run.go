@@ -27,11 +27,11 @@ type Result struct {
 	// Refused counts the upstream's refusals; RefusedAfter1s those after
 	// the run's first second.
 	Refused, RefusedAfter1s int
-	Errors                  int            // requests the Transport failed
+	Errors                  int            // requests that failed before they were sent
 	LongestWait             time.Duration  // the longest a request waited to be sent
 	Events                  map[string]int // the limiters' events, by kind
 	Violations              []string       // the invariants broken, each with what led to it
-	Trace                   []string       // the arrivals, for a replay to compare
+	Trace                   []string       // the arrivals and events in order, for a reader and a replay
 }
 
 // Utilisation is the share of what the upstream allowed that it served.
@@ -67,7 +67,7 @@ type sim struct {
 	attempts int
 	unsent   int      // requests that failed before they were sent
 	waits    []span   // each request's, from its RoundTrip to its send
-	failures []string // requests that failed otherwise than by their deadline
+	failures []string // requests that broke an invariant
 }
 
 // since is t as a time into the run.
@@ -182,51 +182,65 @@ func (s *sim) note(p int, e pace.Event) {
 	s.events = append(s.events, event{at: time.Now(), proc: p, Event: e})
 }
 
-// errorPause is how long a worker waits after a failed request before the
-// next: a loop that fails at once would spin at one instant of the
-// virtual clock.
+// errorPause is the least a worker waits after a failed request.
 const errorPause = 10 * time.Millisecond
 
 // work sends one request after another through t until the run ends, each
-// under the run's end as its deadline, and reads each answer whole. Its
-// requests carry its name, which their trips on the network hash.
+// under the run's end as its deadline. Its requests carry its name, which
+// their trips on the network hash. After a refusal it waits as a patient
+// caller does (a loop that fails at once would spin at one instant of the
+// virtual clock).
 func (s *sim) work(t http.RoundTripper, name string) {
 	for time.Now().Before(s.end) {
-		ctx, cancel := context.WithDeadline(context.Background(), s.end)
-		sends := new(atomic.Int32)
-		ctx = context.WithValue(context.WithValue(ctx, sendsKey{}, sends), workerKey{}, name)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://upstream.test/", nil)
-		req.Header.Set(startHeader, strconv.FormatInt(time.Now().UnixNano(), 10))
-		req.Header.Set(workerHeader, name)
-		resp, err := t.RoundTrip(req)
-		s.mu.Lock()
-		s.attempts++
-		switch n := sends.Load(); {
-		case n > 1:
-			s.failures = append(s.failures, fmt.Sprintf("bookings: a request was sent %d times", n))
-		case n == 0 && err == nil:
-			s.failures = append(s.failures, "bookings: a request was answered but never sent")
-		case n == 0:
-			s.unsent++
+		err := s.send(t, name)
+		var refused *pace.DeadlineError
+		switch {
+		case err == nil:
+			continue
+		case errors.As(err, &refused):
+			time.Sleep(max(errorPause, min(refused.Delay, time.Until(s.end))))
+			continue
+		case !errors.Is(err, context.DeadlineExceeded):
+			s.failed(fmt.Sprintf("at %v a request failed: %v", s.since(time.Now()), err))
 		}
-		s.mu.Unlock()
-		if err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		cancel()
-		if err != nil {
-			var refused *pace.DeadlineError
-			pause := errorPause
-			switch {
-			case errors.As(err, &refused):
-				pause = max(pause, min(refused.Delay, time.Until(s.end))) // as a patient caller does
-			case !errors.Is(err, context.DeadlineExceeded):
-				s.mu.Lock()
-				s.failures = append(s.failures, fmt.Sprintf("at %v a request failed: %v", s.since(time.Now()), err))
-				s.mu.Unlock()
-			}
-			time.Sleep(pause)
-		}
+		time.Sleep(errorPause)
 	}
+}
+
+// send sends one request through t, reads its answer whole, and counts
+// it: sent once, or failed before it was sent.
+func (s *sim) send(t http.RoundTripper, name string) error {
+	ctx, cancel := context.WithDeadline(context.Background(), s.end)
+	defer cancel()
+	sends := new(atomic.Int32)
+	ctx = context.WithValue(context.WithValue(ctx, sendsKey{}, sends), workerKey{}, name)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://upstream.test/", nil)
+	req.Header.Set(startHeader, strconv.FormatInt(time.Now().UnixNano(), 10))
+	req.Header.Set(workerHeader, name)
+	resp, err := t.RoundTrip(req)
+	if err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	switch n := sends.Load(); {
+	case n > 1:
+		s.failed(fmt.Sprintf("bookings: a request was sent %d times", n))
+	case n == 0 && err == nil:
+		s.failed("bookings: a request was answered but never sent")
+	case n == 0:
+		s.mu.Lock()
+		s.unsent++
+		s.mu.Unlock()
+	}
+	s.mu.Lock()
+	s.attempts++
+	s.mu.Unlock()
+	return err
+}
+
+// failed notes a request that broke an invariant.
+func (s *sim) failed(why string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failures = append(s.failures, why)
 }

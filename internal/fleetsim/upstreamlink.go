@@ -29,7 +29,8 @@ type upstream struct {
 	answers  []heard // refusals that asked for a hold, as their processes heard them
 }
 
-// heard is a refusal's answer reaching its process, and the hold it asked.
+// heard is a refusal's answer reaching its process, and the hold it asked
+// for.
 type heard struct {
 	at   time.Time
 	hold time.Duration
