@@ -237,6 +237,13 @@ func (c Case) paceLimit() (pace.Limit, error) {
 	return l, nil
 }
 
+// UpstreamAllows is the most c's upstream serves in a run of c, as its
+// model counts it (from a run's start in synctest's epoch).
+func (c Case) UpstreamAllows() float64 {
+	start := time.Date(2000, time.January, 1, 0, 0, 0, 0, time.UTC)
+	return newModel(c).allowed(start, start.Add(c.Duration))
+}
+
 // period is the time the upstream's Rate counts: a window's length, or a
 // second.
 func (c Case) period() time.Duration {

@@ -12,10 +12,7 @@ import (
 
 // result counts the run and checks every invariant pace promises.
 func (s *sim) result() Result {
-	r := Result{Case: s.c, Events: make(map[string]int)}
-	for _, e := range s.events {
-		r.Events[e.Kind.String()]++
-	}
+	r := Result{Case: s.c}
 	for _, a := range s.up.arrivals {
 		if !a.at.Before(s.end) {
 			continue

@@ -3,7 +3,6 @@ package fleetsim
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"hash/fnv"
 	"net"
 	"sync"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 )
 
 // A link is one way of the simulated network: each trip takes the
@@ -259,160 +257,3 @@ func (c *delayedConn) Close() error {
 	}
 	return err
 }
-
-// faults are the case's faults on Redis, each over a span of the run.
-type faults struct {
-	kind        string
-	from, until time.Time
-}
-
-// newFaults places c's fault from a third of the run on, for a sixth of it
-// (a stall or a kill for at most 2 s, as an operator's restart takes); a
-// paused process, for pauseLength.
-func newFaults(c Case, start time.Time) *faults {
-	f := &faults{kind: c.Faults}
-	if f.kind != "none" {
-		f.from = start.Add(c.Duration / 3)
-		f.until = f.from.Add(min(c.Duration/6, 2*time.Second))
-	}
-	if f.kind == "pause" {
-		f.until = f.from.Add(pauseLength)
-	}
-	return f
-}
-
-// pauseLength is how long a paused process is away: as long as a process
-// starved of CPU, or in a long garbage collection, on a loaded machine.
-const pauseLength = 300 * time.Millisecond
-
-// paused is how long process proc, paused at now, stays away (0 when it
-// is not).
-func (f *faults) paused(now time.Time, proc int) time.Duration {
-	return max(f.pausedUntil(now, proc).Sub(now), 0)
-}
-
-// pausedUntil is when process proc, paused at now, goes on: only the first
-// process pauses.
-func (f *faults) pausedUntil(now time.Time, proc int) time.Time {
-	if proc == 0 && f.during(now, "pause") {
-		return f.until
-	}
-	return time.Time{}
-}
-
-func (f *faults) during(now time.Time, kind string) bool {
-	return f.kind == kind && !now.Before(f.from) && now.Before(f.until)
-}
-
-// down reports whether a killed Redis refuses connections at now.
-func (f *faults) down(now time.Time) bool { return f.during(now, "kill") }
-
-// frozenUntil is when a frozen Redis answers again, if it is frozen at now.
-func (f *faults) frozenUntil(now time.Time) time.Time {
-	if f.during(now, "stall") {
-		return f.until
-	}
-	return time.Time{}
-}
-
-// slowLinkDelay is what a slow link adds to each trip.
-const slowLinkDelay = 40 * time.Millisecond
-
-// extra is what a slow link adds to a trip at now.
-func (f *faults) extra(now time.Time) time.Duration {
-	if f.during(now, "slowlink") {
-		return slowLinkDelay
-	}
-	return 0
-}
-
-// bunching is how much a pause can bunch arrivals beyond what the links
-// do: it holds a process's granted requests and lets them go at once.
-func (f *faults) bunching() time.Duration {
-	if f.kind == "pause" {
-		return pauseLength
-	}
-	return 0
-}
-
-// loseReply reports whether a reply at now is lost, with its connection:
-// one in five, drawn from the trip it took, while the fault lasts.
-func (f *faults) loseReply(now time.Time, draw uint64) bool {
-	return f.during(now, "lostreply") && draw%5 == 0
-}
-
-// errClosed is what the upstream's link says after the run.
-var errClosed = errors.New("fleetsim: the run is over")
-
-// workerKey is the context key of the name of the worker whose request a
-// Redis call serves.
-type workerKey struct{}
-
-// stagger is a go-redis hook that delays each command by up to
-// staggerRange, drawn from the worker that asks it (or its process) and
-// the instant: workers that ask at one instant write at instants of their
-// own, in an order the seed decides, not the scheduler. It also measures
-// how long each worker's calls take to be answered, from the first of the
-// attempts that failed before (see calls).
-type stagger struct {
-	link  *link
-	proc  string
-	calls *calls
-}
-
-func (s stagger) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (s stagger) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		name := s.wait(ctx)
-		begun := time.Now()
-		err := next(ctx, cmd)
-		s.calls.answered(name, begun, err)
-		return err
-	}
-}
-
-func (s stagger) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		s.wait(ctx)
-		return next(ctx, cmds)
-	}
-}
-
-// wait staggers the call of ctx's worker, and returns the worker's name.
-func (s stagger) wait(ctx context.Context) string {
-	name, _ := ctx.Value(workerKey{}).(string)
-	if name == "" {
-		name = s.proc
-	}
-	sleep(ctx, time.Duration(s.link.hash(time.Now(), []byte(name))%uint64(staggerRange)))
-	return name
-}
-
-// calls keeps the longest a worker's call took to be answered, counted
-// from its first attempt when it was asked again after failures (a call
-// whose answer was lost is asked again, and finds its booking): a grant
-// reaches its process that long after Redis made it, at most.
-type calls struct {
-	mu      sync.Mutex
-	failing map[string]time.Time // the first attempt of each worker's call that has failed so far
-	longest time.Duration
-}
-
-func (c *calls) answered(name string, begun time.Time, err error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if first, ok := c.failing[name]; ok {
-		begun = first
-	}
-	if err != nil && !errors.Is(err, redis.Nil) {
-		c.failing[name] = begun
-		return
-	}
-	delete(c.failing, name)
-	c.longest = max(c.longest, time.Since(begun))
-}
-
-// staggerRange bounds stagger's delays: wide enough that two of a few
-// dozen workers seldom draw one instant.
-const staggerRange = 64 * time.Microsecond

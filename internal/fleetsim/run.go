@@ -27,11 +27,10 @@ type Result struct {
 	// Refused counts the upstream's refusals; RefusedAfter1s those after
 	// the run's first second.
 	Refused, RefusedAfter1s int
-	Errors                  int            // requests that failed before they were sent
-	LongestWait             time.Duration  // the longest a request waited to be sent
-	Events                  map[string]int // the limiters' events, by kind
-	Violations              []string       // the invariants broken, each with what led to it
-	Trace                   []string       // the arrivals and events in order, for a reader and a replay
+	Errors                  int           // requests that failed before they were sent
+	LongestWait             time.Duration // the longest a request waited to be sent
+	Violations              []string      // the invariants broken, each with what led to it
+	Trace                   []string      // the arrivals and events in order, for a reader and a replay
 }
 
 // Utilisation is the share of what the upstream allowed that it served.
