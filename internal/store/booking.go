@@ -49,13 +49,28 @@ type Booking struct {
 	Recovered bool             // the key's rate was dropped, back at the configured one
 	ID        string           // the booking's id: its call's record, its grants in sliding windows, its settlement
 	Costs     LimitCosts
-	Estimated LimitSet // the limits whose costs are a reservation's estimates
-	SlotBusy  bool     // the request's Take found no slot free, and nothing was booked
-	Pick      int      // the key of the request's Pool booked, or that would have been, by its index
+	// Estimated is the limits whose costs are a reservation's estimates
+	// that their buckets' CEILINGs did not count (see lua/common.lua): not
+	// those of a bucket no counters steered at the booking, whose schedule
+	// counted the estimate, where a CEILING begins.
+	Estimated LimitSet
+	SlotBusy  bool // the request's Take found no slot free, and nothing was booked
+	Pick      int  // the key of the request's Pool booked, or that would have been, by its index
 	// Other is the limit another process paces the key at, one bucket's
 	// interval (microseconds) and burst, when they disagree (see
 	// lua/limits.lua): zero when all agree, or for a quota of several.
 	Other struct{ Interval, Burst int64 }
+}
+
+// unsteered is the set of limits whose buckets no counters steered at a
+// booking: those whose count of units booked is 0 (booked).
+func unsteered(booked []int64) (set LimitSet) {
+	for i, units := range booked {
+		if units == 0 {
+			set |= 1 << i
+		}
+	}
+	return set
 }
 
 // Due is when the request goes, by Redis's clock, in microseconds.
@@ -122,6 +137,7 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 	b.Granted, b.Delay, b.Now = reply[0] == 1, Microseconds(reply[1]), reply[2]
 	copy(b.Finishes[:], reply[3:3+n])
 	copy(b.Booked[:], reply[3+n:3+2*n])
+	b.Estimated &^= unsteered(b.Booked[:n])
 	b.Listening, b.Recovered = reply[3+2*n] == 1, reply[4+2*n] == 1
 	b.ID = id
 	if s.oneBucket {
