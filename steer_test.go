@@ -313,9 +313,12 @@ func TestWindowEstimateOfOthers(t *testing.T) {
 	if d := next(5, 1000); d > 100*time.Millisecond {
 		t.Errorf("after others spent 1000 at once, the next request waited %v; want its spread until a second reading says so too", d)
 	}
+	// The probe goes a second after the last unit booked, that of request
+	// 6: the wait of the next counts from when it books, on the run's clock.
+	booked := time.Now()
 	next(6, 1000)
-	if d := next(7, 0); d < 900*time.Millisecond || d > 1100*time.Millisecond {
-		t.Errorf("after others spent 1000 at once twice in a row, the next request waited %v; want a probe's second", d)
+	if d := next(7, 0); d+time.Since(booked) < 900*time.Millisecond || d > 1100*time.Millisecond {
+		t.Errorf("after others spent 1000 at once twice in a row, the next request waited %v, %v after the last booking; want the rest of a probe's second", d, time.Since(booked))
 	}
 	if d := next(8, 0); d > 100*time.Millisecond {
 		t.Errorf("after the probe's reading (others stopped), the next request waited %v; want the rest's spread (20 ms)", d)
