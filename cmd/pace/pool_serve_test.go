@@ -20,8 +20,12 @@ import (
 // three API keys (api_keys_env), each held strictly to 100/s burst 5 by
 // the upstream (429 beyond); four Python processes of two threads send to
 // each replica, none with a key of its own.
-//   - For 6 s: the upstream serves at least 97% of 3 x (5 + 100 t) and
-//     refuses at most 0.5% of the requests.
+//   - For 6 s: the upstream serves at least 97% of 3 x (5 + 100 t); after
+//     the first second it refuses at most 0.5% of the requests, and in it
+//     at most a burst per key: the first requests open connections, so a
+//     burst granted at once can arrive tens of milliseconds late, and the
+//     turns granted meanwhile reach the upstream's bucket early (3 refused
+//     in the first 140 ms here, idle or beside two CPU hogs; 10 once in CI).
 //   - For 7 s, key B answering every request from 1 s to 6 s with a 429
 //     and Retry-After: 5: A and C carry at least 95% of 2 x 100/s
 //     meanwhile, and B sees few requests (its first 429 holds it).
@@ -68,8 +72,14 @@ func TestServePool(t *testing.T) {
 	if float64(ok) < 0.97*bound {
 		t.Errorf("%d served, want 97%% of 3 x (b + r t) = %.0f at least", ok, 0.97*bound)
 	}
-	if float64(refused) > 0.005*float64(ok+refused) {
-		t.Errorf("the quotas refused %d of %d requests, want 0.5%% at most", refused, ok+refused)
+	settled := from.Add(time.Second)
+	_, early := api.Served(from, settled, tokens...)
+	lateOK, late := api.Served(settled, to, tokens...)
+	if float64(late) > 0.005*float64(lateOK+late) {
+		t.Errorf("after the first second the quotas refused %d of %d requests, want 0.5%% at most", late, lateOK+late)
+	}
+	if early > 3*5 {
+		t.Errorf("in the first second the quotas refused %d requests, want a burst per key (15) at most", early)
 	}
 
 	var faultFrom, faultUntil time.Time
