@@ -3,6 +3,7 @@ package pace
 import (
 	"cmp"
 	"math"
+	"time"
 
 	"github.com/fleetpace/pace/internal/store"
 )
@@ -64,10 +65,18 @@ func (s *steerModel) allow(tat, a, b, cost, arrival, now int64) int64 {
 	return t
 }
 
+// resumeLate is resume_late in common.lua: the turns after a burst that
+// emptied a bucket resume this late.
+const resumeLate = 2 * time.Millisecond
+
 // finish is bucket_finish.
-func (s *steerModel) finish(tat, a, b, cost, due, now int64) int64 {
+func (s *steerModel) finish(tat, a, b, cost, due, now int64, free bool) int64 {
 	base, i, _, _ := s.step(tat, a, b, due, now)
-	return max(base, due) + cost*i
+	finish := max(base, due) + cost*i
+	if s == nil && free && finish > due+(b-1)*i {
+		return finish + min(i, resumeLate.Microseconds()) // emptied in common.lua
+	}
+	return finish
 }
 
 // movedBack is moved_back.

@@ -223,15 +223,13 @@ func (loc *Local) heed(ctx context.Context, key string, t ticket, w headers.Word
 	}
 }
 
-// explains reports whether w explains its refusal for n: a hold of the
-// key, or a reading of one of the limits with no unit left. A refusal
-// nothing explains steers the key's rate (see internal/steer).
+// explains reports whether w explains its refusal for n: a reading of one
+// of the limits with no unit left, which steers the key's buckets. Any
+// other refusal steers the key's rate (see internal/steer), one that
+// Retry-After explains too: the hold pauses the fleet, but the refusal
+// says it went too fast (or others spend the quota, or jitter ate the
+// burst), and the rate, which has no burst, ends the hold softly.
 func (n namedLimits) explains(w headers.Word) bool {
-	for _, h := range w.Holds {
-		if n.holds(h) {
-			return true
-		}
-	}
 	for _, r := range w.Readings {
 		if r.Remaining == 0 && n.limitOf(r.Name, r.OwnQuota, len(w.Readings) == 1) >= 0 {
 			return true

@@ -258,9 +258,27 @@ local function bucket_allow(tat, steer, a, b, cost, arrival)
   return t
 end
 
--- bucket_finish is a bucket's TAT after cost units booked at due.
-local function bucket_finish(tat, steer, a, b, cost, due)
+-- emptied is a bucket's TAT finish after a booking at due that did not
+-- wait for the bucket: later by resume_late (2 ms, an interval at most)
+-- when it left the bucket without a unit. The turns after a burst resume
+-- that late, so that a burst that reaches the upstream late (its arrivals
+-- bunched and spread by the network's jitter) does not make the first
+-- turn after it early at an upstream of the same limit, which would
+-- refuse it. It costs a unit per burst spent at most; a fleet that waits
+-- its turns never pays it. Local (one process) does not: its turns go
+-- out of one process, not across a fleet's network.
+local resume_late = 2000
+local function emptied(finish, a, b, due)
+  if finish > due + (b - 1) * a then return finish + math.min(a, resume_late) end
+  return finish
+end
+
+-- bucket_finish is a bucket's TAT after cost units booked at due; free
+-- when the booking did not wait for this bucket (see emptied: a steered
+-- bucket follows the upstream's counters instead).
+local function bucket_finish(tat, steer, a, b, cost, due, free)
   local base, i = bucket_step(tat, steer, a, b, due)
   if not base or base < due then base = due end
-  return base + cost * i
+  if steer or not free then return base + cost * i end
+  return emptied(base + cost * i, i, b, due)
 end

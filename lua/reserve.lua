@@ -65,7 +65,7 @@ end
 
 if steer then -- the upstream's counters steer it: the general way
   local due = math.max(arrival, bucket_allow(stored, steer, a, b, cost, arrival))
-  local finish = bucket_finish(stored, steer, a, b, cost, due)
+  local finish = bucket_finish(stored, steer, a, b, cost, due, false)
   if due - now > tonumber(ARGV[4]) then
     return {0, due - now, now, finish, 0, listening, recovered, other_a, other_b}
   end
@@ -81,7 +81,10 @@ if stored and stored > arrival then tat = stored end
 
 local finish = tat + cost * a
 local delay = finish - b * a - now
-if delay < arrival - now then delay = arrival - now end
+if delay <= arrival - now then
+  delay = arrival - now
+  finish = emptied(finish, a, b, arrival)
+end
 if delay > tonumber(ARGV[4]) then
   return {0, delay, now, finish, 0, listening, recovered, other_a, other_b}
 end
