@@ -3,6 +3,8 @@ package pace
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -148,6 +150,69 @@ func TestHoldPausesKey(t *testing.T) {
 					t.Fatal("no EventHoldEnd within a second after the hold ended")
 				}
 				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+}
+
+// TestIgnoreHolds: an upstream that answers every request 429 with
+// Retry-After: 5. A Transport that heeds holds refuses the next request at
+// once (its wait would pass the caller's deadline of 1 s); with IgnoreHolds,
+// or a Rule's for the path the request takes, the next goes within the
+// deadline, on Local and Redis; a Rule's switch leaves the others' holds
+// alone.
+func TestIgnoreHolds(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "5")
+		w.WriteHeader(http.StatusTooManyRequests)
+	}))
+	defer upstream.Close()
+	limit := PerSecond(100).WithBurst(5)
+	c := scriptRedis(t)
+	for name, newLimiter := range map[string]func() Limiter{
+		"local": func() Limiter { return mustLocal(t, limit) },
+		"redis": func() Limiter {
+			return mustRedis(t, c, limit, WithFleetSize(1), sharedOnly, WithPrefix("ignore-"+time.Now().Format("150405.000000")+":"))
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rules := func(ignore bool) *Rules {
+				rs, err := NewRules(Rule{Name: "default", Limiter: newLimiter()}, Rule{Name: "chat", PathPrefix: "/chat", Limiter: newLimiter(), IgnoreHolds: ignore})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return rs
+			}
+			for _, row := range []struct {
+				name      string
+				transport *Transport
+				path      string
+				held      bool
+			}{
+				{"heeded", &Transport{Limiter: newLimiter()}, "/", true},
+				{"Transport.IgnoreHolds", &Transport{Limiter: newLimiter(), IgnoreHolds: true}, "/", false},
+				{"Rule.IgnoreHolds, its path", &Transport{Rules: rules(true)}, "/chat", false},
+				{"Rule.IgnoreHolds, another path", &Transport{Rules: rules(true)}, "/other", true},
+			} {
+				client := &http.Client{Transport: row.transport}
+				send := func(ctx context.Context) error {
+					req, _ := http.NewRequestWithContext(ctx, http.MethodGet, upstream.URL+row.path, nil)
+					resp, err := client.Do(req)
+					if err == nil {
+						resp.Body.Close()
+					}
+					return err
+				}
+				if err := send(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				err := send(ctx)
+				cancel()
+				var de *DeadlineError
+				if held := errors.As(err, &de); held != row.held {
+					t.Errorf("%s: the request after a 429 with Retry-After: 5: %v, want held %v", row.name, err, row.held)
+				}
 			}
 		})
 	}

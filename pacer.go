@@ -55,8 +55,11 @@ var (
 // steers. The zero grant is a wait no limiter booked.
 type grant struct{ t ticket }
 
-// heedScope says what a response may steer besides its holds.
+// heedScope says what a response may steer.
 type heedScope struct {
+	// holds: a Retry-After, or a body that says when to retry, holds the
+	// key (see Transport.IgnoreHolds).
+	holds bool
 	// counters: the upstream's counters steer the key on a Redis (see
 	// Transport.IgnoreCounters).
 	counters bool

@@ -75,6 +75,10 @@ type Rule struct {
 	// IgnoreRefusals keeps the refusals of the rule's requests from
 	// cutting its keys' rates, as Transport.IgnoreRefusals does for all.
 	IgnoreRefusals bool
+
+	// IgnoreHolds keeps the rule's responses from holding its keys, as
+	// Transport.IgnoreHolds does for all.
+	IgnoreHolds bool
 }
 
 // Rules map each request to a limiter, a key and a cost, by the first Rule

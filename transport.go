@@ -99,6 +99,14 @@ type Transport struct {
 	// Redis.Sync), which it does by default. Holds are still heeded.
 	IgnoreCounters bool
 
+	// IgnoreHolds stops the Transport from holding a key when a response
+	// says when to retry (Retry-After, or a body: see headers.ParseHold),
+	// which it does by default: for an upstream whose Retry-After means
+	// something else, or says more than it holds. A refusal still cuts the
+	// key's rate, unless IgnoreRefusals. A Rule can turn holds off for its
+	// requests alone.
+	IgnoreHolds bool
+
 	// IgnoreRefusals stops the Transport from cutting a key's rate, on
 	// Local or Redis, when the upstream refuses a request (a 429 or 503)
 	// without a Retry-After or counters that explain it, which it does by
@@ -202,6 +210,7 @@ func (t *Transport) wait(req *http.Request) (paced, error) {
 		}
 		scope := t.scope()
 		scope.refusals = scope.refusals && !rule.IgnoreRefusals
+		scope.holds = scope.holds && !rule.IgnoreHolds
 		return t.waitFor(req, paced{limiter: rule.Limiter, key: key, settle: rule.Settle, counters: rule.BodyCounters, class: rule.Class, scope: scope}, cost, rule.Estimate)
 	}
 	switch {
@@ -234,7 +243,7 @@ func (t *Transport) target(key string, req *http.Request) target {
 
 // scope is what the responses to t's requests may steer.
 func (t *Transport) scope() heedScope {
-	return heedScope{counters: !t.IgnoreCounters, refusals: !t.IgnoreRefusals}
+	return heedScope{holds: !t.IgnoreHolds, counters: !t.IgnoreCounters, refusals: !t.IgnoreRefusals}
 }
 
 // waitFor waits on p's limiter for req. A limiter of a user's is waited
@@ -287,8 +296,8 @@ func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(
 }
 
 // heed hands what resp, which arrived at arrival, says of p's key to p's
-// limiter, when it is pace's own: its holds, counters and refusals, each
-// hold that repeats lengthened by repeats. A refusal's body is read first,
+// limiter, when it is pace's own: its holds (unless p's scope ignores
+// them), counters and refusals, each hold that repeats lengthened by repeats. A refusal's body is read first,
 // up to headers.BodySize, for the hold it asks for (headers.HearBody), and
 // passed on whole. It runs past the request's context: the response has been
 // counted already. Failures reach the limiter's observer.
@@ -297,7 +306,9 @@ func (p paced) heed(ctx context.Context, resp *http.Response, arrival time.Time,
 		return
 	}
 	w := headers.Hear(resp, arrival, p.pacer.longestHold())
-	if headers.Refuses(resp) && len(w.Holds) == 0 && resp.Body != nil {
+	if !p.scope.holds {
+		w.Holds = nil // see Transport.IgnoreHolds
+	} else if headers.Refuses(resp) && len(w.Holds) == 0 && resp.Body != nil {
 		body := readStart(resp)
 		headers.HearBody(&w, body.start, p.pacer.longestHold())
 		body.held = len(w.Holds) > 0

@@ -100,6 +100,7 @@ func (rt *route) transport(st store, base http.RoundTripper) (*pace.Transport, e
 	return &pace.Transport{
 		Base:           upstreamTransport{base},
 		Rules:          all,
+		IgnoreHolds:    c.IgnoreHolds,
 		IgnoreCounters: c.IgnoreCounters,
 		IgnoreRefusals: c.IgnoreRefusals,
 		Pool:           rt.pool,

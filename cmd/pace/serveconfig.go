@@ -85,7 +85,8 @@ type routeConfig struct {
 	// requests go at once, and the waits pacing would impose are reported
 	// (in the metrics, and the log at debug).
 	Shadow bool `yaml:"shadow"`
-	// IgnoreCounters and IgnoreRefusals are Transport's.
+	// IgnoreHolds, IgnoreCounters and IgnoreRefusals are Transport's.
+	IgnoreHolds    bool `yaml:"ignore_holds"`
 	IgnoreCounters bool `yaml:"ignore_counters"`
 	IgnoreRefusals bool `yaml:"ignore_refusals"`
 	// Rules, tried in order before the route's own limit, pace some of
