@@ -570,7 +570,7 @@ func checkCancelGivesBack(t *testing.T, c redis.UniversalClient) {
 		group.Go(func() { errs[i] = r.Wait(cctx, "k", 1) })
 		select {
 		case e := <-booked:
-			if want := time.Duration(i+1)*500*time.Millisecond + resumeLate; e.Delay > want || e.Delay < want-100*time.Millisecond {
+			if want := time.Duration(i+1)*500*time.Millisecond + resumeLate(500*time.Millisecond); e.Delay > want || e.Delay < want-100*time.Millisecond {
 				t.Fatalf("caller %d booked a wait of %v, want about %v", i, e.Delay, want)
 			}
 		case <-time.After(5 * time.Second):

@@ -35,10 +35,13 @@ func TestDryRun(t *testing.T) {
 			var log dueLog
 			dry := newLimiter(WithDryRun(), WithObserver(log.observe))
 			start := time.Now()
+			var calls [][2]time.Time // when each Wait began and returned
 			for range 12 {
+				began := time.Now()
 				if err := dry.Wait(context.Background(), "api", 1); err != nil {
 					t.Fatal(err)
 				}
+				calls = append(calls, [2]time.Time{began, time.Now()})
 			}
 			took := time.Since(start)
 			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
@@ -46,17 +49,21 @@ func TestDryRun(t *testing.T) {
 			if err := dry.Wait(ctx, "api", 1); err != nil {
 				t.Errorf("a dry run's wait past its deadline: %v, want nil (reported, not refused)", err)
 			}
-			dues := log.dues()
-			t.Logf("dry run: 12 requests in %v, due (from the first) %v; refused: %v", took, dues, log.refused)
-			if took > 300*time.Millisecond || len(dues) != 12 {
-				t.Fatalf("dry run: 12 requests took %v, %d waits reported; want at once, and 12", took, len(dues))
+			delays := log.waits()
+			t.Logf("dry run: 12 requests in %v, delays %v; refused: %v", took, delays, log.refused)
+			if took > 300*time.Millisecond || len(delays) != 12 {
+				t.Fatalf("dry run: 12 requests took %v, %d waits reported; want at once, and 12", took, len(delays))
 			}
 			// Beyond the burst, which goes as it arrives, the schedule an
-			// enforcing limiter keeps: one every 50 ms from the third on.
-			for i := 3; i < len(dues); i++ {
+			// enforcing limiter keeps: one every 50 ms from the third on,
+			// within 5 ms and the time the two calls took (each decided
+			// at some time within its call).
+			for i := 3; i < len(delays); i++ {
 				want := time.Duration(i-2) * 50 * time.Millisecond
-				if d := dues[i] - dues[2] - want; d > 5*time.Millisecond || d < -5*time.Millisecond {
-					t.Errorf("request %d due %v after the third, want %v within 5 ms", i, dues[i]-dues[2], want)
+				earliest := calls[i][0].Add(delays[i]).Sub(calls[2][1].Add(delays[2]))
+				latest := calls[i][1].Add(delays[i]).Sub(calls[2][0].Add(delays[2]))
+				if earliest > want+5*time.Millisecond || latest < want-5*time.Millisecond {
+					t.Errorf("request %d due %v to %v after the third, want %v within 5 ms", i, earliest, latest, want)
 				}
 			}
 			if len(log.refused) != 1 || log.refused[0] < 400*time.Millisecond {
@@ -66,12 +73,11 @@ func TestDryRun(t *testing.T) {
 	}
 }
 
-// dueLog notes, of the events of one limiter, when each EventWait's
-// request was due (the event's time and its delay), and the delays of the
-// dry run's refusals.
+// dueLog notes, of the events of one limiter, the delay of each
+// EventWait, in order, and the delays of the dry run's refusals.
 type dueLog struct {
 	mu      sync.Mutex
-	due     []time.Time
+	delays  []time.Duration
 	refused []time.Duration
 }
 
@@ -80,22 +86,17 @@ func (l *dueLog) observe(_ context.Context, e Event) {
 	defer l.mu.Unlock()
 	switch {
 	case e.Kind == EventWait:
-		l.due = append(l.due, time.Now().Add(e.Delay))
+		l.delays = append(l.delays, e.Delay)
 	case e.Kind == EventRefuse && e.DryRun:
 		l.refused = append(l.refused, e.Delay)
 	}
 }
 
-// dues returns when each request was due, after the first, in order.
-func (l *dueLog) dues() []time.Duration {
+// waits returns the delays of the waits reported, in order.
+func (l *dueLog) waits() []time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	slices.SortFunc(l.due, time.Time.Compare)
-	var out []time.Duration
-	for _, d := range l.due {
-		out = append(out, d.Sub(l.due[0]))
-	}
-	return out
+	return slices.Clone(l.delays)
 }
 
 // TestDryRunHeedsNothing: a Transport on a dry run sends a request at

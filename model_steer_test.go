@@ -65,16 +65,16 @@ func (s *steerModel) allow(tat, a, b, cost, arrival, now int64) int64 {
 	return t
 }
 
-// resumeLate is resume_late in common.lua: the turns after a burst that
-// emptied a bucket resume this late.
-const resumeLate = 2 * time.Millisecond
+// resumeLate is how late the turns after a burst that emptied a bucket of
+// interval a resume: emptied in common.lua.
+func resumeLate(a time.Duration) time.Duration { return min(a, time.Second) }
 
 // finish is bucket_finish.
 func (s *steerModel) finish(tat, a, b, cost, due, now int64, free bool) int64 {
 	base, i, _, _ := s.step(tat, a, b, due, now)
 	finish := max(base, due) + cost*i
 	if s == nil && free && finish > due+(b-1)*i {
-		return finish + min(i, resumeLate.Microseconds()) // emptied in common.lua
+		return finish + resumeLate(time.Duration(i)*time.Microsecond).Microseconds()
 	}
 	return finish
 }

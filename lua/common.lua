@@ -259,15 +259,15 @@ local function bucket_allow(tat, steer, a, b, cost, arrival)
 end
 
 -- emptied is a bucket's TAT finish after a booking at due that did not
--- wait for the bucket: later by resume_late (2 ms, an interval at most)
--- when it left the bucket without a unit. The turns after a burst resume
--- that late, so that a burst that reaches the upstream late (its arrivals
--- bunched and spread by the network's jitter) does not make the first
--- turn after it early at an upstream of the same limit, which would
--- refuse it. It costs a unit per burst spent at most; a fleet that waits
--- its turns never pays it. Local (one process) does not: its turns go
--- out of one process, not across a fleet's network.
-local resume_late = 2000
+-- wait for the bucket: an interval later (a second at most) when it left
+-- the bucket without a unit. The turns after a burst resume that late, so
+-- that a burst that reaches the upstream late (the first requests of a
+-- fleet open their connections; processes and the network bunch and
+-- spread arrivals) does not make the turns after it early at an upstream
+-- of the same limit, which would refuse them. It costs one unit per burst
+-- spent; a fleet that waits its turns never pays it. Local (one process)
+-- does not: its turns leave one process, not a fleet.
+local resume_late = 1000000
 local function emptied(finish, a, b, due)
   if finish > due + (b - 1) * a then return finish + math.min(a, resume_late) end
   return finish

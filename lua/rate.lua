@@ -68,9 +68,11 @@ local function rate_share(r, t)
 end
 
 -- rate_recovered reports whether r is gone at t, to be dropped: back at
--- the configured rate, quiet after its last refusal; or at its expiry.
+-- the configured rate, quiet after its last refusal, and nothing booked
+-- ahead (a fleet that waits its turns keeps it: the limits' burst returns
+-- once the key is quiet); or at its expiry.
 local function rate_recovered(r, t)
-  return t >= rate_expiry(r) or rate_share(r, t) >= rate_full and t - r.cut >= rate_quiet
+  return t >= rate_expiry(r) or rate_share(r, t) >= rate_full and t - r.cut >= rate_quiet and t >= r.tat
 end
 
 -- rate_interval is the time r's bucket takes, at share s, for a request

@@ -66,11 +66,14 @@ var fidelityCases = []fidelityCase{
 	// Two modes: 2.5% to 3.0% refused, or 8.0% to 9.3% when HAProxy's
 	// count's lag lines up with the cuts.
 	{sim: "upstream=haproxy rate=200 limit='400/s burst 10' procs=4 workers=4 duration=8s", upstream: haproxy, agrees: true, served: 0.85, refused: 0.10},
-	// Retry-After on every 429, at exactly the limit: the cycle of
-	// issue 43 (a hold, the burst at its end, an early arrival, a hold).
-	{sim: "upstream=strict rate=150 burst=1 retry_after=1 procs=3 workers=5 duration=6s", agrees: true, refused: 1},
-	{sim: "upstream=strict rate=150 burst=5 retry_after=1 procs=3 workers=5 duration=6s", refused: 1},
-	{sim: "upstream=strict rate=150 burst=10 retry_after=1 procs=3 workers=5 duration=6s", refused: 1},
+	// Retry-After on every 429, at exactly the limit: a refusal's hold
+	// ends at the rate, evenly, and the turns after a burst resume late
+	// (issue 43 measured 3.4% and 6.9% of the quota at bursts 5 and 10, a
+	// cycle of holds each ended by a burst that jitter made early). At a
+	// burst of 1 the loop still cuts too deep (logged).
+	{sim: "upstream=strict rate=150 burst=1 retry_after=1 procs=3 workers=5 duration=6s", refused: 1},
+	{sim: "upstream=strict rate=150 burst=5 retry_after=1 procs=4 workers=4 duration=8s", agrees: true, served: 0.93, refused: 0.002, early: 5},
+	{sim: "upstream=strict rate=150 burst=10 retry_after=1 procs=4 workers=4 duration=8s", agrees: true, served: 0.93, refused: 0.002, early: 5},
 	{sim: "upstream=nginx rate=50 burst=5 limit='100/s burst 5' retry_after=1 procs=4 workers=4 duration=8s", upstream: nginx, agrees: true, refused: 1},
 	{sim: "upstream=haproxy rate=50 limit='50/s burst 10' retry_after=1 procs=4 workers=4 duration=8s", upstream: haproxy, refused: 1},
 }

@@ -54,7 +54,9 @@ import (
 //     above an edge set after a success (2% after 2.7 s, 16% after 5.4 s),
 //     faster above one set before (2% after 1.1 s, doubled after 4 s),
 //     which the upstream's memory of a burst may have lowered. Quiet (5 s)
-//     after its last refusal, the key's rate is gone.
+//     after its last refusal, with nothing booked ahead, the key's rate
+//     is gone, and with it the evenness: the limits' burst returns once
+//     the key is quiet, never into a queue.
 //   - The rate is never below Floor (1%) of the configured rate.
 //
 // Requests booked before a cut of wakeCut (1/8) or more, and still asleep,
@@ -158,10 +160,12 @@ func (k *Rate) Book(now, due, unit int64) {
 }
 
 // Recovered reports whether the key's rate is gone at now, and if so
-// forgets it: back at the configured rate, quiet after its last refusal;
-// or its time is up, as its key's in Redis.
+// forgets it: back at the configured rate, quiet after its last refusal,
+// and nothing booked ahead (a fleet that waits its turns keeps it, so that
+// the limits' burst returns once the key is quiet, not into a queue); or
+// its time is up, as its key's in Redis.
 func (k *Rate) Recovered(now int64) bool {
-	if !k.on || now < max(k.cut+Climb+5*probe, k.tat) && (k.Share(now) < Full || now-k.cut < quiet) {
+	if !k.on || now < max(k.cut+Climb+5*probe, k.tat) && (k.Share(now) < Full || now-k.cut < quiet || now < k.tat) {
 		return false
 	}
 	*k = Rate{}
