@@ -42,7 +42,7 @@ func (m *bucketModel) reserve(key string, interval, burst, cost, budget, notBefo
 	arrival = rate.Allow(now, arrival, unit)
 	due := max(arrival, s.allow(m.tat[key], interval, burst, cost, arrival, now))
 	b.Delay, b.Now = store.Microseconds(due-now), now
-	b.Finishes[0] = s.finish(m.tat[key], interval, burst, cost, due, now, due == arrival)
+	b.Finishes[0] = s.finish(m.tat[key], interval, burst, cost, due, now, due == now)
 	if due-now > budget {
 		return b
 	}
@@ -276,7 +276,6 @@ type quotaReply struct {
 // The costs under the limits in estimated are a reservation's estimates.
 func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs []int64, estimated store.LimitSet, budget, notBefore int64, id string, now int64) quotaReply {
 	due := max(now+notBefore, m.buckets.holds[key])
-	arrival, allows := due, make([]int64, len(limits))
 	var b store.Booking
 	rate := m.buckets.keyRate(key, now, &b)
 	unit := m.rateUnit(keys, limits, costs)
@@ -284,8 +283,7 @@ func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs
 		kind, a, b, cost := l[0], l[1], l[2], costs[i]
 		switch kind {
 		case 1:
-			allows[i] = m.buckets.steers[keys[i]].allow(m.buckets.tat[keys[i]], a, b, cost, now, now)
-			due = max(due, allows[i])
+			due = max(due, m.buckets.steers[keys[i]].allow(m.buckets.tat[keys[i]], a, b, cost, now, now))
 		case 2:
 			var times []int64
 			for _, at := range m.grants[keys[i]] {
@@ -322,7 +320,7 @@ func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs
 	finishes, booked := make([]int64, len(limits)), make([]int64, len(limits))
 	for i, l := range limits {
 		if l[0] == 1 {
-			finishes[i] = m.buckets.steers[keys[i]].finish(m.buckets.tat[keys[i]], l[1], l[2], costs[i], due, now, allows[i] < due || due == arrival)
+			finishes[i] = m.buckets.steers[keys[i]].finish(m.buckets.tat[keys[i]], l[1], l[2], costs[i], due, now, due == now)
 		}
 	}
 	reply := quotaReply{delay: due - now, finishes: finishes, booked: booked, listening: b.Listening, recovered: b.Recovered}

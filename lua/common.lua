@@ -258,9 +258,9 @@ local function bucket_allow(tat, steer, a, b, cost, arrival)
   return t
 end
 
--- emptied is a bucket's TAT finish after a booking at due that did not
--- wait for the bucket: an interval later (a second at most) when it left
--- the bucket without a unit. The turns after a burst resume that late, so
+-- emptied is a bucket's TAT finish after a booking that goes at once, at
+-- due: an interval later (a second at most) when it left the bucket
+-- without a unit. The turns after a burst resume that late, so
 -- that a burst that reaches the upstream late (the first requests of a
 -- fleet open their connections; processes and the network bunch and
 -- spread arrivals) does not make the turns after it early at an upstream
@@ -274,8 +274,9 @@ local function emptied(finish, a, b, due)
 end
 
 -- bucket_finish is a bucket's TAT after cost units booked at due; free
--- when the booking did not wait for this bucket (see emptied: a steered
--- bucket follows the upstream's counters instead).
+-- when the booking goes at once (see emptied: a booking a schedule holds,
+-- a rate's or a hold's, does not empty a burst; a steered bucket follows
+-- the upstream's counters instead).
 local function bucket_finish(tat, steer, a, b, cost, due, free)
   local base, i = bucket_step(tat, steer, a, b, due)
   if not base or base < due then base = due end

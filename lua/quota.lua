@@ -38,11 +38,10 @@ local n = #KEYS - 3
 local seldom = any_exists(n + 1, n + 2, n + 3)
 local again = seldom and recorded(n + 3)
 if again then return again end
-local kinds, as, bs, costs, stored, steers, specs, allows = {}, {}, {}, {}, {}, {}, {}, {}
+local kinds, as, bs, costs, stored, steers, specs = {}, {}, {}, {}, {}, {}, {}
 local due = now + tonumber(ARGV[2])
 local held = seldom and time(n + 1, read(n + 1, 'GET')) or nil
 if held and held > due then due = held end
-local arrival = due -- when the request may go, apart from its limits
 local unit = nil -- see rate.lua
 
 -- Every bucket and sliding window allows any time from a threshold on.
@@ -51,8 +50,8 @@ for i = 1, n do
   kinds[i], as[i], bs[i], costs[i], specs[i] = kind, a, b, cost, ARGV[4 * i + 1]
   if kind == 1 then
     stored[i], steers[i] = read_bucket(i)
-    allows[i] = bucket_allow(stored[i], steers[i], a, b, cost, now)
-    if allows[i] > due then due = allows[i] end
+    local allow = bucket_allow(stored[i], steers[i], a, b, cost, now)
+    if allow > due then due = allow end
   elseif kind == 2 then
     local latest = time(i, read(i, 'ZREVRANGE', 0, 0, 'WITHSCORES')[2])
     if latest and latest > due then due = latest end
@@ -120,7 +119,7 @@ local reply = {0, due - now, now}
 for i = 1, n do
   reply[3 + i], reply[3 + n + i] = 0, 0
   if kinds[i] == 1 then
-    reply[3 + i] = bucket_finish(stored[i], steers[i], as[i], bs[i], costs[i], due, allows[i] < due or due == arrival)
+    reply[3 + i] = bucket_finish(stored[i], steers[i], as[i], bs[i], costs[i], due, due == now)
   end
 end
 reply[2 * n + 4], reply[2 * n + 5] = listening, recovered

@@ -67,13 +67,18 @@ var fidelityCases = []fidelityCase{
 	// count's lag lines up with the cuts.
 	{sim: "upstream=haproxy rate=200 limit='400/s burst 10' procs=4 workers=4 duration=8s", upstream: haproxy, agrees: true, served: 0.85, refused: 0.10},
 	// Retry-After on every 429, at exactly the limit: a refusal's hold
-	// ends at the rate, evenly, and the turns after a burst resume late
-	// (issue 43 measured 3.4% and 6.9% of the quota at bursts 5 and 10, a
-	// cycle of holds each ended by a burst that jitter made early). At a
-	// burst of 1 the loop still cuts too deep (logged).
+	// ends at the rate, evenly, and the turns after a burst resume an
+	// interval late (issue 43 measured 3.4% and 6.9% of the quota at
+	// bursts 5 and 10: a cycle of holds, each ended by a burst that jitter
+	// made early). What is left is the start: the fleet's first requests
+	// open their connections, and one run in four here, one of them
+	// arrives early by more than an interval, and its hold takes the
+	// first second (87.3%; 99.8% in the others, and in the simulator, which
+	// opens no connections). At a burst of 1 the loop still cuts too deep
+	// (logged).
 	{sim: "upstream=strict rate=150 burst=1 retry_after=1 procs=3 workers=5 duration=6s", refused: 1},
-	{sim: "upstream=strict rate=150 burst=5 retry_after=1 procs=4 workers=4 duration=8s", agrees: true, served: 0.93, refused: 0.002, early: 5},
-	{sim: "upstream=strict rate=150 burst=10 retry_after=1 procs=4 workers=4 duration=8s", agrees: true, served: 0.93, refused: 0.002, early: 5},
+	{sim: "upstream=strict rate=150 burst=5 retry_after=1 procs=4 workers=4 duration=8s", served: 0.85, refused: 0.002, early: 5},
+	{sim: "upstream=strict rate=150 burst=10 retry_after=1 procs=4 workers=4 duration=8s", served: 0.85, refused: 0.002, early: 5},
 	{sim: "upstream=nginx rate=50 burst=5 limit='100/s burst 5' retry_after=1 procs=4 workers=4 duration=8s", upstream: nginx, agrees: true, refused: 1},
 	{sim: "upstream=haproxy rate=50 limit='50/s burst 10' retry_after=1 procs=4 workers=4 duration=8s", upstream: haproxy, refused: 1},
 }
