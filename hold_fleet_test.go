@@ -16,7 +16,8 @@ import (
 // read, no request reaches the upstream for hold but those granted before
 // their process heard of the hold (its Pub/Sub message, which a loaded
 // machine can leave unread for a while after the hold is set), at most one
-// a goroutine; afterwards the fleet resumes at the limit, with the burst
+// a goroutine; afterwards the fleet resumes at the limit: after a refusal
+// evenly (it opened the key's rate), after a spent reading with the burst
 // the bucket refilled during the hold, which paused it and spent nothing.
 func runFleetHold(t *testing.T, status int, header, value string, hold time.Duration) {
 	srv := redistest.Start(t)

@@ -54,6 +54,9 @@ func (s *steerModel) step(tat, a, b, due, now int64) (int64, int64, bool, int64)
 
 // allow is bucket_allow.
 func (s *steerModel) allow(tat, a, b, cost, arrival, now int64) int64 {
+	if cost == 0 && s == nil {
+		return arrival
+	}
 	base, i, spread, after := s.step(tat, a, b, arrival, now)
 	t := max(arrival, base)
 	if !spread {
@@ -73,7 +76,7 @@ func resumeLate(a time.Duration) time.Duration { return min(a, time.Second) }
 func (s *steerModel) finish(tat, a, b, cost, due, now int64, free bool) int64 {
 	base, i, _, _ := s.step(tat, a, b, due, now)
 	finish := max(base, due) + cost*i
-	if s == nil && free && finish > due+(b-1)*i {
+	if s == nil && free && cost > 0 && finish > due+(b-1)*i {
 		return finish + resumeLate(time.Duration(i)*time.Microsecond).Microseconds()
 	}
 	return finish

@@ -250,6 +250,7 @@ end
 -- CEILING allows them: whatever a reading said, the bucket alone bounds
 -- the fleet (b + r*t), a window's spread and the burst at its reset too.
 local function bucket_allow(tat, steer, a, b, cost, arrival)
+  if cost == 0 and not steer then return arrival end -- nothing to take, whatever emptied left
   local base, i, spread, after = bucket_step(tat, steer, a, b, arrival)
   local t = arrival
   if base and base > t then t = base end
@@ -280,6 +281,6 @@ end
 local function bucket_finish(tat, steer, a, b, cost, due, free)
   local base, i = bucket_step(tat, steer, a, b, due)
   if not base or base < due then base = due end
-  if steer or not free then return base + cost * i end
+  if steer or not free or cost == 0 then return base + cost * i end
   return emptied(base + cost * i, i, b, due)
 end

@@ -81,8 +81,8 @@ if stored and stored > arrival then tat = stored end
 
 local finish = tat + cost * a
 local delay = finish - b * a - now
-if delay < arrival - now then delay = arrival - now end
-if delay == 0 then finish = emptied(finish, a, b, now) end
+if delay < arrival - now or cost == 0 then delay = arrival - now end
+if delay == 0 and cost > 0 then finish = emptied(finish, a, b, now) end
 if delay > tonumber(ARGV[4]) then
   return {0, delay, now, finish, 0, listening, recovered, other_a, other_b}
 end
