@@ -78,8 +78,13 @@ func TestInspect(t *testing.T) {
 	defer slot.Release()
 	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTooManyRequests) }))
 	defer refusing.Close()
+	quick, err := pace.NewRedis(c, pace.PerSecond(10).WithBurst(1), pace.WithFleetSize(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer quick.Close()
 	for range 2 { // the first opens the key's rate, the second, one request after, halves it
-		if resp, err := (&http.Client{Transport: &pace.Transport{Limiter: booked, Key: func(*http.Request) string { return "refused" }}}).Get(refusing.URL); err == nil {
+		if resp, err := (&http.Client{Transport: &pace.Transport{Limiter: quick, Key: func(*http.Request) string { return "refused" }}}).Get(refusing.URL); err == nil {
 			resp.Body.Close()
 		}
 	}
@@ -99,12 +104,16 @@ func TestInspect(t *testing.T) {
 		"pace:{deploy}#limits", "the fleet paces it at one every 1m0s, burst 1 (it lapses in ", "another process asks one every 1s, burst 1", "they disagree",
 		"pace:{refused}#rate", "cut to 50.0% of the configured rate", "what the upstream was found to accept",
 		"pace:{search}:5/m sliding", "sliding window", "3 grants kept, the oldest",
-		"pace:{tts}#slots:4 in flight", `slots of "4 in flight"`, "1 held, leases end in 2.9",
+		"pace:{tts}#slots:4 in flight", `slots of "4 in flight"`, "1 held, leases end in ",
 		"pace:{fleet}#default", `2 members: "host-a:1:aa", last heartbeat `, `; "host-b:2:bb", last heartbeat `,
 	} {
 		if !strings.Contains(report, want) {
 			t.Errorf("the report has no %q", want)
 		}
+	}
+	// A lease of 3 s, renewed while held: its end 2.9 s to 3.0 s away.
+	if !regexp.MustCompile(`leases end in (2\.9|3\.0)\d*s`).MatchString(report) {
+		t.Error("the report has no lease that ends in 2.9 s to 3.0 s")
 	}
 	// The heartbeats' ages, 400 ms and 1.2 s when written, and what the
 	// inspection took since.
