@@ -526,21 +526,18 @@ func checkDeadlineBooksNothing(t *testing.T, c redis.UniversalClient) {
 // would, and lets a shorter one through.
 func TestRedisMaxWait(t *testing.T) {
 	ctx := context.Background()
-	// 100 ms a token: the first wait goes at once, the second after 200 ms
-	// (the turns after a burst resume an interval late).
-	r := mustRedis(t, newTestRedis(t), PerSecond(10).WithBurst(1), WithMaxWait(250*time.Millisecond))
+	// 100 ms a token: the first wait goes at once, the second after 100 ms.
+	r := mustRedis(t, newTestRedis(t), PerSecond(10).WithBurst(1), WithMaxWait(150*time.Millisecond))
 	for i := range 2 {
 		if err := r.Wait(ctx, "k", 1); err != nil {
 			t.Fatalf("wait %d: %v", i, err)
 		}
 	}
-	for range 2 { // the next caller would wait about 300 ms
-		storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1, store.MaxLimits)}, MaxDelay, 0)
-	}
+	storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1, store.MaxLimits)}, MaxDelay, 0) // the next caller would wait about 200 ms
 	err := r.Wait(ctx, "k", 1)
 	var de *DeadlineError
-	if !errors.As(err, &de) || !errors.Is(err, context.DeadlineExceeded) || de.Budget != 250*time.Millisecond || de.Delay < 250*time.Millisecond {
-		t.Fatalf("Wait past the maximum wait: %v, want a *DeadlineError with a budget of 250ms", err)
+	if !errors.As(err, &de) || !errors.Is(err, context.DeadlineExceeded) || de.Budget != 150*time.Millisecond || de.Delay < 150*time.Millisecond {
+		t.Fatalf("Wait past the maximum wait: %v, want a *DeadlineError with a budget of 150ms", err)
 	}
 }
 
@@ -573,7 +570,7 @@ func checkCancelGivesBack(t *testing.T, c redis.UniversalClient) {
 		group.Go(func() { errs[i] = r.Wait(cctx, "k", 1) })
 		select {
 		case e := <-booked:
-			if want := time.Duration(i+1)*500*time.Millisecond + resumeLate(500*time.Millisecond); e.Delay > want || e.Delay < want-100*time.Millisecond {
+			if want := time.Duration(i+1) * 500 * time.Millisecond; e.Delay > want || e.Delay < want-100*time.Millisecond {
 				t.Fatalf("caller %d booked a wait of %v, want about %v", i, e.Delay, want)
 			}
 		case <-time.After(5 * time.Second):

@@ -68,16 +68,12 @@ func (s *steerModel) allow(tat, a, b, cost, arrival, now int64) int64 {
 	return t
 }
 
-// resumeLate is how late the turns after a burst that emptied a bucket of
-// interval a resume: emptied in common.lua.
-func resumeLate(a time.Duration) time.Duration { return min(a, time.Second) }
-
 // finish is bucket_finish.
 func (s *steerModel) finish(tat, a, b, cost, due, now int64, free bool) int64 {
 	base, i, _, _ := s.step(tat, a, b, due, now)
 	finish := max(base, due) + cost*i
-	if s == nil && free && cost > 0 && finish > due+(b-1)*i {
-		return finish + resumeLate(time.Duration(i)*time.Microsecond).Microseconds()
+	if s == nil && free && cost > 0 && b >= 2 && finish > due+(b-1)*i {
+		return finish + min(i, time.Second.Microseconds()) // emptied in common.lua
 	}
 	return finish
 }

@@ -180,10 +180,8 @@ func TestTransportCancelsPromptly(t *testing.T) {
 	case <-time.After(time.Second):
 		t.Fatalf("RoundTrip still waiting a second after its cancel (its turn was %v away)", delay)
 	}
-	// The first took the burst at once: the turns after it resume late.
-	turn := 10*time.Second + resumeLate(10*time.Second)
-	if b, err := storeOf(lim).Reserve(context.Background(), store.Request{Key: "upstream:80", Costs: uniform(1, store.MaxLimits)}, 0, 0); err != nil || b.Delay < turn-time.Second || b.Delay > turn {
-		t.Errorf("next caller would wait %v (%v), want under %v: the cancelled token came back", b.Delay, err, turn)
+	if b, err := storeOf(lim).Reserve(context.Background(), store.Request{Key: "upstream:80", Costs: uniform(1, store.MaxLimits)}, 0, 0); err != nil || b.Delay < 9*time.Second || b.Delay > 10*time.Second {
+		t.Errorf("next caller would wait %v (%v), want under 10s: the cancelled token came back", b.Delay, err)
 	}
 }
 

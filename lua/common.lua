@@ -260,8 +260,8 @@ local function bucket_allow(tat, steer, a, b, cost, arrival)
 end
 
 -- emptied is a bucket's TAT finish after a booking that goes at once, at
--- due: an interval later (a second at most) when it left the bucket
--- without a unit. The turns after a burst resume that late, so
+-- due: an interval later (a second at most) when it left a bucket of a
+-- burst (2 units or more) without a unit. The turns after a burst resume that late, so
 -- that a burst that reaches the upstream late (the first requests of a
 -- fleet open their connections; processes and the network bunch and
 -- spread arrivals) does not make the turns after it early at an upstream
@@ -270,7 +270,7 @@ end
 -- does not: its turns leave one process, not a fleet.
 local resume_late = 1000000
 local function emptied(finish, a, b, due)
-  if finish > due + (b - 1) * a then return finish + math.min(a, resume_late) end
+  if b >= 2 and finish > due + (b - 1) * a then return finish + math.min(a, resume_late) end
   return finish
 end
 

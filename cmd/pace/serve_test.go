@@ -348,8 +348,8 @@ func TestServeRefusesAWaitPastItsDeadline(t *testing.T) {
 	for _, header := range []string{"100ms", "0.5", "", "0", "100ms"} { // "": the route's max_wait of 30s
 		resp := get(header)
 		retry, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
-		if resp.StatusCode != http.StatusTooManyRequests || retry < 60 || retry > 61 {
-			t.Errorf("%s %q: %d with Retry-After %q, want 429 with the wait of about 61 s (a minute, and the second by which the turns after a burst resume late), nothing booked", maxWaitHeader, header, resp.StatusCode, resp.Header.Get("Retry-After"))
+		if resp.StatusCode != http.StatusTooManyRequests || retry < 59 || retry > 60 {
+			t.Errorf("%s %q: %d with Retry-After %q, want 429 with the wait of about 60 s, nothing booked", maxWaitHeader, header, resp.StatusCode, resp.Header.Get("Retry-After"))
 		}
 	}
 	if resp := get("soon"); resp.StatusCode != http.StatusBadRequest {
@@ -617,8 +617,8 @@ func TestServeOperable(t *testing.T) {
 
 // TestServeShadow: a route with shadow: true at 1/m burst 1 sends three
 // requests at once, and its metrics record the waits pacing would have
-// imposed: about a minute and two, each a second more after the burst (a
-// wait that passes max_wait, 90 s, is recorded refused, and goes too).
+// imposed: about a minute and two (a wait that passes max_wait, 90 s, is
+// recorded refused, and goes too).
 func TestServeShadow(t *testing.T) {
 	var n atomic.Int64
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { n.Add(1) }))
@@ -649,12 +649,8 @@ func TestServeShadow(t *testing.T) {
 	if took > 2*time.Second || n.Load() != 3 {
 		t.Errorf("3 requests on a shadow route took %v, %d reached the upstream; want at once, and all", took, n.Load())
 	}
-	var total float64
-	if sum != nil {
-		total, _ = strconv.ParseFloat(sum[1], 64)
-	}
-	if total < 59 || total > 61.5 {
-		t.Errorf("the waits recorded: %v, want a sum of about 61 s (0, and a minute and the second by which the turns after a burst resume late)", sum)
+	if sum == nil || !strings.HasPrefix(sum[1], "59.") && !strings.HasPrefix(sum[1], "60") {
+		t.Errorf("the waits recorded: %v, want a sum of about 60 s (0 and a minute)", sum)
 	}
 	if refused == nil || refused[1] != "1" {
 		t.Errorf("refusals recorded: %v, want 1 (the third, 2 minutes away, past max_wait)", refused)
