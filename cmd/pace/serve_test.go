@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -654,5 +655,41 @@ func TestServeShadow(t *testing.T) {
 	}
 	if refused == nil || refused[1] != "1" {
 		t.Errorf("refusals recorded: %v, want 1 (the third, 2 minutes away, past max_wait)", refused)
+	}
+}
+
+// TestServeIgnoreHolds: an upstream that answers its first request 429
+// with Retry-After: 5. On a route that heeds holds, the next request is
+// refused by pace at once (its wait would pass the client's X-Pace-Max-Wait
+// of 1 s); on one with ignore_holds: true it goes. The embedded store.
+func TestServeIgnoreHolds(t *testing.T) {
+	for _, ignore := range []bool{false, true} {
+		var asked atomic.Int64
+		upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if asked.Add(1) == 1 {
+				w.Header().Set("Retry-After", "5")
+				w.WriteHeader(http.StatusTooManyRequests)
+			}
+		}))
+		defer upstream.Close()
+		_, base := startServe(t, fmt.Sprintf("routes:\n  - {name: api, upstream: '%s', limit: 100/s, ignore_holds: %v}\n", upstream.URL, ignore))
+		var statuses []int
+		for range 2 {
+			req, _ := http.NewRequest(http.MethodGet, base+"/", nil)
+			req.Header.Set(maxWaitHeader, "1s")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			statuses = append(statuses, resp.StatusCode)
+		}
+		want, wantAsked := []int{http.StatusTooManyRequests, http.StatusTooManyRequests}, int64(1)
+		if ignore {
+			want[1], wantAsked = http.StatusOK, 2
+		}
+		if !slices.Equal(statuses, want) || asked.Load() != wantAsked {
+			t.Errorf("ignore_holds: %v: answered %v, the upstream asked %d times; want %v, %d", ignore, statuses, asked.Load(), want, wantAsked)
+		}
 	}
 }
