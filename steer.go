@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"math"
+	"slices"
 	"strconv"
 	"time"
 
@@ -224,18 +225,26 @@ func (loc *Local) heed(ctx context.Context, key string, t ticket, w headers.Word
 }
 
 // explains reports whether w explains its refusal for n: a reading of one
-// of the limits with no unit left, which steers the key's buckets. Any
-// other refusal steers the key's rate (see internal/steer), one that
-// Retry-After explains too: the hold pauses the fleet, but the refusal
-// says it went too fast (or others spend the quota, or jitter ate the
-// burst), and the rate, which has no burst, ends the hold softly.
+// of the limits with no unit left, which steers the key's buckets; or a
+// hold of the key beside readings of its limits, which steer them while
+// the hold pauses it. Any other refusal steers the key's rate (see
+// internal/steer), one that a hold alone explains too: the hold pauses
+// the fleet, but the refusal says it went too fast (or others spend the
+// quota, or jitter ate the burst), and the rate, which has no burst, ends
+// the hold softly. (Where counters steer a window, the rate, which paces
+// at the configured limit's rate, an hourly quota's, would end it late.)
 func (n namedLimits) explains(w headers.Word) bool {
+	read := false
 	for _, r := range w.Readings {
-		if r.Remaining == 0 && n.limitOf(r.Name, r.OwnQuota, len(w.Readings) == 1) >= 0 {
+		if n.limitOf(r.Name, r.OwnQuota, len(w.Readings) == 1) < 0 {
+			continue
+		}
+		if r.Remaining == 0 {
 			return true
 		}
+		read = true
 	}
-	return false
+	return read && slices.ContainsFunc(w.Holds, n.holds)
 }
 
 // limitOf returns the index of the limit that a reading of the upstream's
