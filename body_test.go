@@ -24,19 +24,26 @@ func tokensUsed(t *testing.T, lim pacer, key string) int {
 }
 
 // streamServer streams the OpenAI sample's chunks, one at a time, each once
-// the test says so on next (closed: all the rest at once).
+// the test says so on next (closed: all the rest at once). A test that
+// ends first (a failure) ends the stream: the server's Close waits for it.
 func streamServer(t *testing.T, next <-chan struct{}) *httptest.Server {
 	chunks := strings.SplitAfter(apiSample(t, "openai-stream.txt"), "\n\n")
+	ended := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.(http.Flusher).Flush() // the headers, before any chunk
 		for _, chunk := range chunks {
-			<-next
+			select {
+			case <-next:
+			case <-ended:
+				return
+			}
 			io.WriteString(w, chunk)
 			w.(http.Flusher).Flush()
 		}
 	}))
 	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(ended) }) // cleanups run last first: before the Close
 	return srv
 }
 
