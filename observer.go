@@ -102,8 +102,8 @@ const (
 	// limit (Reason) can ever hold, or a debt that would delay Key beyond
 	// the limiter's MaxHold, and was capped, as Reason says.
 	EventSettleCapped
-	// EventRate: the upstream refused a request of Key without saying why
-	// (a 429 or 503 with neither Retry-After nor counters that explain it),
+	// EventRate: the upstream refused a request of Key and no counters
+	// explain it (a 429 or 503, with a Retry-After or without),
 	// and Key's rate was cut to Rate, a share of its configured rate, for
 	// the whole fleet, back at its configured rate within Delay unless
 	// refused again; or (Rate 1) it is back at its configured rate.

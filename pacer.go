@@ -63,7 +63,7 @@ type heedScope struct {
 	// counters: the upstream's counters steer the key on a Redis (see
 	// Transport.IgnoreCounters).
 	counters bool
-	// refusals: a refusal that neither a Retry-After nor the counters
-	// explain cuts the key's rate (see Transport.IgnoreRefusals).
+	// refusals: a refusal that the counters do not explain cuts the
+	// key's rate (see Transport.IgnoreRefusals).
 	refusals bool
 }

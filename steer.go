@@ -275,7 +275,7 @@ func (n namedLimits) holds(h headers.Hold) bool {
 func reportRate(ctx context.Context, o Observer, limiter, key string, share int64, status int) {
 	reason := "recovered"
 	if share < steer.Full {
-		reason = strconv.Itoa(status) + " without Retry-After or counters"
+		reason = strconv.Itoa(status) + " that no counters explain"
 	}
 	e := Event{Kind: EventRate, Limiter: limiter, Key: key, Rate: float64(share) / steer.Full, Reason: reason}
 	if share < steer.Full {

@@ -109,8 +109,8 @@ type Transport struct {
 
 	// IgnoreRefusals stops the Transport from cutting a key's rate, on
 	// Local or Redis, when the upstream refuses a request (a 429 or 503)
-	// without a Retry-After or counters that explain it, which it does by
-	// default: see EventRate, and docs/counters.md. A Rule can turn it off for its requests alone.
+	// that no counters explain, also one with a Retry-After, which it does
+	// by default: see EventRate, and docs/counters.md. A Rule can turn it off for its requests alone.
 	IgnoreRefusals bool
 
 	// Rules, if set, decide each request's limiter, key and cost, and
@@ -136,9 +136,9 @@ var _ http.RoundTripper = (*Transport)(nil)
 // when it says the quota is spent (headers.ParseHold), the key is held;
 // when it states the upstream's counters (headers.ParseReadings), they
 // steer the key on a Redis (Redis.Sync), unless IgnoreCounters; when it refuses
-// the request without saying why (a 429 or 503, with neither Retry-After nor
-// counters that explain it), the key's rate is cut on Local or Redis (see
-// EventRate), unless IgnoreRefusals. Under a cap in flight (Concurrent),
+// the request and no counters explain it (a 429 or 503, with a Retry-After or
+// without), the key's rate is cut on Local or Redis (see EventRate), unless
+// IgnoreRefusals. Under a cap in flight (Concurrent),
 // the request holds a slot from before its rate wait until its response
 // body reaches EOF or is closed, or Base fails.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {

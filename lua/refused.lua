@@ -1,6 +1,6 @@
--- Takes what became of a request whose response said nothing of why: the
--- upstream refused it (a 429 or 503 without Retry-After or counters that
--- explain it), or served it while the key's rate listens for a success
+-- Takes what became of a request whose response no counters explain: the
+-- upstream refused it (a 429 or 503, with a Retry-After or without), or
+-- served it while the key's rate listens for a success
 -- (see internal/steer/rate.go for the controller, and rate.lua).
 --
 -- The first refusal opens the key's rate, cuts nothing, and wakes the

@@ -12,9 +12,10 @@ import (
 	"github.com/fleetpace/pace/internal/store"
 )
 
-// When the upstream refuses a request (a 429 or a 503) and neither a
-// Retry-After nor its counters say why, the configured limit may be above
-// what the upstream accepts, or the refusal may be noise: the jitter
+// When the upstream refuses a request (a 429 or a 503) and its counters do
+// not say why (a Retry-After only says how long to wait), the configured
+// limit may be above what the upstream accepts, or the refusal may be
+// noise: the jitter
 // between a grant and its arrival upstream, a burst at a limit that is
 // right. The key's rate weighs each refusal by the requests that went
 // without one, as DCTCP (RFC 8257) weighs its marks by the share of the
