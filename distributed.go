@@ -119,6 +119,9 @@ func newRedis(q Quota, now func() time.Time, opts ...RedisOption) (*Redis, error
 	if err := r.config.validate(); err != nil {
 		return nil, err
 	}
+	if r.config.dryRun {
+		r.config.prefix += dryRunPrefix // see WithDryRun
+	}
 	if r.cap, err = keptCap(r.cap, &r.config.commonConfig); err != nil {
 		return nil, err
 	}

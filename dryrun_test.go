@@ -153,3 +153,44 @@ func TestDryRunKeepsNoCap(t *testing.T) {
 func containsAll(s string, parts ...string) bool {
 	return !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(s, p) })
 }
+
+// TestDryRunBooksItsOwnSchedule: a dry run at 4/s books 200 requests
+// (its schedule 50 s ahead) on a key, prefix and Redis it shares with
+// enforcing limiters: an enforcing one at 40/s burst 40 beside it (a
+// replica the rollout left enforcing) goes its whole burst at once; the
+// dry run turned off (a limiter like it, enforcing) lets its first
+// request go at once, where the dry run's schedule would hold it for
+// 50 s. A dry run's bookings are its own; the fleet's dry runs share them
+// (a second one waits behind the first's 200).
+func TestDryRunBooksItsOwnSchedule(t *testing.T) {
+	c := scriptRedis(t)
+	prefix := WithPrefix("dry-own-" + time.Now().Format("150405.000000") + ":")
+	slow := mustParseLimit(t, "4/s burst 1")
+	dry := mustRedis(t, c, slow, WithFleetSize(1), sharedOnly, prefix, WithDryRun())
+	for range 200 {
+		if err := dry.Wait(context.Background(), "api", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := WithWaitBudget(context.Background(), 0)
+	enforcing := mustRedis(t, c, mustParseLimit(t, "40/s burst 40"), WithFleetSize(1), sharedOnly, prefix)
+	for i := range 40 {
+		if err := enforcing.Wait(now, "api", 1); err != nil {
+			t.Fatalf("enforcing at 40/s burst 40, request %d beside a dry run: %v; want its burst at once", i+1, err)
+		}
+	}
+	if err := mustRedis(t, c, slow, WithFleetSize(1), sharedOnly, prefix).Wait(now, "other", 1); err != nil {
+		t.Fatalf("a first request on a fresh key: %v", err)
+	}
+	var log dueLog
+	second := mustRedis(t, c, slow, WithFleetSize(1), sharedOnly, prefix, WithDryRun(), WithObserver(log.observe))
+	if err := second.Wait(context.Background(), "api", 1); err != nil {
+		t.Fatal(err)
+	}
+	if d := log.waits(); len(d) != 1 || d[0] < 40*time.Second {
+		t.Errorf("a second dry run of the fleet after 200 booked at 4/s: waits %v, want one of 40 s or more (the dry runs share their schedule)", d)
+	}
+	if err := mustRedis(t, c, slow, WithFleetSize(1), sharedOnly, prefix).Wait(now, "api", 1); err == nil {
+		t.Errorf("4/s enforcing on the key the 40 at 40/s just spent: went at once; want it refused (the enforcing schedule is theirs, not the dry run's)")
+	}
+}

@@ -142,10 +142,17 @@ func WithMaxWait(d time.Duration) Option {
 // one another (users' requests, a queue's consumers that do not block on
 // pace), its waits are those pacing would impose; a worker that sends one
 // request after another would send fewer when paced, and records more.
-// A dry run books on the keys it shares with any enforcing limiter.
+// A Redis dry run books on keys of its own (its prefix, then "dry-run:"),
+// which the fleet's dry runs share and no enforcing limiter reads: a dry
+// run beside enforcing replicas does not pace them, and turning it off
+// starts from the enforcing schedule, not from the one it booked.
 func WithDryRun() Option {
 	return commonOption(func(c *commonConfig) { c.dryRun = true })
 }
+
+// dryRunPrefix follows a dry run's prefix in its Redis keys.
+const dryRunPrefix = "dry-run:"
+
 
 // WithMaxHold bounds every delay the upstream's word can cause a key: a
 // hold (capped at d, with EventHoldCapped), the reset of a window its

@@ -619,7 +619,8 @@ func TestServeOperable(t *testing.T) {
 // TestServeShadow: a route with shadow: true at 1/m burst 1 sends three
 // requests at once, and its metrics record the waits pacing would have
 // imposed: about a minute and two (a wait that passes max_wait, 90 s, is
-// recorded refused, and goes too).
+// recorded refused, and goes too). Then the route enforcing, on the same
+// Redis, lets its first request go at once.
 func TestServeShadow(t *testing.T) {
 	var n atomic.Int64
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { n.Add(1) }))
@@ -655,6 +656,19 @@ func TestServeShadow(t *testing.T) {
 	}
 	if refused == nil || refused[1] != "1" {
 		t.Errorf("refusals recorded: %v, want 1 (the third, 2 minutes away, past max_wait)", refused)
+	}
+	// The rollout's next step: the route enforcing, on the same Redis. The
+	// shadow's bookings were its own: the first request goes at once.
+	_, enforcing := startServe(t, fmt.Sprintf("redis: redis://%s\nroutes:\n  - {name: api, path: /api/, upstream: '%s', limit: 1/m burst 1, max_wait: 90s}\n", redisServer.Addr, upstream.URL))
+	req, _ := http.NewRequest(http.MethodGet, enforcing+"/api/", nil)
+	req.Header.Set(maxWaitHeader, "1s")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("the route enforcing after its shadow booked 3: %s, want 200 at once (a shadow's bookings are its own)", resp.Status)
 	}
 }
 
