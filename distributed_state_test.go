@@ -295,8 +295,8 @@ func TestStateFarFuture(t *testing.T) {
 }
 
 // TestStateFixedWindowBacklog: a fixed window of 1 a second with 100
-// callers books 64 windows ahead; the callers beyond get a *KeyError, which
-// concerns their key alone: it is not an outage. (Calls are allowed a
+// callers books 64 windows ahead; the callers beyond are refused, as beyond
+// any wait (a *DeadlineError): it is not an outage, nor foreign data. (Calls are allowed a
 // second: 100 callers at once on a loaded machine can keep one past the
 // default 50 ms, which is an outage of its own, not the one asked about.)
 func TestStateFixedWindowBacklog(t *testing.T) {
@@ -304,22 +304,22 @@ func TestStateFixedWindowBacklog(t *testing.T) {
 	r := mustRedis(t, newTestRedis(t), FixedWindow(1, time.Second), WithObserver(log.observe), WithCallTimeout(time.Second))
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	var keyErrs atomic.Int32
+	var beyond atomic.Int32
 	for range 100 {
 		wg.Go(func() {
-			var keyErr *KeyError
-			if err := r.Wait(ctx, "k", 1); errors.As(err, &keyErr) && strings.Contains(err.Error(), "64 windows ahead") {
-				keyErrs.Add(1)
+			var late *DeadlineError
+			if err := r.Wait(ctx, "k", 1); errors.As(err, &late) && late.Delay > MaxDelay {
+				beyond.Add(1)
 			}
 		})
 	}
-	for deadline := time.Now().Add(5 * time.Second); keyErrs.Load() < 100-65 && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(5 * time.Second); beyond.Load() < 100-65 && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
 	}
 	cancel()
 	wg.Wait()
-	if n := keyErrs.Load(); n < 100-65 {
-		t.Errorf("%d callers told the window is booked 64 windows ahead, want the 35 or more beyond 64 (and the first)", n)
+	if n := beyond.Load(); n < 100-65 {
+		t.Errorf("%d callers refused as beyond any wait, want the 35 or more beyond 64 windows (and the first)", n)
 	}
 	if e, ok := log.last(EventFallback); ok {
 		t.Errorf("a key's backlog was taken for an outage: %+v", e)

@@ -430,6 +430,44 @@ func TestFixedWindowWaitsForTheNext(t *testing.T) {
 	}
 }
 
+// TestFixedWindowBeyondReach: a fixed window whose windows within reach
+// are full (quota.lua searches 64 ahead; a calendar's days or months as
+// far as the process listed them, 6 at least) refuses a request as one
+// beyond any wait, a *DeadlineError, not an error of the key's data.
+func TestFixedWindowBeyondReach(t *testing.T) {
+	ctx := context.Background()
+	c := newTestRedis(t)
+	for _, tc := range []struct {
+		q     Quota
+		reach int
+	}{{FixedWindow(1, time.Hour), 64}, {Daily(1, time.UTC), 6}} {
+		r := mustRedis(t, c, tc.q, WithFleetSize(1))
+		booked := 0
+		for ; booked <= 64; booked++ {
+			b, err := storeOf(r).Reserve(ctx, store.Request{Key: "k", Costs: uniform(1, store.MaxLimits)}, MaxDelay, 0)
+			if err != nil {
+				t.Fatalf("%v: booking %d: %v; want it granted or refused", tc.q, booked+1, err)
+			}
+			if !b.Granted {
+				if b.Delay <= MaxDelay {
+					t.Errorf("%v: booking %d refused after %v, want beyond any wait (MaxDelay)", tc.q, booked+1, b.Delay)
+				}
+				break
+			}
+		}
+		if booked < tc.reach || booked > 64 {
+			t.Errorf("%v: %d windows booked ahead before a refusal, want %d to 64", tc.q, booked, tc.reach)
+		}
+		wctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := r.Wait(wctx, "k", 1)
+		cancel()
+		var late *DeadlineError
+		if !errors.As(err, &late) {
+			t.Errorf("%v: a Wait with the windows within reach full: %v, want a *DeadlineError", tc.q, err)
+		}
+	}
+}
+
 // TestQuotaHoldAndFallback: a hold stops a key under every kind of limit of
 // its quota; and while Redis is away, the quota falls back to one bucket no
 // looser than any of its limits.

@@ -99,10 +99,10 @@ func waitBudget(ctx context.Context, maxWait time.Duration, now time.Time) time.
 }
 
 // A KeyError reports that what Redis holds for one key is not what pace
-// wrote there (a value of another type or form, or a time further ahead than
-// any pace books), or a fixed window booked more than 64 windows ahead. It
-// concerns that key alone: Redis is not failing, and other keys go on.
-// Deleting the Redis key, or letting it expire, heals it. Its fields are
+// wrote there (a value of another type or form, or a time further ahead
+// than any pace books). It concerns that key alone: Redis is not failing,
+// and other keys go on. Deleting the Redis key, or letting it expire,
+// heals it. Its fields are
 // Key (the key, as the caller named it), RedisKey (the Redis key at fault)
 // and Problem (what is wrong there); its Error names all three.
 type KeyError = store.KeyError

@@ -153,7 +153,6 @@ func WithDryRun() Option {
 // dryRunPrefix follows a dry run's prefix in its Redis keys.
 const dryRunPrefix = "dry-run:"
 
-
 // WithMaxHold bounds every delay the upstream's word can cause a key: a
 // hold (capped at d, with EventHoldCapped), the reset of a window its
 // counters steer and the window of a limit learned (a reading of either

@@ -80,15 +80,17 @@ if rate then
 end
 
 -- A fixed window allows the windows with room: move on to the first one,
--- until every fixed window agrees (the thresholds above stay met).
+-- until every fixed window agrees (the thresholds above stay met). None
+-- with room within 64 windows (or the calendar's end): the request is
+-- refused, as one beyond any wait, the time searched at least.
 local windows = {}
-local moved = true
-while moved do
+local moved, beyond = true, false
+while moved and not beyond do
   moved = false
   for i = 1, n do
     if kinds[i] == 3 then
       local start, finish, field = window_at(specs[i], due)
-      local room = false
+      local room, searched = false, due
       for _ = 1, 64 do
         if not start then break end
         local used = number(i, redis.call('HGET', KEYS[i], field), 2^53) or 0
@@ -96,10 +98,12 @@ while moved do
           room = true
           break
         end
+        searched = finish
         start, finish, field = window_at(specs[i], finish)
       end
       if not room then
-        foreign(i, 'is booked more than 64 windows ahead (a calendar: 6 of its days or months)')
+        due, beyond = math.max(searched, now + tonumber(ARGV[1]) + 1), true
+        break
       end
       if start > due then
         due = start
