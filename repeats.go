@@ -30,26 +30,37 @@ const maxRepeated = 1024
 
 // lengthen doubles each hold of w that repeats, for key, when the last one
 // came so shortly before, up to max; w from a success forgets key's last.
-func (r *repeatedHolds) lengthen(key string, w *headers.Word, max time.Duration) {
+// A refusal of a request sent before the last hold began is of the same
+// event (requests in flight together, all refused): it holds the key no
+// longer than the last hold does, and doubles nothing.
+func (r *repeatedHolds) lengthen(key string, w *headers.Word, sent time.Time, max time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if w.Status >= 200 && w.Status < 300 {
 		delete(r.last, key)
 		return
 	}
-	for i, h := range w.Holds {
-		if !h.Repeats {
-			continue
-		}
-		if last, ok := r.last[key]; ok && w.At.Before(last.end.Add(last.length)) && h.For < 2*last.length {
+	holds := w.Holds[:0]
+	for _, h := range w.Holds {
+		last, ok := r.last[key]
+		switch {
+		case !h.Repeats:
+		case ok && sent.Before(last.end.Add(-last.length)):
+			if h.For = min(h.For, last.end.Sub(w.At)); h.For <= 0 {
+				continue // the event's hold is over
+			}
+		case ok && w.At.Before(last.end.Add(last.length)) && h.For < 2*last.length:
 			h.For = min(2*last.length, max)
 			if h.For == max && h.Asked == 0 {
 				h.Asked = 2 * last.length
 			}
+			fallthrough
+		default:
+			r.remember(key, repeatedHold{length: h.For, end: w.At.Add(h.For)}, w.At)
 		}
-		w.Holds[i] = h
-		r.remember(key, repeatedHold{length: h.For, end: w.At.Add(h.For)}, w.At)
+		holds = append(holds, h)
 	}
+	w.Holds = holds
 }
 
 // remember keeps hold as key's last, first dropping, when there are

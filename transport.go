@@ -161,12 +161,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			p.slot.Release() // Base failed, or panicked
 		}
 	}()
+	sent := time.Now()
 	resp, err := t.base().RoundTrip(req)
 	if err != nil || resp == nil {
 		return resp, err
 	}
 	arrival := time.Now()
-	p.heed(req.Context(), resp, arrival, &t.repeats)
+	p.heed(req.Context(), resp, sent, arrival, &t.repeats)
 	if p.slot != nil || (p.res != nil && p.settle != nil) || p.readsBody() {
 		resp.Body, handed = p.endingBody(req.Context(), resp, arrival), true
 	}
@@ -295,13 +296,14 @@ func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(
 	return p, err
 }
 
-// heed hands what resp, which arrived at arrival, says of p's key to p's
-// limiter, when it is pace's own: its holds (unless p's scope ignores
-// them), counters and refusals, each hold that repeats lengthened by repeats. A refusal's body is read first,
+// heed hands what resp, to the request sent at sent, which arrived at
+// arrival, says of p's key to p's limiter, when it is pace's own: its holds
+// (unless p's scope ignores them), counters and refusals, each hold that
+// repeats lengthened by repeats. A refusal's body is read first,
 // up to headers.BodySize, for the hold it asks for (headers.HearBody), and
 // passed on whole. It runs past the request's context: the response has been
 // counted already. Failures reach the limiter's observer.
-func (p paced) heed(ctx context.Context, resp *http.Response, arrival time.Time, repeats *repeatedHolds) {
+func (p paced) heed(ctx context.Context, resp *http.Response, sent, arrival time.Time, repeats *repeatedHolds) {
 	if p.pacer == nil {
 		return
 	}
@@ -313,7 +315,7 @@ func (p paced) heed(ctx context.Context, resp *http.Response, arrival time.Time,
 		headers.HearBody(&w, body.start, p.pacer.longestHold())
 		body.held = len(w.Holds) > 0
 	}
-	repeats.lengthen(p.key, &w, p.pacer.longestHold())
+	repeats.lengthen(p.key, &w, sent, p.pacer.longestHold())
 	p.pacer.heedWord(ctx, p.key, p.grant, w, p.scope)
 }
 
