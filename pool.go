@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -87,33 +88,62 @@ func (c Credential) String() string { return c.Name }
 // GoString returns the credential's name, never its secret.
 func (c Credential) GoString() string { return fmt.Sprintf("pace.Credential{Name: %q}", c.Name) }
 
+// MarshalText returns the credential's name, never its secret: what
+// encoders that heed it (JSON, XML, YAML, slog's handlers) write.
+func (c Credential) MarshalText() ([]byte, error) { return []byte(c.Name), nil }
+
+// MarshalBinary returns the credential's name, never its secret: what gob
+// writes.
+func (c Credential) MarshalBinary() ([]byte, error) { return []byte(c.Name), nil }
+
 // checked reports what makes p unusable (see Check), checked once.
 func (p *Pool) checked() error {
 	p.checking.Do(func() { p.mistake = p.Check() })
 	return p.mistake
 }
 
-// Check reports what makes p unusable, naming the credential at fault: no
-// credentials, a name used twice or that is not letters, digits, '-', '_'
-// and '.', an empty secret. A Transport finds the same at its first
-// request, and fails each.
+// Check reports what makes p unusable, naming the credential at fault (and
+// never its secret): no credentials, a name used twice or that is not
+// letters, digits, '-', '_' and '.', a secret held by an earlier credential
+// too (its quota would be spent twice as fast as either key's counts); and,
+// unless Apply puts the secrets, an empty secret, or one that cannot be a
+// header value (a control character, or spaces around it, which the
+// upstream would trim). A Transport finds the same at its first request,
+// and fails each.
 func (p *Pool) Check() error {
 	if len(p.Credentials) == 0 {
 		return errors.New("pace: Pool has no Credentials")
 	}
-	seen := make(map[string]bool, len(p.Credentials))
+	names := make(map[string]bool, len(p.Credentials))
+	secrets := make(map[string]string, len(p.Credentials))
 	for i, c := range p.Credentials {
 		switch {
 		case !credentialName(c.Name):
 			return fmt.Errorf("pace: Pool.Credentials[%d]: name %q: want letters, digits, '-', '_' or '.', one at least", i, c.Name)
-		case seen[c.Name]:
+		case names[c.Name]:
 			return fmt.Errorf("pace: Pool.Credentials[%d]: name %q is taken by an earlier credential", i, c.Name)
-		case c.Secret == "" && p.Apply == nil:
+		case c.Secret != "" && secrets[c.Secret] != "":
+			return fmt.Errorf("pace: Pool.Credentials[%d] %q: its secret is %q's too: one key's quota would be counted as two; give each credential its own secret", i, c.Name, secrets[c.Secret])
+		case p.Apply != nil:
+		case c.Secret == "":
 			return fmt.Errorf("pace: Pool.Credentials[%d] %q: empty secret", i, c.Name)
+		case !headerValue(c.Secret):
+			return fmt.Errorf("pace: Pool.Credentials[%d] %q: its secret cannot be a header value (a control character such as a newline, or spaces around it): check how it was read", i, c.Name)
 		}
-		seen[c.Name] = true
+		names[c.Name], secrets[c.Secret] = true, c.Name
 	}
 	return nil
+}
+
+// headerValue reports whether v can be sent as a header value as it is:
+// no control character but a tab, no space or tab around it.
+func headerValue(v string) bool {
+	for _, c := range []byte(v) {
+		if c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return strings.TrimSpace(v) == v
 }
 
 // credentialName reports whether name may name a credential: it ends a

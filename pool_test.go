@@ -1,10 +1,15 @@
 package pace
 
 import (
+	"bytes"
 	"context"
+	"encoding/gob"
+	"encoding/json"
+	"encoding/xml"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -53,6 +58,10 @@ func TestPoolMistakes(t *testing.T) {
 		{"a colon", &Pool{Credentials: []Credential{{Name: "a:tokens", Secret: "s"}}}, loc, `name "a:tokens"`},
 		{"twice", testPool("A", "B", "A"), loc, `Credentials[2]: name "A" is taken`},
 		{"no secret", &Pool{Credentials: []Credential{{Name: "A"}}}, loc, `Credentials[0] "A": empty secret`},
+		{"one secret twice", &Pool{Credentials: []Credential{{Name: "A", Secret: "sk-1"}, {Name: "B", Secret: "sk-2"}, {Name: "C", Secret: "sk-1"}}}, loc, `Credentials[2] "C": its secret is "A"'s too`},
+		{"a newline", &Pool{Credentials: []Credential{{Name: "A", Secret: "sk-1\n"}}}, loc, `Credentials[0] "A": its secret cannot be a header value`},
+		{"a space around", &Pool{Credentials: []Credential{{Name: "A", Secret: " sk-1"}}}, loc, `Credentials[0] "A": its secret cannot be a header value`},
+		{"a NUL", &Pool{Credentials: []Credential{{Name: "A", Secret: "sk\x001"}}}, loc, `Credentials[0] "A": its secret cannot be a header value`},
 		{"capped", testPool("A", "B"), capped, "cannot share a quota with a cap in flight"},
 		{"no limiter", testPool("A"), nil, "Pool without a Limiter"},
 		{"a user's limiter", testPool("A"), LimiterFunc(func(context.Context, string, int) error { return nil }), "needs a limiter that chooses, Local or Redis"},
@@ -192,6 +201,57 @@ func checkPoolBooksOnce(t *testing.T, c redis.UniversalClient) {
 	}
 	if gap := last.Due() - late.Due(); gap > 1_100_000 {
 		t.Errorf("the booking after went %d us after the third on its key, want a second: the third was booked twice", gap)
+	}
+}
+
+// TestPoolMistakesNameNoSecret: Check's errors name the credential, never
+// its secret; a Pool whose Apply puts the secrets may hold secrets that
+// are no header values, or none.
+func TestPoolMistakesNameNoSecret(t *testing.T) {
+	err := (&Pool{Credentials: []Credential{{Name: "A", Secret: "sk-secret-1"}, {Name: "B", Secret: "sk-secret-1"}}}).Check()
+	if err == nil || strings.Contains(err.Error(), "sk-secret") {
+		t.Errorf("a secret twice: %v, want an error without the secret", err)
+	}
+	apply := func(req *http.Request, c Credential) { req.Header.Set("X-Key", c.Name) }
+	if err := (&Pool{Credentials: []Credential{{Name: "A", Secret: "line\n"}, {Name: "B"}, {Name: "C"}}, Apply: apply}).Check(); err != nil {
+		t.Errorf("secrets that Apply puts: %v, want none", err)
+	}
+}
+
+// TestCredentialEncodesNoSecret: every encoder a program may hand a
+// Credential or a Pool to (fmt's verbs, JSON, XML, gob, slog's JSON and
+// text handlers) writes the credential's name, never its secret.
+func TestCredentialEncodesNoSecret(t *testing.T) {
+	const secret = "sk-live-0123456789"
+	c := Credential{Name: "A", Secret: secret}
+	pool := &Pool{Credentials: []Credential{c}}
+	var out []string
+	out = append(out, fmt.Sprintf("%v %+v %#v %s %q", c, c, c, c, c), fmt.Sprintf("%v %+v", pool, pool))
+	type doc struct{ Credentials []Credential }
+	x, err := xml.Marshal(doc{[]Credential{c}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = append(out, string(x))
+	// A Pool's Apply, a func, is no value JSON or gob encode: they refuse
+	// a Pool, and write nothing; a Credential they encode.
+	for _, v := range []any{c, []Credential{c}, map[string]Credential{"k": c}, pool} {
+		_, isPool := v.(*Pool)
+		j, jerr := json.Marshal(v)
+		var g bytes.Buffer
+		gerr := gob.NewEncoder(&g).Encode(v)
+		if err := errors.Join(jerr, gerr); err != nil && !isPool {
+			t.Errorf("encoding %T: %v", v, err)
+		}
+		var logs bytes.Buffer
+		slog.New(slog.NewJSONHandler(&logs, nil)).Info("pool", "credential", v)
+		slog.New(slog.NewTextHandler(&logs, nil)).Info("pool", "credential", v)
+		out = append(out, string(j)+g.String()+logs.String())
+	}
+	for _, text := range out {
+		if strings.Contains(text, secret) || !strings.Contains(text, "A") {
+			t.Errorf("an encoding of a credential: %q; want its name, never its secret", text)
+		}
 	}
 }
 

@@ -57,6 +57,8 @@ func TestServeConfigErrors(t *testing.T) {
 	t.Setenv("PACE_TEST_KEY", "sk-test")
 	t.Setenv("PACE_TEST_KEY2", "sk-test-2")
 	t.Setenv("PACE:KEY", "sk-test-3")
+	t.Setenv("PACE_TEST_KEY_COPY", "sk-test")
+	t.Setenv("PACE_TEST_KEY_LINE", "sk-test-4\n")
 	route := func(extra string) string {
 		return "routes:\n  - name: api\n    upstream: http://127.0.0.1:1/v1\n" + extra
 	}
@@ -82,6 +84,8 @@ func TestServeConfigErrors(t *testing.T) {
 		"empty pool":             {route("    limit: 1/s\n    api_keys_env: []\n"), "api_keys_env: want one variable at least"},
 		"pool key unset":         {route("    limit: 1/s\n    api_keys_env: [PACE_TEST_KEY, PACE_TEST_EMPTY]\n"), `api_keys_env "PACE_TEST_EMPTY": that variable is empty or unset`},
 		"pool key twice":         {route("    limit: 1/s\n    api_keys_env: [PACE_TEST_KEY, PACE_TEST_KEY2, PACE_TEST_KEY]\n"), `api_keys_env: pace: Pool.Credentials[2]: name "PACE_TEST_KEY" is taken`},
+		"pool secret twice":      {route("    limit: 1/s\n    api_keys_env: [PACE_TEST_KEY, PACE_TEST_KEY_COPY]\n"), `api_keys_env: pace: Pool.Credentials[1] "PACE_TEST_KEY_COPY": its secret is "PACE_TEST_KEY"'s too`},
+		"pool secret newline":    {route("    limit: 1/s\n    api_keys_env: [PACE_TEST_KEY_LINE]\n"), `api_keys_env: pace: Pool.Credentials[0] "PACE_TEST_KEY_LINE": its secret cannot be a header value`},
 		"pool key name":          {route("    limit: 1/s\n    api_keys_env: ['PACE:KEY']\n"), `api_keys_env: pace: Pool.Credentials[0]: name "PACE:KEY"`},
 		"pool under a cap":       {route("    limit: 1/s\n    in_flight: 2\n    api_keys_env: [PACE_TEST_KEY]\n"), "api_keys_env with in_flight 2"},
 		"affinity without pool":  {route("    limit: 1/s\n    affinity_header: X-Session\n"), `affinity_header "X-Session": without api_keys_env`},
