@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"hash/fnv"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
+	"github.com/fleetpace/pace/headers"
 	"github.com/fleetpace/pace/internal/store"
 )
 
@@ -17,9 +20,10 @@ import (
 // with a quota of its own: a Transport with a Pool sends each request with
 // the credential that can go soonest, chosen for the whole fleet in the
 // same call that books its wait (on Local, among its buckets as they
-// stand). A
-// credential the upstream holds (a 429 with Retry-After), slows or spends
-// is passed over for the others until it can go again.
+// stand). A credential the upstream holds (a 429 with Retry-After), slows
+// or spends is passed over for the others until it can go again; one it
+// rejects (a 401 or 403 that asks for no hold), for a second, then twice
+// as long each time again, until a success proves it good.
 //
 // Each credential is a key of its own on the Transport's limiter: the
 // request's key in braces, then the credential's name ("{api.openai.com:443}A"),
@@ -155,6 +159,20 @@ func credentialName(name string) bool {
 		}
 	}
 	return name != ""
+}
+
+// rejected is the hold of a Pool's credential whose request the upstream
+// answered status, when the answer asks for no hold of its own: none,
+// unless it rejects the credential (401 or 403: a key revoked, expired or
+// out of credit). A pool of more than one credential then passes over it
+// for a second, and twice as long each time it is rejected again
+// (Hold.Repeats), up to the limiter's MaxHold, until a success proves it
+// good; a pool of one sends the upstream's answers through as they come.
+func rejected(status int) []headers.Hold {
+	if status != http.StatusUnauthorized && status != http.StatusForbidden {
+		return nil
+	}
+	return []headers.Hold{{For: time.Second, Reason: strconv.Itoa(status) + " rejects the credential", Repeats: true}}
 }
 
 // A target is what a wait books on: key; or, for a pool, whichever of

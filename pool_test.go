@@ -109,6 +109,73 @@ func bothLimiters(t *testing.T, limit string) map[string]Limiter {
 	}
 }
 
+// TestPoolPassesOverARejectedCredential, on Local and Redis: of three
+// credentials at 1000/s, B's is rejected (401, or 403, with no hold asked).
+// 60 requests one after another over about 1.5 s: B gets its first, and
+// one after its first second (1 s, then 2 s: rejected again, it doubles),
+// 3 at most, where a turn each would give it 20; the rest go on A and C,
+// all served. Then B is good again: once its hold ends, a success on it
+// proves it, and it takes its turns (8 within 6 s).
+func TestPoolPassesOverARejectedCredential(t *testing.T) {
+	for _, status := range []int{http.StatusUnauthorized, http.StatusForbidden} {
+		for name, l := range bothLimiters(t, "1000/s") {
+			t.Run(fmt.Sprintf("%d %s", status, name), func(t *testing.T) {
+				t.Parallel()
+				var mu sync.Mutex
+				counts := map[string]int{}
+				bad := true
+				upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					mu.Lock()
+					defer mu.Unlock()
+					c := credentialOf(r)
+					counts[c]++
+					if c == "B" && bad {
+						w.WriteHeader(status)
+					}
+				}))
+				defer upstream.Close()
+				client := &http.Client{Transport: &Transport{Limiter: l, Pool: testPool("A", "B", "C")}}
+				get := func() int {
+					resp, err := client.Get(upstream.URL)
+					if err != nil {
+						t.Fatal(err)
+					}
+					resp.Body.Close()
+					return resp.StatusCode
+				}
+				rejected := 0
+				for range 60 {
+					if get() != http.StatusOK {
+						rejected++
+					}
+					time.Sleep(25 * time.Millisecond)
+				}
+				mu.Lock()
+				t.Logf("60 requests: %v, %d rejected", counts, rejected)
+				if counts["B"] > 3 || counts["B"] < 1 || counts["A"]+counts["C"] < 57 {
+					t.Errorf("60 requests with B rejected: %v; want B's 1 to 3, the rest on A and C", counts)
+				}
+				bad, before := false, counts["B"]
+				mu.Unlock()
+				onB := func() int {
+					mu.Lock()
+					defer mu.Unlock()
+					return counts["B"] - before
+				}
+				// B's hold ends within 2 s (its second); then its first
+				// success proves it, and it takes its turns.
+				for deadline := time.Now().Add(6 * time.Second); onB() < 8 && time.Now().Before(deadline); {
+					get()
+					time.Sleep(25 * time.Millisecond)
+				}
+				if got := onB(); got < 8 {
+					t.Errorf("6 s after B is good again: %d requests on B, want 8 at least", got)
+				}
+			})
+		}
+	}
+}
+
 // checkPoolChooses is TestPoolChoosesTheSoonest's check, on l.
 func checkPoolChooses(t *testing.T, l Limiter) {
 	var mu sync.Mutex

@@ -298,8 +298,8 @@ func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(
 
 // heed hands what resp, to the request sent at sent, which arrived at
 // arrival, says of p's key to p's limiter, when it is pace's own: its holds
-// (unless p's scope ignores them), counters and refusals, each hold that
-// repeats lengthened by repeats. A refusal's body is read first,
+// (unless p's scope ignores them; on a Pool, a rejected credential's),
+// counters and refusals, each hold that repeats lengthened by repeats. A refusal's body is read first,
 // up to headers.BodySize, for the hold it asks for (headers.HearBody), and
 // passed on whole. It runs past the request's context: the response has been
 // counted already. Failures reach the limiter's observer.
@@ -314,6 +314,9 @@ func (p paced) heed(ctx context.Context, resp *http.Response, sent, arrival time
 		body := readStart(resp)
 		headers.HearBody(&w, body.start, p.pacer.longestHold())
 		body.held = len(w.Holds) > 0
+	}
+	if p.scope.holds && len(p.at.pool) > 1 && len(w.Holds) == 0 {
+		w.Holds = rejected(resp.StatusCode) // a Pool's credential the upstream rejects
 	}
 	repeats.lengthen(p.key, &w, sent, p.pacer.longestHold())
 	p.pacer.heedWord(ctx, p.key, p.grant, w, p.scope)
