@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"path"
 	"strconv"
 	"strings"
 
@@ -63,8 +64,20 @@ func splitRuleHost(h string) (host, port string, err error) {
 func (m *matcher) matches(req *http.Request) bool {
 	return (m.host == "" || strings.EqualFold(m.host, req.URL.Hostname())) &&
 		(m.port == "" || m.port == portOf(req)) &&
-		(m.prefix == "" || strings.HasPrefix(req.URL.Path, m.prefix)) &&
+		(m.prefix == "" || strings.HasPrefix(upstreamPath(req.URL.Path), m.prefix)) &&
 		(m.method == "" || strings.EqualFold(m.method, req.Method))
+}
+
+// upstreamPath is p, decoded, as an upstream that collapses empty segments
+// and resolves dot segments reads it ("/v1/%2Fsearch" and "/v1/x/../search"
+// are "/v1/search"), its trailing slash kept: a rule's PathPrefix matches
+// the endpoint the request reaches, however it is spelled.
+func upstreamPath(p string) string {
+	clean := path.Clean("/" + p)
+	if strings.HasSuffix(p, "/") && clean != "/" {
+		clean += "/"
+	}
+	return clean
 }
 
 // validHeaderName says whether name is empty or a header's name.

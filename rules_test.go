@@ -177,6 +177,44 @@ func TestRulesMatchWhatTheUserMeant(t *testing.T) {
 	}
 }
 
+// TestRulesMatchThePathTheUpstreamReads: a rule's PathPrefix matches the
+// endpoint the request reaches however its path is spelled: an encoded
+// slash, empty and dot segments, which upstreams collapse and resolve.
+func TestRulesMatchThePathTheUpstreamReads(t *testing.T) {
+	var mu sync.Mutex
+	var waits []string
+	rules, err := NewRules(Rule{Name: "other", Unlimited: true},
+		Rule{Name: "search", PathPrefix: "/v1/search", Limiter: recorder{"search", &mu, &waits}},
+		Rule{Name: "dir", PathPrefix: "/v1/files/", Limiter: recorder{"dir", &mu, &waits}},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ path, want string }{
+		{"/v1/search/q6", "search"},
+		{"/v1/%2Fsearch/q6", "search"},
+		{"/v1/%2fsearch/q6", "search"},
+		{"/v1//search/q6", "search"},
+		{"//v1/search", "search"},
+		{"/v1/x/../search/q6", "search"},
+		{"/v1/x/%2E%2E/search/q6", "search"},
+		{"/v1/./search", "search"},
+		{"/v1/files/", "dir"},
+		{"/v1//files//a", "dir"},
+		{"/v1/files", "other"},
+		{"/v1/searchx/../other", "other"},
+		{"/v1/other", "other"},
+	} {
+		req, err := http.NewRequest(http.MethodGet, "http://api.example.com"+tc.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := rules.match(req).Name; got != tc.want {
+			t.Errorf("%s: rule %q, want %q", tc.path, got, tc.want)
+		}
+	}
+}
+
 // TestTransportNilLimiter: a Transport whose Limiter is a nil *Redis (a
 // NewRedis that failed, its error dropped) fails each request with an
 // error that says so, instead of panicking.
