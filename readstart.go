@@ -2,8 +2,12 @@ package pace
 
 import (
 	"bytes"
+	"compress/flate"
+	"compress/gzip"
+	"compress/zlib"
 	"io"
 	"net/http"
+	"strings"
 
 	"github.com/fleetpace/pace/headers"
 )
@@ -39,3 +43,28 @@ func readStart(resp *http.Response) *startRead {
 type errReader struct{ err error }
 
 func (r errReader) Read([]byte) (int, error) { return 0, r.err }
+
+// decoded returns what start, the start of a body in the content encoding
+// named, says: gzip and deflate (zlib's, or raw) decoded as far as start
+// goes, up to headers.BodySize; start itself in any other encoding, which
+// the hearing then finds no hold in. A proxy passes the client's
+// Accept-Encoding on, so a refusal's body may come compressed.
+func decoded(start []byte, encoding string) []byte {
+	var r io.Reader
+	var err error
+	switch strings.ToLower(strings.TrimSpace(encoding)) {
+	case "gzip", "x-gzip":
+		r, err = gzip.NewReader(bytes.NewReader(start))
+	case "deflate":
+		if r, err = zlib.NewReader(bytes.NewReader(start)); err != nil {
+			r, err = flate.NewReader(bytes.NewReader(start)), nil
+		}
+	default:
+		return start
+	}
+	if err != nil {
+		return nil
+	}
+	out, _ := io.ReadAll(io.LimitReader(r, headers.BodySize)) // what decodes before the start ends
+	return out
+}

@@ -1,6 +1,9 @@
 package pace
 
 import (
+	"bytes"
+	"compress/gzip"
+	"compress/zlib"
 	"context"
 	"errors"
 	"io"
@@ -12,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetpace/pace/headers"
 	"github.com/fleetpace/pace/internal/redistest"
 )
 
@@ -149,4 +153,63 @@ func TestSecondaryLimitHolds(t *testing.T) {
 			t.Errorf("%d secondary 403s: the upstream was asked %d times, want %d", tc.together, n, tc.together)
 		}
 	}
+}
+
+// TestCompressedRefusalHolds: a caller that asks for compressed answers
+// itself (Accept-Encoding: gzip or deflate, which Go's transport then
+// leaves encoded) gets Gemini's RetryInfo refusal compressed: it holds the
+// key as the plain one does (the next request waits past a 1 s budget),
+// and the caller reads the bytes the upstream wrote.
+func TestCompressedRefusalHolds(t *testing.T) {
+	body := geminiBody("30s")
+	for _, enc := range []string{"gzip", "deflate"} {
+		var asked atomic.Int32
+		var sent []byte
+		upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			asked.Add(1)
+			var b bytes.Buffer
+			zw := map[string]io.WriteCloser{"gzip": gzip.NewWriter(&b), "deflate": zlib.NewWriter(&b)}[enc]
+			io.WriteString(zw, body)
+			zw.Close()
+			sent = b.Bytes()
+			w.Header().Set("Content-Encoding", enc)
+			w.WriteHeader(http.StatusTooManyRequests)
+			w.Write(sent)
+		}))
+		defer upstream.Close()
+		client := &http.Client{Transport: &Transport{Limiter: mustLocal(t, mustParseLimit(t, "100/s"))}}
+		req, _ := http.NewRequest(http.MethodGet, upstream.URL, nil)
+		req.Header.Set("Accept-Encoding", enc)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !bytes.Equal(got, sent) {
+			t.Errorf("%s: the caller read %d bytes, want the %d the upstream wrote", enc, len(got), len(sent))
+		}
+		req, _ = http.NewRequestWithContext(WithWaitBudget(context.Background(), time.Second), http.MethodGet, upstream.URL, nil)
+		if _, err := client.Do(req); !errors.As(err, new(*DeadlineError)) || asked.Load() != 1 {
+			t.Errorf("%s: the request after a compressed RetryInfo of 30 s: %v, the upstream asked %d times; want a *DeadlineError, asked once", enc, err, asked.Load())
+		}
+	}
+}
+
+// FuzzDecoded: whatever a body's start and its content encoding, decoded
+// never panics and returns at most headers.BodySize bytes.
+func FuzzDecoded(f *testing.F) {
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	io.WriteString(zw, geminiBody("3s"))
+	zw.Close()
+	f.Add(b.Bytes(), "gzip")
+	f.Add(b.Bytes()[:20], "gzip")
+	f.Add([]byte("x\x9c\x01\x00\x00\xff\xff"), "deflate")
+	f.Add([]byte(`{"error": {}}`), "br")
+	f.Fuzz(func(t *testing.T, start []byte, encoding string) {
+		if out := decoded(start, encoding); len(out) > headers.BodySize {
+			t.Errorf("decoded %d bytes, more than %d", len(out), headers.BodySize)
+		}
+	})
 }

@@ -312,7 +312,7 @@ func (p paced) heed(ctx context.Context, resp *http.Response, sent, arrival time
 		w.Holds = nil // see Transport.IgnoreHolds
 	} else if headers.Refuses(resp) && len(w.Holds) == 0 && resp.Body != nil {
 		body := readStart(resp)
-		headers.HearBody(&w, body.start, p.pacer.longestHold())
+		headers.HearBody(&w, decoded(body.start, resp.Header.Get("Content-Encoding")), p.pacer.longestHold())
 		body.held = len(w.Holds) > 0
 	}
 	if p.scope.holds && len(p.at.pool) > 1 && len(w.Holds) == 0 {

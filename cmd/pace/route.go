@@ -201,7 +201,11 @@ func routeQuota(c routeConfig) (pace.Quota, error) {
 // rewrite builds the upstream's request: the route's path prefix cut off,
 // the upstream's URL joined on, pace's own headers dropped and, with an
 // API key of the route's, the client's credentials replaced (with a pool,
-// its Transport puts the one chosen on after its wait).
+// its Transport puts the one chosen on after its wait). The client's
+// Accept-Encoding is dropped too: Go's transport then asks for gzip and
+// decodes it, so that pace reads every body (a refusal's hold, a
+// settlement's usage) whatever the client accepts, and the client gets it
+// as it is.
 func (rt *route) rewrite(pr *httputil.ProxyRequest) {
 	prefix := strings.TrimSuffix(rt.config.Path, "/")
 	pr.Out.URL.Path = strings.TrimPrefix(pr.Out.URL.Path, prefix)
@@ -210,7 +214,7 @@ func (rt *route) rewrite(pr *httputil.ProxyRequest) {
 	}
 	pr.SetURL(rt.upstream)
 	for name := range pr.Out.Header {
-		if strings.HasPrefix(name, "X-Pace-") {
+		if strings.HasPrefix(name, "X-Pace-") || name == "Accept-Encoding" {
 			pr.Out.Header.Del(name)
 		}
 	}

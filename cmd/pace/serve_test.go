@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
+	"compress/zlib"
 	"context"
 	"encoding/json"
 	"errors"
@@ -710,4 +712,109 @@ func TestServeIgnoreHolds(t *testing.T) {
 			t.Errorf("ignore_holds: %v: answered %v, the upstream asked %d times; want %v, %d", ignore, statuses, asked.Load(), want, wantAsked)
 		}
 	}
+}
+
+// TestServeReadsCompressedRefusals: a client that accepts gzip, deflate
+// and br (Python's, Node's) gets the upstream's refusals whose bodies ask
+// for a hold (Gemini's RetryInfo, GitHub's secondary limit) as pace serve
+// asked the upstream for them: gzip alone, which Go's transport decodes.
+// pace serve hears them as it hears plain ones: the next request is refused
+// by pace at once (its wait passes the client's X-Pace-Max-Wait of 1 s),
+// not sent; and the client reads the body the upstream wrote. The embedded
+// store.
+func TestServeReadsCompressedRefusals(t *testing.T) {
+	bodies := map[string]string{
+		"retryinfo": `{"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "30s"}]}}`,
+		"secondary": `{"message": "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.", "documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api#about-secondary-rate-limits"}`,
+	}
+	for name, body := range bodies {
+		for _, accept := range []string{"gzip, deflate, br", "br", "deflate", "gzip"} {
+			var asked atomic.Int64
+			upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if got := r.Header.Get("Accept-Encoding"); got != "gzip" {
+					t.Errorf("the upstream was asked for %q; want gzip alone, which pace reads", got)
+				}
+				if asked.Add(1) > 1 {
+					return
+				}
+				status := http.StatusTooManyRequests
+				if name == "secondary" {
+					status = http.StatusForbidden
+				}
+				w.Header().Set("Content-Type", "application/json")
+				compressed(w, r.Header.Get("Accept-Encoding"), status, body)
+			}))
+			defer upstream.Close()
+			_, base := startServe(t, fmt.Sprintf("routes:\n  - {name: api, upstream: '%s', limit: 100/s}\n", upstream.URL))
+			var statuses []int
+			var first string
+			for i := range 2 {
+				req, _ := http.NewRequest(http.MethodGet, base+"/", nil)
+				req.Header.Set("Accept-Encoding", accept)
+				req.Header.Set(maxWaitHeader, "1s")
+				resp, err := http.DefaultTransport.RoundTrip(req) // no decoding of its own
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if i == 0 {
+					first = decodeAs(t, resp.Header.Get("Content-Encoding"), got)
+				}
+				statuses = append(statuses, resp.StatusCode)
+			}
+			if asked.Load() != 1 || statuses[1] != http.StatusTooManyRequests || first != body {
+				t.Errorf("%s, Accept-Encoding %q: answered %v, the upstream asked %d times, the first body %q; want the second refused by pace, the upstream asked once, the body as written",
+					name, accept, statuses, asked.Load(), first)
+			}
+		}
+	}
+}
+
+// compressed writes body with status, compressed as the first encoding of
+// accept the test upstream knows (gzip, deflate) asks, else as it is.
+func compressed(w http.ResponseWriter, accept string, status int, body string) {
+	for _, enc := range strings.Split(accept, ",") {
+		var zw io.WriteCloser
+		switch strings.TrimSpace(enc) {
+		case "gzip":
+			zw = gzip.NewWriter(w)
+		case "deflate":
+			zw = zlib.NewWriter(w)
+		default:
+			continue
+		}
+		w.Header().Set("Content-Encoding", strings.TrimSpace(enc))
+		w.WriteHeader(status)
+		io.WriteString(zw, body)
+		zw.Close()
+		return
+	}
+	w.WriteHeader(status)
+	io.WriteString(w, body)
+}
+
+// decodeAs decodes b from the content encoding named ("" for none).
+func decodeAs(t *testing.T, encoding string, b []byte) string {
+	t.Helper()
+	var r io.Reader
+	var err error
+	switch encoding {
+	case "":
+		return string(b)
+	case "gzip":
+		r, err = gzip.NewReader(bytes.NewReader(b))
+	case "deflate":
+		r, err = zlib.NewReader(bytes.NewReader(b))
+	default:
+		t.Fatalf("a body in %q", encoding)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
 }
