@@ -546,6 +546,7 @@ func TestServeEstimates(t *testing.T) {
 		"the route's":           {`{"model":"m"}`, pace.Costs{"tokens": 4 + 4096}},
 		"not JSON":              {`max_tokens=5`, pace.Costs{"tokens": 4 + 4096}},
 		"capped at the burst":   {`{"max_tokens":1000000000}`, pace.Costs{"tokens": 6000}},
+		"empty":                 {``, pace.Costs{"tokens": 1 + 4096}},
 	}
 	for name, tc := range cases {
 		for _, length := range []int64{int64(len(tc.body)), -1} { // known, and chunked

@@ -105,7 +105,7 @@ func withEstimate(ctx context.Context, r *http.Request, c routeConfig, bursts ma
 	if hold > 0 {
 		head := make([]byte, hold)
 		n, err := io.ReadFull(r.Body, head)
-		if err != nil && err != io.ErrUnexpectedEOF {
+		if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF { // EOF: an empty body
 			return nil, fmt.Errorf("request body: %w", err)
 		}
 		head = head[:n]
