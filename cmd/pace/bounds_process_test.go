@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -138,6 +139,55 @@ func TestServeProcessPinsItsBudget(t *testing.T) {
 	}
 	if pinned-idle > 32e6 {
 		t.Errorf("the process pinned %.1f MB more with %d stalled bodies, want 32 MB at most", float64(pinned-idle)/1e6, clients)
+	}
+}
+
+// TestServeStalledBodiesPinLittle: pace serve as a process of its own, on
+// a costs route whose quota makes every request after the first wait a
+// minute, past its max_wait: pace answers 429 before reading the body. 200
+// clients each send the headers and 1 MiB of a 2 MiB body, then stall;
+// the memory the process pins rises by 16 MB at most above what it pinned
+// idle (before, 232.6 MB: the rest of each body, left on its connection, was
+// read as a next request's line, up to net/http's 1 MiB of headers).
+func TestServeStalledBodiesPinLittle(t *testing.T) {
+	const clients, sent = 200, 1 << 20
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})) // no usage: the estimates stand
+	defer upstream.Close()
+	redisServer := redistest.Start(t)
+	t.Setenv(replicaMemory, filepath.Join(t.TempDir(), "memory"))
+	r := startReplica(t, fmt.Sprintf("redis: redis://%s\nroutes:\n  - {name: llm, upstream: '%s', limits: {tokens: 1000/m burst 1000}, costs: openai, max_wait: 1s}\n", redisServer.Addr, upstream.URL))
+	addr := strings.TrimPrefix(r.URL, "http://")
+	resp, err := http.Post(r.URL+"/", "application/json", strings.NewReader(`{"max_tokens": 2000}`)) // the burst, all of it
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	idle := r.memory(t)
+	stalled := fmt.Sprintf("Content-Length: %d\r\n\r\n%s", 2*sent, strings.Repeat("x", sent))
+	var wg sync.WaitGroup
+	var refused atomic.Int64
+	for range clients {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		wg.Go(func() {
+			fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n%s", addr, stalled)
+			if resp, err := http.ReadResponse(bufio.NewReader(conn), nil); err == nil && resp.StatusCode == http.StatusTooManyRequests {
+				refused.Add(1)
+			}
+		})
+	}
+	wg.Wait() // each answered, a wait of a minute past its second
+	if refused.Load() != clients {
+		t.Errorf("%d of %d refused, want all", refused.Load(), clients)
+	}
+	pinned := r.memory(t)
+	t.Logf("pinned: idle %.1f MB, %.1f MB with %d stalled bodies refused", float64(idle)/1e6, float64(pinned)/1e6, clients)
+	if pinned-idle > 16e6 {
+		t.Errorf("the process pinned %.1f MB more with %d stalled bodies refused, want 16 MB at most", float64(pinned-idle)/1e6, clients)
 	}
 }
 

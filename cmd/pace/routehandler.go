@@ -124,8 +124,14 @@ func parseWait(s string) (time.Duration, error) {
 
 // refuse answers a request that got no response: a wait past its
 // deadline is a 429 whose Retry-After is the wait it would have had; a
-// shutdown's, a 503; anything else, a 502.
+// shutdown's, a 503; anything else, a 502. A request with a body closes
+// its connection: what is left of the body is never read.
 func (rt *route) refuse(w http.ResponseWriter, r *http.Request, err error) {
+	if r.ContentLength != 0 {
+		// A body unread stays on the connection, where the server would
+		// take it for the next request: the connection ends instead.
+		w.Header().Set("Connection", "close")
+	}
 	var late *pace.DeadlineError
 	switch {
 	case errors.As(err, &late):

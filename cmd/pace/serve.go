@@ -189,7 +189,8 @@ func newServer(ctx context.Context, c *serveConfig, logger *slog.Logger) (*serve
 	s.table.Store(t)
 	for _, addr := range s.addrs {
 		s.servers = append(s.servers, &http.Server{Addr: addr, Handler: s.config.guard(s.dispatch(addr)),
-			ReadHeaderTimeout: s.config.HeaderTimeout, IdleTimeout: s.config.IdleTimeout, ConnState: s.conns.state})
+			ReadHeaderTimeout: s.config.HeaderTimeout, IdleTimeout: s.config.IdleTimeout, ConnState: s.conns.state,
+			MaxHeaderBytes: maxHeaderBytes})
 	}
 	return s, nil
 }
@@ -276,6 +277,11 @@ func (s *server) close() {
 	}
 	s.closeAll()
 }
+
+// maxHeaderBytes bounds a request's line and headers, and so what a
+// connection that sends them slowly pins (net/http's default is 1 MiB):
+// more is a 431.
+const maxHeaderBytes = 64 << 10
 
 // upstreamBase returns the transport to the upstreams: Go's default, with
 // the system's roots for TLS, and enough idle connections for thousands of
