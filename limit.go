@@ -237,6 +237,19 @@ func (l Limit) asBucket() Limit {
 	return Limit{count: l.count / 2, period: l.period, burst: max(l.burst/2, 1)}
 }
 
+// outageShare is what one of n processes keeps of l alone while Redis is
+// away: a fixed or calendar window as itself, at 1/n of its count (1 at
+// least), counted from the outage on (Local keeps them); a bucket, or a
+// sliding window as a bucket that never allows more, at its share.
+func (l Limit) outageShare(n int) Limit {
+	if l.kind == fixedWindow {
+		l.count = max(math.Floor(l.count/float64(n)), 1)
+		l.burst = int(l.count)
+		return l
+	}
+	return l.asBucket().share(n)
+}
+
 // share is the part of l for one of n processes: 1/n of the rate, and 1/n
 // of the burst (at least 1).
 func (l Limit) share(n int) Limit {

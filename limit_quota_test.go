@@ -485,11 +485,37 @@ func TestQuotaHoldAndFallback(t *testing.T) {
 		t.Errorf("a request during a 200ms hold waits %v, want the rest of the hold", b.Delay)
 	}
 
-	quota := mustRedis(t, newTestRedis(t), AllOf{PerSecond(10), Window(100, time.Minute), PerHour(10000).WithBurst(5)}, WithFleetSize(2))
+	quota := mustRedis(t, newTestRedis(t), AllOf{PerSecond(10), Window(100, time.Minute), PerHour(10000).WithBurst(5),
+		FixedWindow(101, time.Minute), Daily(1500, time.UTC), Monthly(1, time.UTC)}, WithFleetSize(2))
 	fallback := quota.outageLimiter(time.Now(), nil)
-	want := []Limit{PerSecond(5).WithBurst(5), Per(25, time.Minute).WithBurst(25), Per(5000, time.Hour).WithBurst(2)}
+	want := []Limit{PerSecond(5).WithBurst(5), Per(25, time.Minute).WithBurst(25), Per(5000, time.Hour).WithBurst(2),
+		FixedWindow(50, time.Minute), Daily(750, time.UTC), Monthly(1, time.UTC)}
 	if !slices.Equal(fallback.limits, want) || !slices.Equal(fallback.names, quota.names) {
-		t.Errorf("fallback %v named %q: want half of each limit (a window as n/2 at once and n/2 a window) %v, named as the quota's %q",
+		t.Errorf("fallback %v named %q: want half of each limit (a sliding window as n/2 at once and n/2 a window; a fixed or calendar window half its count, 1 at least) %v, named as the quota's %q",
 			fallback.limits, fallback.names, want, quota.names)
+	}
+}
+
+// TestDailyOutageShare: while Redis is away, a process of a fleet of 2
+// under Daily(1500) spends its share of the day, 750, at once from the
+// outage on (before: a bucket of half the day's rate, shared, and empty at
+// the outage's start, let one request go every 4 minutes); the 751st waits
+// for tomorrow, in the zone's midnight.
+func TestDailyOutageShare(t *testing.T) {
+	r := mustRedis(t, newTestRedis(t), Daily(1500, time.UTC), WithFleetSize(2))
+	fallback := r.outageLimiter(time.Now(), nil)
+	book := func() (time.Duration, bool) { // as the outage books (Redis.decideLocally)
+		var res localBooking
+		_, delay, ok := fallback.reserveOn(target{key: "k"}, &store.LimitCosts{1}, time.Now(), time.Hour, &res, nil)
+		return delay, ok
+	}
+	for i := range 750 {
+		if delay, ok := book(); !ok || delay > 0 {
+			t.Fatalf("request %d of the share of 750 during an outage: a wait of %v (granted %v), want it at once", i+1, delay, ok)
+		}
+	}
+	_, midnight := Daily(1, time.UTC).Window(time.Now())
+	if delay, _ := book(); delay < time.Until(midnight)-time.Second {
+		t.Errorf("the 751st during an outage: a wait of %v, want one to midnight (%v)", delay, time.Until(midnight))
 	}
 }

@@ -50,8 +50,9 @@ func shareKey(client redis.Scripter, prefix, fleetName string, limits []Limit) s
 // outageLimiter returns the local limiter for an outage of r that begins at
 // since: the one this process's other limiters of r's fleet and quota use,
 // if one is in an outage, with floors added; else a new one, under each
-// limit this process's share of it (a window taken as a bucket that never
-// allows more), each key's buckets empty at since, or at its time in floors
+// limit this process's share of it (Limit.outageShare: a fixed or calendar
+// window its share of the count, from the outage on; a sliding window taken
+// as a bucket that never allows more), each key's buckets empty at since, or at its time in floors
 // (the end of what Redis had booked of the key, or of its hold) if that is
 // later, since Redis may have granted the whole burst and booked callers who
 // still wait.
@@ -66,7 +67,7 @@ func (r *Redis) outageLimiter(since time.Time, floors map[string]time.Time) *Loc
 	}
 	var shares []Limit
 	for _, l := range r.limits {
-		shares = append(shares, l.asBucket().share(r.fleet.Size()))
+		shares = append(shares, l.outageShare(r.fleet.Size()))
 	}
 	named := newNamedLimits(shares)
 	named.names = r.names // the quota's: the shares' texts differ
