@@ -215,3 +215,91 @@ func (s *server) builtRoutes() []*route {
 	defer s.builtMu.Unlock()
 	return slices.Clone(s.built)
 }
+
+// TestServeReloadWhileRedisFrozen: pace serve as a process of its own, with
+// three clients a route sending one request after another (X-Pace-Max-Wait
+// 2.5 s). Redis is frozen (SIGSTOP), then a reload lowers route b to 50/s
+// and adds route c. From 2.5 s after the reload to 5 s after, every route
+// answers (no 429), each at its rate (b 40/s or more, but 55/s at most;
+// a and c 80/s or more), on its outage share: a new route's limiter, which
+// Redis never answered, is away at its first call's expiry (before, each of
+// its requests waited past its budget, 429, as long as Redis stayed frozen).
+// Then SIGTERM, with drain: 1s, ends the process within 1.5 s though Redis
+// does not answer (before, 4.7 s).
+func TestServeReloadWhileRedisFrozen(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer upstream.Close()
+	srv := redistest.Start(t)
+	route := func(name, limit string) string {
+		return fmt.Sprintf("  - {name: %s, path: /%s/, upstream: '%s', limit: %s}\n", name, name, upstream.URL, limit)
+	}
+	head := fmt.Sprintf("redis: redis://%s\ndrain: 1s\nroutes:\n", srv.Addr)
+	r := startReplica(t, head+route("a", "100/s")+route("b", "100/s"))
+	type answer struct {
+		at     time.Time
+		route  string
+		status int
+	}
+	var mu sync.Mutex
+	var answers []answer
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, name := range []string{"a", "b", "c"} {
+		for range 3 {
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					req, _ := http.NewRequest(http.MethodGet, r.URL+"/"+name+"/", nil)
+					req.Header.Set(maxWaitHeader, "2.5s")
+					resp, err := http.DefaultClient.Do(req)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					resp.Body.Close()
+					mu.Lock()
+					answers = append(answers, answer{time.Now(), name, resp.StatusCode})
+					mu.Unlock()
+				}
+			})
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	srv.Freeze()
+	defer srv.Thaw()
+	time.Sleep(500 * time.Millisecond)
+	reloaded := time.Now()
+	r.rewrite(t, head+route("a", "100/s")+route("b", "50/s")+route("c", "100/s"))
+	time.Sleep(5 * time.Second)
+	close(stop)
+	wg.Wait()
+	from, to := reloaded.Add(2500*time.Millisecond), reloaded.Add(5*time.Second)
+	served, refused := map[string]int{}, map[string]int{}
+	for _, a := range answers {
+		if a.at.Before(from) || a.at.After(to) {
+			continue
+		}
+		if a.status == http.StatusOK {
+			served[a.route]++
+		} else {
+			refused[a.route]++
+		}
+	}
+	span := to.Sub(from).Seconds()
+	t.Logf("from 2.5 s to 5 s after the reload: served %v, refused %v", served, refused)
+	for name, least := range map[string]float64{"a": 80, "b": 40, "c": 80} {
+		if rate := float64(served[name]) / span; rate < least || refused[name] > 0 || name == "b" && rate > 55 {
+			t.Errorf("route %s: %.0f/s served, %d refused; want %.0f/s at least (b 55/s at most), none refused", name, rate, refused[name], least)
+		}
+	}
+	began := time.Now()
+	r.cmd.Process.Signal(syscall.SIGTERM)
+	r.cmd.Wait()
+	if took := time.Since(began); took > 1500*time.Millisecond {
+		t.Errorf("SIGTERM with drain: 1s and Redis frozen took %v, want 1.5 s at most", took)
+	}
+}

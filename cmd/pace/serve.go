@@ -266,8 +266,31 @@ func (s *server) drain() error {
 		errs = append(errs, srv.Shutdown(ctx))
 	}
 	s.serving.Wait()
-	s.close()
+	closed := make(chan struct{})
+	go func() {
+		s.close()
+		close(closed)
+	}()
+	// Closing the limiters ends their calls to Redis; a Redis that does not
+	// answer (frozen) does not hold the shutdown past the drain.
+	wait := time.NewTimer(max(time.Until(deadlineOf(ctx)), closeGrace))
+	defer wait.Stop()
+	select {
+	case <-closed:
+	case <-wait.C:
+		s.logger.Warn("pace serve: shut down before the limiters closed: Redis did not answer", "drain", s.config.Drain)
+	}
 	return errors.Join(errs...)
+}
+
+// closeGrace is the least a shutdown waits for its limiters to close, even
+// past the drain.
+const closeGrace = 250 * time.Millisecond
+
+// deadlineOf is ctx's deadline (zero for none).
+func deadlineOf(ctx context.Context) time.Time {
+	d, _ := ctx.Deadline()
+	return d
 }
 
 // close closes what the server holds.

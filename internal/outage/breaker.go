@@ -3,6 +3,8 @@ package outage
 import (
 	"sync/atomic"
 	"time"
+
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // breaker confirms that Redis is away before a process leaves it. One call
@@ -18,7 +20,12 @@ import (
 // time) doubles the call timeout, as TCP's timer backs off, and
 // never opens the breaker early: a Redis whose round trips jumped past the
 // timeout (a failover to another zone, a congested path) answers the next
-// call, or one after, which a new connection's handshake may need. Until
+// call, or one after, which a new connection's handshake may need; unless
+// the timeout is at its ceiling (store.MaxCallTimeout: a limiter that Redis
+// never answered, or one backed off all the way), when an expiry confirms:
+// a request's calls at the ceiling would pass any budget before they
+// confirmed one by one (a limiter made while Redis was silent never left
+// it). Until
 // then, the request that met the failure asks Redis again, within
 // its deadline; its own ConfirmRow-th failure in a row confirms the
 // outage, so that it never asks without end (a cluster whose other nodes
@@ -62,7 +69,8 @@ func (b *breaker) confirms(now, began time.Time, timeout time.Duration, failures
 	} else if !began.Before(b.rowSince) {
 		b.retried++
 	}
-	early := !expired && (b.retried >= 2 || b.retried == 1 && now.Sub(b.rowSince) >= timeout/2)
+	early := !expired && (b.retried >= 2 || b.retried == 1 && now.Sub(b.rowSince) >= timeout/2) ||
+		expired && timeout >= store.MaxCallTimeout // the timeout can back off no further
 	if failures < ConfirmRow+btoi(expired) && !early {
 		return false
 	}

@@ -43,6 +43,10 @@ func TestBreaker(t *testing.T) {
 		"a round trip that jumped: three waves expire (new connections), the fourth is answered": {
 			waves: []wave{{4, 62 * ms, 100 * ms, true, 1}, {4, 125 * ms, 200 * ms, true, 2}, {4, 250 * ms, 400 * ms, true, 3}},
 		},
+		"an expiry under the ceiling's timeout (a limiter Redis never answered, or one backed off all the way) confirms": {
+			waves:   []wave{{2, 1250 * ms, time.Second, true, 1}},
+			confirm: 1,
+		},
 		"an error after expiries confirms at a request's third": {
 			waves:   []wave{{4, 62 * ms, 100 * ms, true, 1}, {4, 125 * ms, 200 * ms, true, 2}, {1, ms, 200 * ms, false, 3}},
 			confirm: 3,

@@ -207,7 +207,7 @@ func (c *Caller) RunWithin(ctx context.Context, script *redis.Script, keys []str
 }
 
 // RunLong runs script as Run does, and lets the call go on in the
-// background after its timeout, up to maxCallTimeout: a late answer is a
+// background after its timeout, up to MaxCallTimeout: a late answer is a
 // round trip of its own (no retransmission), so a Redis that has become
 // slower than the timeout is measured, and the next call waits for it. A
 // late answer is not the caller's: late, unless nil, is called with it, to
@@ -216,7 +216,7 @@ func (c *Caller) RunWithin(ctx context.Context, script *redis.Script, keys []str
 func (c *Caller) RunLong(ctx context.Context, late func(*redis.Cmd), script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	start := time.Now()
 	timeout, backoff := c.trips.timeout()
-	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(maxCallTimeout, timeout+timeout/4))
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(MaxCallTimeout, timeout+timeout/4))
 	done, abandoned := make(chan *redis.Cmd), make(chan struct{})
 	go func() {
 		defer cancel()
@@ -281,9 +281,9 @@ func timedOut(timeout time.Duration) error {
 	return fmt.Errorf("pace: Redis did not answer within the call timeout of %v", timeout)
 }
 
-// maxCallTimeout is the longest a Redis call may be given: beyond it, a
+// MaxCallTimeout is the longest a Redis call may be given: beyond it, a
 // Redis that answers is of no use to the requests that wait for it.
-const maxCallTimeout = time.Second
+const MaxCallTimeout = time.Second
 
 // roundTrips measures this limiter's round trips to Redis and sets the
 // timeout of its calls from them, much as TCP sets its retransmission
@@ -292,7 +292,7 @@ const maxCallTimeout = time.Second
 // HELLO, then its CLIENT SETINFO) takes two round trips more, so a call
 // gets three smoothed round trips and four deviations, with the configured
 // timeout (WithCallTimeout) as its floor and as the least margin above
-// them, and maxCallTimeout as its ceiling. A Redis in another zone, or a
+// them, and MaxCallTimeout as its ceiling. A Redis in another zone, or a
 // machine so loaded that its calls take 40 ms, is then slow, not away.
 // Until a first call answers, the timeout is the ceiling: a distant Redis
 // is not taken for a lost one before it has been heard. A call that times
@@ -321,7 +321,7 @@ const maxBackoff = 10
 // timeout returns the timeout of a call that begins now, and its backoff
 // (see expired).
 func (r *roundTrips) timeout() (time.Duration, uint32) {
-	ceiling, backoff := max(maxCallTimeout, r.floor), r.backoff.Load()
+	ceiling, backoff := max(MaxCallTimeout, r.floor), r.backoff.Load()
 	m := r.measured.Load()
 	if m == 0 {
 		return ceiling, backoff
@@ -344,7 +344,7 @@ func (r *roundTrips) expired(backoff uint32) {
 // trips smoothed before the expiry are of another link.
 func (r *roundTrips) answered(rtt time.Duration) {
 	anew := r.backoff.Load() != 0 && r.backoff.Swap(0) != 0
-	sample := uint64(min(max(rtt, time.Microsecond), maxCallTimeout) / time.Microsecond)
+	sample := uint64(min(max(rtt, time.Microsecond), MaxCallTimeout) / time.Microsecond)
 	for {
 		old := r.measured.Load()
 		next := sample<<32 | sample/2 // the first: its deviation half of it
