@@ -8,34 +8,67 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/fleetpace/pace/headers"
 )
 
-// startRead is a response body whose start a Transport read to hear what
-// it says (see paced.heed): that start, then the rest, as they came. held
-// says the start asked for a hold, which NewRetryClient's policy heeds.
+// startRead is a response body whose start a Transport reads to hear what
+// it says (see paced.heed): that start, then the rest, as they came. The
+// start is read on a goroutine of its own, so that a body that trickles
+// does not hold the status (see within); reads wait for it. held says the
+// start asked for a hold, which NewRetryClient's policy heeds.
 type startRead struct {
-	io.Reader
 	body  io.ReadCloser
+	done  chan struct{} // closed once start and rest are set
 	start []byte
-	held  bool
+	rest  io.Reader
+	held  atomic.Bool
+}
+
+func (b *startRead) Read(p []byte) (int, error) {
+	<-b.done
+	return b.rest.Read(p)
 }
 
 func (b *startRead) Close() error { return b.body.Close() }
 
-// readStart reads the start of resp's body, up to headers.BodySize (less
-// when the body ends sooner or fails), and puts in its place a body that
-// reads it all as it came.
+// readStart begins to read the start of resp's body, up to
+// headers.BodySize (less when the body ends sooner or fails), and puts in
+// its place a body that reads it all as it came.
 func readStart(resp *http.Response) *startRead {
-	start, err := io.ReadAll(io.LimitReader(resp.Body, headers.BodySize))
-	rest := io.Reader(resp.Body)
-	if err != nil {
-		rest = errReader{err}
-	}
-	b := &startRead{Reader: io.MultiReader(bytes.NewReader(start), rest), body: resp.Body, start: start}
+	b := &startRead{body: resp.Body, done: make(chan struct{})}
+	go func() {
+		start, err := io.ReadAll(io.LimitReader(b.body, headers.BodySize))
+		rest := io.Reader(b.body)
+		if err != nil {
+			rest = errReader{err}
+		}
+		b.start, b.rest = start, io.MultiReader(bytes.NewReader(start), rest)
+		close(b.done)
+	}()
 	resp.Body = b
 	return b
+}
+
+// within reports whether the start has been read within d: a refusal's
+// body comes with its status, or it is heard once it comes (see
+// paced.heed), and the status goes on meanwhile.
+func (b *startRead) within(d time.Duration) bool {
+	select {
+	case <-b.done:
+		return true
+	default:
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-b.done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // errReader fails every Read with err: the error a body's read met, passed

@@ -213,3 +213,61 @@ func FuzzDecoded(f *testing.F) {
 		}
 	})
 }
+
+// TestSlowRefusalBodyHoldsLate: an upstream sends a 429's status at once
+// and its RetryInfo body (30 s) half a second later. The caller gets the
+// response within bodyWait and some, not after the body; the body's hold
+// is heard once the body came: the next request waits past a 1 s budget.
+// A body that never comes keeps nothing: closed, its read ends.
+func TestSlowRefusalBodyHoldsLate(t *testing.T) {
+	release := make(chan struct{})
+	var asked atomic.Int32
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusTooManyRequests)
+		w.(http.Flusher).Flush()
+		if r.URL.Path == "/never" {
+			<-release
+			return
+		}
+		time.Sleep(500 * time.Millisecond)
+		io.WriteString(w, geminiBody("30s"))
+	}))
+	defer upstream.Close()
+	defer close(release)
+	client := &http.Client{Transport: &Transport{Limiter: mustLocal(t, mustParseLimit(t, "100/s"))}}
+	start := time.Now()
+	resp, err := client.Get(upstream.URL + "/never")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > bodyWait+400*time.Millisecond {
+		t.Errorf("a 429 whose body never comes: the status took %v, want about %v", took, bodyWait)
+	}
+	resp.Body.Close()
+	start = time.Now()
+	resp, err = client.Get(upstream.URL + "/slow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > bodyWait+400*time.Millisecond {
+		t.Errorf("a 429 whose body comes 0.5 s after its status: the status took %v, want about %v", took, bodyWait)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != geminiBody("30s") {
+		t.Errorf("the caller read %q, want the body as written", body)
+	}
+	var late *DeadlineError
+	for deadline := time.Now().Add(2 * time.Second); ; {
+		req, _ := http.NewRequestWithContext(WithWaitBudget(context.Background(), time.Second), http.MethodGet, upstream.URL+"/slow", nil)
+		_, err = client.Do(req)
+		if errors.As(err, &late) || time.Now().After(deadline) {
+			break
+		}
+	}
+	if !errors.As(err, &late) || late.Delay < 25*time.Second {
+		t.Errorf("after the slow body's RetryInfo of 30 s: %v, want a *DeadlineError of about 30 s", err)
+	}
+}

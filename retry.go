@@ -63,5 +63,5 @@ func holds(resp *http.Response) bool {
 		body = b.body
 	}
 	read, ok := body.(*startRead)
-	return ok && read.held
+	return ok && read.held.Load()
 }

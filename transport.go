@@ -312,14 +312,42 @@ func (p paced) heed(ctx context.Context, resp *http.Response, sent, arrival time
 		w.Holds = nil // see Transport.IgnoreHolds
 	} else if headers.Refuses(resp) && len(w.Holds) == 0 && resp.Body != nil {
 		body := readStart(resp)
-		headers.HearBody(&w, decoded(body.start, resp.Header.Get("Content-Encoding")), p.pacer.longestHold())
-		body.held = len(w.Holds) > 0
+		if !body.within(bodyWait) {
+			go p.heedLate(ctx, resp, body, sent, repeats)
+		} else {
+			p.hearBody(&w, resp, body)
+		}
 	}
 	if p.scope.holds && len(p.at.pool) > 1 && len(w.Holds) == 0 {
 		w.Holds = rejected(resp.StatusCode) // a Pool's credential the upstream rejects
 	}
 	repeats.lengthen(p.key, &w, sent, p.pacer.longestHold())
 	p.pacer.heedWord(ctx, p.key, p.grant, w, p.scope)
+}
+
+// bodyWait is how long a Transport waits for the start of a refusal's body
+// before it passes the response on: a body that trickles is heard once it
+// comes (heedLate), and never holds the status.
+const bodyWait = 100 * time.Millisecond
+
+// hearBody adds to w what the start of resp's body, read as body, asks
+// for.
+func (p paced) hearBody(w *headers.Word, resp *http.Response, body *startRead) {
+	headers.HearBody(w, decoded(body.start, resp.Header.Get("Content-Encoding")), p.pacer.longestHold())
+	body.held.Store(len(w.Holds) > 0)
+}
+
+// heedLate applies the holds that the start of resp's body asks for once it
+// has come (or the body failed, or was closed), after the response went on
+// without them.
+func (p paced) heedLate(ctx context.Context, resp *http.Response, body *startRead, sent time.Time, repeats *repeatedHolds) {
+	<-body.done
+	w := headers.Word{Status: resp.StatusCode, At: time.Now()}
+	if p.hearBody(&w, resp, body); len(w.Holds) == 0 {
+		return
+	}
+	repeats.lengthen(p.key, &w, sent, p.pacer.longestHold())
+	p.pacer.heedWord(ctx, p.key, p.grant, w, heedScope{holds: true}) // its holds alone: the refusal was heeded
 }
 
 // CloseIdleConnections closes the idle connections of Base, if it has such a
