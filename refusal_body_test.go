@@ -111,15 +111,17 @@ const githubSecondaryBody = `{"message": "You have exceeded a secondary rate lim
 
 // TestSecondaryLimitHolds: GitHub's secondary 403 with no header holds the
 // key a minute: the next request, whose deadline is a second away, is
-// refused with a DeadlineError that says so; two such 403s together hold
-// it two minutes. The retry client retries such a 403, whose next attempt
-// waits out the hold (refused here by its deadline, not sent).
+// refused with a DeadlineError that says so; two or eight such 403s to
+// requests in flight together are one event, which holds it a minute too
+// (before, each doubled it: two minutes, an hour). The retry client
+// retries such a 403, whose next attempt waits out the hold (refused here
+// by its deadline, not sent).
 func TestSecondaryLimitHolds(t *testing.T) {
 	srv := redistest.Start(t)
 	for _, tc := range []struct {
 		together int
 		want     time.Duration
-	}{{1, time.Minute}, {2, 2 * time.Minute}} {
+	}{{1, time.Minute}, {2, time.Minute}, {8, time.Minute}} {
 		answer := func(n int32) (int, string) {
 			if int(n) <= tc.together {
 				return http.StatusForbidden, githubSecondaryBody

@@ -3,8 +3,6 @@ package outage
 import (
 	"sync/atomic"
 	"time"
-
-	"github.com/fleetpace/pace/internal/store"
 )
 
 // breaker confirms that Redis is away before a process leaves it. One call
@@ -21,8 +19,8 @@ import (
 // never opens the breaker early: a Redis whose round trips jumped past the
 // timeout (a failover to another zone, a congested path) answers the next
 // call, or one after, which a new connection's handshake may need; unless
-// the timeout is at its ceiling (store.MaxCallTimeout: a limiter that Redis
-// never answered, or one backed off all the way), when an expiry confirms:
+// the call was given the ceiling (store.MaxCallTimeout: a limiter that Redis
+// never answered, or one backed off all the way), when its expiry confirms:
 // a request's calls at the ceiling would pass any budget before they
 // confirmed one by one (a limiter made while Redis was silent never left
 // it). Until
@@ -57,9 +55,9 @@ func btoi(b bool) int {
 
 // confirms records the failure at now of a call that began at began, its
 // caller's failures-th in a row, and reports whether it confirms an
-// outage; timeout is the call timeout, and expired says that the failure
-// was an expiry.
-func (b *breaker) confirms(now, began time.Time, timeout time.Duration, failures int, expired bool) bool {
+// outage; timeout is the call timeout, expired says that the failure was
+// an expiry, and ceiling that it was one of a call given MaxCallTimeout.
+func (b *breaker) confirms(now, began time.Time, timeout time.Duration, failures int, expired, ceiling bool) bool {
 	var answers uint64
 	if b.answers != nil {
 		answers = b.answers.Load()
@@ -70,7 +68,7 @@ func (b *breaker) confirms(now, began time.Time, timeout time.Duration, failures
 		b.retried++
 	}
 	early := !expired && (b.retried >= 2 || b.retried == 1 && now.Sub(b.rowSince) >= timeout/2) ||
-		expired && timeout >= store.MaxCallTimeout // the timeout can back off no further
+		ceiling // the timeout could back off no further
 	if failures < ConfirmRow+btoi(expired) && !early {
 		return false
 	}

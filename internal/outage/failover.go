@@ -197,7 +197,7 @@ func (f *Failover[L]) Fail(now time.Time, call Failure, timeout time.Duration) (
 	if call.Probe {
 		f.probing = false
 	}
-	if f.Mode() != Outage && !f.breaker.confirms(now, call.Began, timeout, call.Failures, store.IsExpiry(call.Err)) {
+	if f.Mode() != Outage && !f.breaker.confirms(now, call.Began, timeout, call.Failures, store.IsExpiry(call.Err), store.AtCeiling(call.Err)) {
 		return false, false, zero[L]()
 	}
 	f.cause = call.Err

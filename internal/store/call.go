@@ -117,7 +117,7 @@ func (c *Caller) done(d *sharedDeadline, start time.Time, err error) error {
 			return err
 		}
 		c.trips.expired(d.backoff)
-		return expiry{err}
+		return expiry{err, d.timeout}
 	}
 	return err
 }
@@ -143,7 +143,10 @@ func (c *Caller) refused() bool {
 
 // An expiry is the error of a call that Redis, reachable, did not answer
 // within its timeout: a Redis slower than the timeout, or one gone silent.
-type expiry struct{ err error }
+type expiry struct {
+	err     error
+	timeout time.Duration // the call's
+}
 
 func (e expiry) Error() string { return e.err.Error() }
 func (e expiry) Unwrap() error { return e.err }
@@ -153,6 +156,13 @@ func (e expiry) Unwrap() error { return e.err }
 func IsExpiry(err error) bool {
 	var e expiry
 	return errors.As(err, &e)
+}
+
+// AtCeiling reports whether err is the expiry of a call given the longest
+// timeout, MaxCallTimeout: a Redis that no call can wait longer for.
+func AtCeiling(err error) bool {
+	var e expiry
+	return errors.As(err, &e) && e.timeout >= MaxCallTimeout
 }
 
 // isRedisError reports whether err is an error that Redis answered with.
@@ -221,7 +231,7 @@ func (c *Caller) RunLong(ctx context.Context, late func(*redis.Cmd), script *red
 	go func() {
 		defer cancel()
 		cmd := script.Run(lctx, c.client, keys, args...)
-		c.done(&sharedDeadline{ctx: lctx, backoff: backoff}, start, cmd.Err())
+		c.done(&sharedDeadline{ctx: lctx, timeout: timeout, backoff: backoff}, start, cmd.Err())
 		select {
 		case done <- cmd:
 		case <-abandoned:
