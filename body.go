@@ -20,7 +20,13 @@ import (
 // 101's: a WebSocket) stays writable, and holds the slot until it closes.
 func (p paced) endingBody(ctx context.Context, resp *http.Response, arrival time.Time) io.ReadCloser {
 	b := &endingBody{body: resp.Body, slot: p.slot, length: resp.ContentLength}
-	if settles, reads := p.res != nil && p.settle != nil, p.readsBody(); settles || reads {
+	settles, reads := p.res != nil && p.settle != nil, p.readsBody()
+	if settles || reads {
+		var kept bool
+		b.give, kept = takeBody(ctx, 3*BodyEndSize) // past the budget, nothing kept: the estimate stands
+		settles, reads = settles && kept, reads && kept
+	}
+	if settles || reads {
 		ctx = context.WithoutCancel(ctx)
 		b.atEnd = func(ends BodyEnds) {
 			if settles {
@@ -59,6 +65,7 @@ type endingBody struct {
 	atEnd  func(BodyEnds) // nil: nothing to settle or read, and no bytes kept
 	slot   *Slot          // nil: no slot to free
 	length int64          // the response's ContentLength: -1 when unknown
+	give   func()         // gives the bytes kept back to their budget (see BodyBudget); nil for none
 
 	mu    sync.Mutex // Close may come while a Read runs
 	head  []byte
@@ -119,6 +126,10 @@ func (b *endingBody) end(eof bool) {
 	complete := eof || (b.length >= 0 && b.read >= b.length) || b.json.whole()
 	if b.atEnd != nil {
 		b.atEnd(BodyEnds{Head: b.head, Tail: b.tail[max(len(b.tail)-BodyEndSize, 0):], Complete: complete})
+		b.head, b.tail = nil, nil
+	}
+	if b.give != nil {
+		b.give()
 	}
 	b.slot.Release() // a failure reaches the Limiter's observer
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -20,11 +21,13 @@ import (
 // does not hold the status (see within); reads wait for it. held says the
 // start asked for a hold, which NewRetryClient's policy heeds.
 type startRead struct {
-	body  io.ReadCloser
-	done  chan struct{} // closed once start and rest are set
-	start []byte
-	rest  io.Reader
-	held  atomic.Bool
+	body    io.ReadCloser
+	done    chan struct{} // closed once start and rest are set
+	start   []byte
+	rest    io.Reader
+	held    atomic.Bool
+	release sync.Once
+	give    func() // gives the start's bytes back to their budget
 }
 
 func (b *startRead) Read(p []byte) (int, error) {
@@ -32,13 +35,17 @@ func (b *startRead) Read(p []byte) (int, error) {
 	return b.rest.Read(p)
 }
 
-func (b *startRead) Close() error { return b.body.Close() }
+func (b *startRead) Close() error {
+	err := b.body.Close()
+	b.release.Do(b.give)
+	return err
+}
 
 // readStart begins to read the start of resp's body, up to
 // headers.BodySize (less when the body ends sooner or fails), and puts in
-// its place a body that reads it all as it came.
-func readStart(resp *http.Response) *startRead {
-	b := &startRead{body: resp.Body, done: make(chan struct{})}
+// its place a body that reads it all as it came; closed, it calls give.
+func readStart(resp *http.Response, give func()) *startRead {
+	b := &startRead{body: resp.Body, done: make(chan struct{}), give: give}
 	go func() {
 		start, err := io.ReadAll(io.LimitReader(b.body, headers.BodySize))
 		rest := io.Reader(b.body)

@@ -311,11 +311,13 @@ func (p paced) heed(ctx context.Context, resp *http.Response, sent, arrival time
 	if !p.scope.holds {
 		w.Holds = nil // see Transport.IgnoreHolds
 	} else if headers.Refuses(resp) && len(w.Holds) == 0 && resp.Body != nil {
-		body := readStart(resp)
-		if !body.within(bodyWait) {
-			go p.heedLate(ctx, resp, body, sent, repeats)
-		} else {
-			p.hearBody(&w, resp, body)
+		if release, ok := takeBody(ctx, headers.BodySize); ok {
+			body := readStart(resp, release)
+			if !body.within(bodyWait) {
+				go p.heedLate(ctx, resp, body, sent, repeats)
+			} else {
+				p.hearBody(&w, resp, body)
+			}
 		}
 	}
 	if p.scope.holds && len(p.at.pool) > 1 && len(w.Holds) == 0 {

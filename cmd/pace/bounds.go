@@ -280,16 +280,17 @@ func (c *cappedConn) Close() error {
 	return err
 }
 
-// buffer is the budget of bytes of request bodies held for estimates,
-// across all requests.
+// buffer is the budget of bytes of bodies held, across all requests: of
+// request bodies for estimates, and of what the Transports keep of
+// responses (pace.BodyBudget).
 type buffer struct {
 	mu   sync.Mutex
 	left int64
 }
 
-// take takes n bytes of the budget, if they are left, and returns the
-// func that gives them back; nil if they are not.
-func (b *buffer) take(n int64) func() {
+// Take takes n bytes of the budget, if they are left, and returns the
+// func that gives them back; nil if they are not (see pace.BodyBudget).
+func (b *buffer) Take(n int64) func() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.left < n {

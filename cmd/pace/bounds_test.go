@@ -147,13 +147,13 @@ func TestEarned(t *testing.T) {
 // once each, and takes back what is given back.
 func TestBuffer(t *testing.T) {
 	b := &buffer{left: 3}
-	first := b.take(2)
-	if first == nil || b.take(2) != nil {
+	first := b.Take(2)
+	if first == nil || b.Take(2) != nil {
 		t.Fatal("took 2 of 3, then 2 more")
 	}
 	first()
 	first()
-	if b.left != 3 || b.take(3) == nil {
+	if b.left != 3 || b.Take(3) == nil {
 		t.Errorf("given back twice: %d left, want 3", b.left)
 	}
 }

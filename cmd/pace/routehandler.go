@@ -47,7 +47,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// server's budget of held bytes lasts; past it, the body's
 		// length alone says its tokens.
 		hold := headSize(r)
-		if give := rt.buffer.take(hold); give != nil {
+		if give := rt.buffer.Take(hold); give != nil {
 			defer give()
 		} else {
 			hold = 0
@@ -61,14 +61,15 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // waitContext returns the context r waits in: the client's, ended by its
-// own deadline (maxWaitHeader) and by the server's shutdown, carrying its
+// own deadline (maxWaitHeader) and by the server's shutdown, within the
+// server's budget of bodies held (max_buffered), carrying its
 // class (the route's class_header) and, for the request that goes
 // upstream once granted, the client's own context. The proxy closes every
 // answer's body, so a slot under in_flight is held until then however
 // slowly the client reads.
 func (rt *route) waitContext(r *http.Request) (context.Context, context.CancelFunc, error) {
 	client := r.Context()
-	ctx, cancel := context.WithCancelCause(pace.WithBodyAlwaysClosed(context.WithValue(client, upstreamKey{}, client)))
+	ctx, cancel := context.WithCancelCause(pace.WithBodyBudget(pace.WithBodyAlwaysClosed(context.WithValue(client, upstreamKey{}, client)), rt.buffer))
 	stop := context.AfterFunc(rt.stopping, func() { cancel(errShuttingDown) })
 	release := func() { stop(); cancel(nil) }
 	if h := rt.config.ClassHeader; h != "" && r.Header.Get(h) != "" {
