@@ -171,6 +171,8 @@ func TestParseCalendarLimit(t *testing.T) {
 		"500/month in Europe/Berlin":       Monthly(500, mustZone(t, "Europe/Berlin")),
 		"50000/month":                      Monthly(50000, time.UTC),
 		"1/day in UTC":                     Daily(1, time.UTC),
+		"1500 per day in Asia/Kolkata":     Daily(1500, mustZone(t, "Asia/Kolkata")),
+		"50000 per month":                  Monthly(50000, time.UTC),
 	} {
 		l, err := ParseLimit(text)
 		if err != nil {

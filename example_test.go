@@ -90,7 +90,7 @@ func ExampleParseLimit() {
 	// 5000/h            1.389/s, burst 5000
 	// 900/15m           1.000/s, burst 900
 	// 10/s burst 20    10.000/s, burst 20
-	// pace: invalid limit "fast": no '/' (want COUNT/PERIOD [burst N], such as "100/s" or "10/s burst 20")
+	// pace: invalid limit "fast": no '/' (want COUNT/PERIOD [burst N], such as "100/s", "100 per minute", "900 per 15 minutes" or "10/s burst 20")
 }
 
 // Rules for four APIs' quotas: GitHub's 5,000 an hour per token, X's 900

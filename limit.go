@@ -289,22 +289,25 @@ func (l Limit) String() string {
 //	COUNT/day [in ZONE]
 //	COUNT/month [in ZONE]
 //
-// COUNT is a positive number; PERIOD is s, m, h or d (second, minute, hour,
-// day), or a Go duration such as 15m or 500ms. Alone, or with a burst (which
+// COUNT is a positive number; PERIOD is s, m, h or d, or their words
+// (sec, second, min, minute, hr, hour, day, ms, millisecond, plurals too),
+// a number of them ("15 minutes", 15m, 1.5h), or a Go duration such as
+// 1h30m or 500ms; "/" may be written "per", with spaces around it or not:
+// "100 per minute", "900 per 15 minutes". Alone, or with a burst (which
 // defaults to COUNT rounded up), it is a token bucket; "sliding" makes it a
 // Window, "fixed" a FixedWindow (with a whole COUNT); "learn" makes a bucket
 // Learn, and "learn FLOOR..CEILING" LearnWithin(FLOOR, CEILING); "COUNT in
 // flight" is a cap of requests in flight (Concurrent); "/day" and "/month"
 // are calendar windows (Daily, Monthly) in ZONE, a name of the IANA time
 // zone database, or UTC. Examples: "100/s", "5000/h", "10/s burst 20",
-// "900/15m sliding", "100/h fixed", "10/s learn", "10/s learn 1..500",
+// "100 per minute", "900/15m sliding", "100/h fixed", "10/s learn", "10/s learn 1..500",
 // "10 in flight", "10000/day in America/Los_Angeles", "50000/month".
 // Anything else is an error that quotes the input.
 func ParseLimit(s string) (Limit, error) {
 	bad := func(why string) (Limit, error) {
-		return Limit{}, fmt.Errorf("pace: invalid limit %q: %s (want COUNT/PERIOD [burst N], such as \"100/s\" or \"10/s burst 20\")", s, why)
+		return Limit{}, fmt.Errorf("pace: invalid limit %q: %s (want COUNT/PERIOD [burst N], such as \"100/s\", \"100 per minute\", \"900 per 15 minutes\" or \"10/s burst 20\")", s, why)
 	}
-	fields := strings.Fields(s)
+	fields := joinRate(strings.Fields(s))
 	if len(fields) == 3 && fields[1] == "in" && fields[2] == "flight" {
 		return parseCap(fields[0], bad)
 	}
@@ -329,7 +332,7 @@ func ParseLimit(s string) (Limit, error) {
 	}
 	period, err := parsePeriod(periodText)
 	if err != nil {
-		return bad("period " + strconv.Quote(periodText) + " is not s, m, h, d or a duration")
+		return bad("period " + strconv.Quote(periodText) + ": want s, sec, second, m, min, minute, h, hr, hour, d or day (plurals too), a number of them (15m, \"15 minutes\") or a Go duration (500ms, 1h30m)")
 	}
 	l := Per(count, period)
 	if windowed {
@@ -391,14 +394,56 @@ var namedPeriods = []struct {
 	period time.Duration
 }{{"s", time.Second}, {"m", time.Minute}, {"h", time.Hour}, {"d", 24 * time.Hour}}
 
-func parsePeriod(s string) (time.Duration, error) {
-	for _, p := range namedPeriods {
-		if s == p.name {
-			return p.period, nil
+// periodWords are the words of a period a limit may be written with, each
+// the unit it means.
+var periodWords = map[string]time.Duration{
+	"ms": time.Millisecond, "millisecond": time.Millisecond, "milliseconds": time.Millisecond,
+	"s": time.Second, "sec": time.Second, "secs": time.Second, "second": time.Second, "seconds": time.Second,
+	"m": time.Minute, "min": time.Minute, "mins": time.Minute, "minute": time.Minute, "minutes": time.Minute,
+	"h": time.Hour, "hr": time.Hour, "hrs": time.Hour, "hour": time.Hour, "hours": time.Hour,
+	"d": 24 * time.Hour, "day": 24 * time.Hour, "days": 24 * time.Hour,
+}
+
+// joinRate joins the spellings of a rate that fields may begin with into
+// one field, COUNT/PERIOD: "100 per minute", "100 / minute", "100 per 15
+// minutes", "100/ 15 minutes".
+func joinRate(fields []string) []string {
+	if len(fields) >= 3 && (fields[1] == "per" || fields[1] == "/") {
+		fields = append([]string{fields[0] + "/"}, fields[2:]...)
+	}
+	if len(fields) >= 2 && strings.HasSuffix(fields[0], "/") {
+		fields = append([]string{fields[0] + fields[1]}, fields[2:]...)
+	}
+	if len(fields) >= 2 && periodWords[fields[1]] != 0 && strings.Contains(fields[0], "/") {
+		if _, n, _ := strings.Cut(fields[0], "/"); isNumber(n) {
+			fields = append([]string{fields[0] + fields[1]}, fields[2:]...) // "100/15 minutes"
 		}
+	}
+	return fields
+}
+
+// isNumber reports whether s is a number, as a period's count is.
+func isNumber(s string) bool {
+	_, err := strconv.ParseFloat(s, 64)
+	return err == nil && s != "" && s[0] >= '0' && s[0] <= '9'
+}
+
+// parsePeriod reads a period: a word of periodWords, a number of one
+// ("15minutes", "15m", "1.5h"), or a Go duration ("500ms", "1h30m").
+func parsePeriod(s string) (time.Duration, error) {
+	if p := periodWords[s]; p != 0 {
+		return p, nil
 	}
 	if s == "" || s[0] < '0' || s[0] > '9' {
 		return 0, fmt.Errorf("unknown period %q", s)
+	}
+	i := strings.IndexFunc(s, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
+	if unit := periodWords[s[max(i, 0):]]; i > 0 && unit != 0 {
+		n, err := strconv.ParseFloat(s[:i], 64)
+		if err != nil || n <= 0 || n*float64(unit) > float64(math.MaxInt64) {
+			return 0, fmt.Errorf("unknown period %q", s)
+		}
+		return time.Duration(n * float64(unit)), nil
 	}
 	return time.ParseDuration(s)
 }
