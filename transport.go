@@ -13,6 +13,17 @@
 // For a limit of rate r and burst b, over any interval of length t the grants
 // for one key are at most b + r*t, summed over the whole fleet.
 //
+// A first program needs five names, in the order it meets them: ParseLimit
+// (or PerSecond, PerMinute...) says the quota; NewRedis (or NewLocal, in one
+// process) makes the limiter; a Transport on it is an http.Client's; a request
+// whose wait would pass its context's deadline fails at once with a
+// *DeadlineError, which a loop stops on; and work that is not HTTP waits
+// with the limiter's Wait, or takes a turn only if it is free now with its
+// Allow. The rest is grouped by what it is for: quotas (AllOf, Daily,
+// Concurrent, Limit.Learn), costs settled from the response (Reserve,
+// Settler), the fleet (WithFleetSize, Process, Pool), failures
+// (FailurePolicy, Redis.Check) and what happened (Observer, Event).
+//
 // A Transport on Redis also reads the upstream's counters in every response
 // (how much is left, when it resets: headers.ParseReadings) and steers the key with
 // them for the whole fleet (Redis.Sync): it leaves others their share of a
