@@ -51,7 +51,8 @@ const (
 	// says how), and until Redis is back the limiter decides by its
 	// FailurePolicy. When Redis has never answered this process (a wrong
 	// address, a wrong DB, Redis down at start), Reason says so, and what
-	// follows (see Redis.Check).
+	// follows, in words that suit any program's log (in Go, Redis.Check
+	// finds it at start, and WithFleetSize sets the share paced meanwhile).
 	EventFallback
 	// EventProbe: after a cool-down, one request tried Redis again and
 	// failed (Err says how); the next cool-down is longer.

@@ -284,9 +284,9 @@ func (r *Redis) neverAnswered() string {
 	if r.calls == nil || r.calls.Answers.Load() > 0 {
 		return ""
 	}
-	const never = "Redis has never answered this process (see Redis.Check)"
+	const never = "Redis has never answered this process: check its address, database and password"
 	if r.config.policy == FallbackLocal && r.fleet.pinned == 0 {
-		return never + ": its fleet was never counted, and it paces at the whole limit as if alone (see WithFleetSize)"
+		return never + "; its fleet was never counted, and it paces at the whole limit as if alone until Redis answers"
 	}
 	return never
 }

@@ -9,9 +9,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -118,9 +120,33 @@ func serveFlags(args []string, errOut io.Writer) (*serveConfig, string, error) {
 		}
 		return config, *file, config.check()
 	}
+	if err := flagMistake(c, r); err != nil {
+		return nil, "", err
+	}
 	c.Routes = []routeConfig{r}
 	c.fill()
 	return &c, "", c.check()
+}
+
+// flagMistake returns what is wrong with the route the flags say, naming
+// the flag, the value and a right one; nil when it is sound as far as
+// flags go (the configuration's check does the rest).
+func flagMistake(c serveConfig, r routeConfig) error {
+	u, err := url.Parse(r.Upstream)
+	switch {
+	case r.Upstream == "":
+		return errors.New("-upstream: want the upstream's URL, such as -upstream https://api.example.com")
+	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
+		return fmt.Errorf("-upstream %q: want an http or https URL with its host, such as -upstream http://%s", r.Upstream, strings.TrimPrefix(r.Upstream, "//"))
+	case r.Limit == "":
+		return errors.New(`-limit: want the upstream's limit, such as -limit 100/s or -limit "5000 per hour"`)
+	case c.Redis != "" && !strings.Contains(c.Redis, "://"):
+		return fmt.Errorf("-redis %q: want a Redis URL, such as -redis redis://%s/0", c.Redis, c.Redis)
+	}
+	if _, err := pace.ParseLimit(r.Limit); err != nil {
+		return fmt.Errorf("-limit: %w", err)
+	}
+	return nil
 }
 
 // A server is pace serve's routes on their addresses, with /healthz,
