@@ -167,17 +167,24 @@ func TestDemoOnRedis(t *testing.T) {
 // upstream, a third into the demo's 5 s: the fleet pauses for that second,
 // and resumes with the quota it had, at 75% of the run at least and with
 // at most two more 429s, whether the upstream speaks OpenAI's counters or
-// GitHub's (whose window the 429 does not say is spent).
+// GitHub's (whose window the 429 does not say is spent). The outage run
+// prints no line of go-redis's (exampletest), and says when it was.
 func TestDemoFaults(t *testing.T) {
 	pairs.Run(t)
 	s := demo(t, "-kill-redis-at", "1s", "-duration", "3s")
 	if s.Requests == 0 || s.Utilisation < 0.8 || s.ScriptCalls == nil || s.TooMany > 4*10 {
 		t.Errorf("-kill-redis-at 1s: %d requests, utilisation %.3f, %d 429s; want at least 0.8 and at most 4 processes x burst 10", s.Requests, s.Utilisation, s.TooMany)
 	}
+	// The summary says when Redis was away: the store stops 1 s in, for a
+	// second; the fleet falls back within a second of it, and comes back
+	// within a cool-down (2 s at most) of its return.
+	if s.OutageFrom < 1 || s.OutageFrom > 2 || s.OutageTo < 2 || s.OutageTo > 4 || s.Alone == 0 {
+		t.Errorf("-kill-redis-at 1s: Redis away from %.2fs to %.2fs, %d granted alone; want from 1 to 2 s, to 2 to 4 s, some granted alone", s.OutageFrom, s.OutageTo, s.Alone)
+	}
 	for _, dialect := range []string{"openai", "github"} {
-		if s := demo(t, "-retry-after", "-headers", dialect, "-duration", "5s"); s.TooMany < 1 || s.TooMany > 3 || s.Utilisation < 0.75 || s.Utilisation > 0.82 {
-			t.Errorf("-retry-after -headers %s: %d 429s, utilisation %.3f; want the one sent and at most two more, and the fleet paused for one of the five seconds (from 0.75 to 0.82)",
-				dialect, s.TooMany, s.Utilisation)
+		if s := demo(t, "-retry-after", "-headers", dialect, "-duration", "5s"); s.TooMany < 1 || s.TooMany > 3 || s.Utilisation < 0.75 || s.Utilisation > 0.82 || s.Holds < 1 {
+			t.Errorf("-retry-after -headers %s: %d 429s, utilisation %.3f, %d holds heard; want the one sent and at most two more, the fleet paused for one of the five seconds (from 0.75 to 0.82), and the hold in the summary",
+				dialect, s.TooMany, s.Utilisation, s.Holds)
 		}
 	}
 }

@@ -57,6 +57,16 @@ type summary struct {
 	// the end.
 	MetricsURLs      []string `json:"metrics_urls,omitempty"`
 	MetricsDecisions float64  `json:"metrics_decisions"`
+	// What the limiters told their observers: Redis away from OutageFrom to
+	// OutageTo, in seconds into the run (-1: none, or not back), Alone
+	// requests decided without it meanwhile; the holds heard, and the cuts
+	// of a key's rate, the lowest to LowestRate of the limit's.
+	OutageFrom float64 `json:"outage_from_s"`
+	OutageTo   float64 `json:"outage_to_s"`
+	Alone      int     `json:"granted_alone"`
+	Holds      int     `json:"holds"`
+	Cuts       int     `json:"rate_cuts"`
+	LowestRate float64 `json:"lowest_rate"`
 }
 
 type process struct {
@@ -99,6 +109,7 @@ func summarize(c config, limit pace.Limit, start time.Time, reports []report, up
 			s.CriticalWaitP50, s.CriticalWaitMax = percentile(waits, 0.5), percentile(waits, 1)
 		}
 	}
+	s.addHappenings(start, reports)
 	s.WaitP50, s.WaitP99 = percentile(all, 0.50), percentile(all, 0.99)
 	s.BookedP50, s.BookedP99 = percentile(booked, 0.50), percentile(booked, 0.99)
 	s.Rate = float64(s.OK) / s.Seconds
@@ -112,6 +123,34 @@ func summarize(c config, limit pace.Limit, start time.Time, reports []report, up
 		s.ScriptCalls, s.SyncCalls = &perRequest, &syncs
 	}
 	return s
+}
+
+// addHappenings sums up what the processes' limiters told their
+// observers: the outage, from the first fallback to the last recovery.
+func (s *summary) addHappenings(start time.Time, reports []report) {
+	s.OutageFrom, s.OutageTo = -1, -1
+	var from, to time.Time
+	back := true
+	for _, r := range reports {
+		h := r.Happened
+		if !h.OutageFrom.IsZero() && (from.IsZero() || h.OutageFrom.Before(from)) {
+			from = h.OutageFrom
+		}
+		back = back && (h.OutageFrom.IsZero() || !h.OutageTo.IsZero())
+		if h.OutageTo.After(to) {
+			to = h.OutageTo
+		}
+		s.Alone, s.Holds, s.Cuts = s.Alone+h.Alone, s.Holds+h.Holds, s.Cuts+h.Cuts
+		if h.LowestRate > 0 && (s.LowestRate == 0 || h.LowestRate < s.LowestRate) {
+			s.LowestRate = h.LowestRate
+		}
+	}
+	if !from.IsZero() {
+		s.OutageFrom = from.Sub(start).Seconds()
+		if back && !to.IsZero() {
+			s.OutageTo = to.Sub(start).Seconds()
+		}
+	}
 }
 
 // second counts the answers to the requests granted in one second.
@@ -155,7 +194,7 @@ func percentile(d []time.Duration, p float64) float64 {
 }
 
 func (s summary) print(w io.Writer) {
-	fmt.Fprintf(w, "limit           %s (%.4g/s), %v\n", s.Limit, s.LimitRate, s.Mode)
+	fmt.Fprintf(w, "limit           %s, %v\n", s.Limit, s.Mode)
 	fmt.Fprintf(w, "fleet           %d processes, %d workers, %d busy, %.1fs\n", s.Processes, s.Workers, s.Busy, s.Seconds)
 	fmt.Fprintf(w, "achieved        %.1f/s: %d answered 200 of %d requests\n", s.Rate, s.OK, s.Requests)
 	fmt.Fprintf(w, "utilisation     %.1f%% of what the limit allows (burst + rate x time, less the foreign client's)\n", 100*s.Utilisation)
@@ -178,6 +217,7 @@ func (s summary) print(w io.Writer) {
 	if len(s.MetricsURLs) > 0 {
 		fmt.Fprintf(w, "metrics         %s (%.0f decisions counted)\n", strings.Join(s.MetricsURLs, " "), s.MetricsDecisions)
 	}
+	s.printHappenings(w)
 	if s.ScriptCalls != nil {
 		fmt.Fprintf(w, "Redis calls     %.2f per request (EVALSHA and EVAL round trips), %.2f of them to sync the upstream's counters\n", *s.ScriptCalls, *s.SyncCalls)
 	}
@@ -239,4 +279,21 @@ func plot(c config, limit pace.Limit, start time.Time, reports []report) []byte 
 	}
 	svg.WriteString("</svg>\n")
 	return []byte(svg.String())
+}
+
+// printHappenings prints what the limiters told their observers: the
+// outage, the holds, the rate cuts; nothing of what did not happen.
+func (s summary) printHappenings(w io.Writer) {
+	switch {
+	case s.OutageFrom >= 0 && s.OutageTo >= 0:
+		fmt.Fprintf(w, "outage          Redis away from %.2fs to %.2fs into the run (first fallback to last recovery): %d requests granted by processes alone, each at its share of the limit\n", s.OutageFrom, s.OutageTo, s.Alone)
+	case s.OutageFrom >= 0:
+		fmt.Fprintf(w, "outage          Redis away from %.2fs into the run to its end: %d requests granted by processes alone, each at its share of the limit\n", s.OutageFrom, s.Alone)
+	}
+	if s.Holds > 0 {
+		fmt.Fprintf(w, "holds           %d heard: the upstream said to wait (Retry-After, or counters of none left), and the fleet did\n", s.Holds)
+	}
+	if s.Cuts > 0 {
+		fmt.Fprintf(w, "rate cuts       %d, to %.0f%% of the limit's rate at the lowest: refusals that no counters explained\n", s.Cuts, 100*s.LowestRate)
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetpace/pace"
+	"github.com/fleetpace/pace/internal/examplestore"
 )
 
 // workerEnv, when set, makes the program a worker process, configured by
@@ -64,6 +65,7 @@ type report struct {
 	Critical    []request // with -priority, from the first process
 	ScriptCalls int64     // EVALSHA and EVAL round trips to Redis
 	SyncCalls   int64     // of them, those that synced the upstream's counters
+	Happened    happenings
 	// With -metrics: where the process served them, and the decisions they
 	// counted, scraped at the end of the run.
 	MetricsURL       string
@@ -127,6 +129,7 @@ func (j job) run() (report, error) {
 	}
 	var scripts scriptCounter
 	var syncs atomic.Int64
+	var happened happeningsLog
 	var served *metrics // with -metrics
 	var limiter pace.Limiter
 	options := []pace.Option{pace.WithObserver(bookedWaits)}
@@ -143,6 +146,7 @@ func (j job) run() (report, error) {
 			return report{}, err
 		}
 		options.ContextTimeoutEnabled = true
+		examplestore.QuietRedis()
 		client := redis.NewClient(options)
 		defer client.Close()
 		client.AddHook(&scripts)
@@ -151,6 +155,7 @@ func (j job) run() (report, error) {
 				syncs.Add(1) // one a sync: the limit is one bucket
 			}
 			bookedWaits(ctx, e)
+			happened.observe(ctx, e)
 		}
 		if c.Metrics != "" {
 			if served, err = serveMetrics(c.Metrics, j.Index); err != nil {
@@ -205,7 +210,7 @@ func (j job) run() (report, error) {
 		}
 	}
 	wg.Wait()
-	rep.ScriptCalls, rep.SyncCalls = scripts.calls.Load(), syncs.Load()
+	rep.ScriptCalls, rep.SyncCalls, rep.Happened = scripts.calls.Load(), syncs.Load(), happened.happened()
 	if served != nil {
 		rep.MetricsURL = served.url
 		if rep.MetricsDecisions, err = served.decisions(); err != nil {

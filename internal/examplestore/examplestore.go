@@ -4,6 +4,8 @@
 package examplestore
 
 import (
+	"context"
+
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
@@ -33,6 +35,7 @@ func Limiter(url string, quota pace.Quota, opts ...pace.RedisOption) (*pace.Redi
 		return nil, nil, err
 	}
 	options.ContextTimeoutEnabled = true // so that pace's call timeout needs no goroutine
+	QuietRedis()
 	client := redis.NewClient(options)
 	limiter, err := pace.NewRedis(client, quota, opts...)
 	if err != nil {
@@ -46,3 +49,12 @@ func Limiter(url string, quota pace.Quota, opts ...pace.RedisOption) (*pace.Redi
 		closeStore()
 	}, nil
 }
+
+// QuietRedis drops go-redis's own log lines (a dial error for each
+// connection it tries while Redis is away): an example's observer says
+// what happened, once.
+func QuietRedis() { redis.SetLogger(quiet{}) }
+
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}

@@ -41,13 +41,23 @@ func Build(t *testing.T) {
 }
 
 // RunJSON builds the example in the test's directory, once, runs it with
-// -json and args, and returns what it printed, decoded into T.
+// -json and args, and returns what it printed, decoded into T. A line of
+// go-redis's own log on its stderr is an error: the examples quiet it.
 func RunJSON[T any](t *testing.T, args ...string) T {
 	t.Helper()
 	Build(t)
-	out, err := exec.Command(binary, append([]string{"-json"}, args...)...).Output()
+	cmd := exec.Command(binary, append([]string{"-json"}, args...)...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("%s: %v", strings.Join(args, " "), err)
+		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	for line := range strings.Lines(stderr.String()) {
+		if strings.HasPrefix(line, "redis: ") {
+			t.Errorf("%s: the example printed go-redis's log, which it should quiet: %q", strings.Join(args, " "), line)
+			break
+		}
 	}
 	var v T
 	if err := json.Unmarshal(out, &v); err != nil {
