@@ -5,7 +5,9 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -25,6 +27,10 @@ func (p paced) endingBody(ctx context.Context, resp *http.Response, arrival time
 		var kept bool
 		b.give, kept = takeBody(ctx, 3*BodyEndSize) // past the budget, nothing kept: the estimate stands
 		settles, reads = settles && kept, reads && kept
+	}
+	if settles {
+		b.ended = new(atomic.Bool)
+		runtime.AddCleanup(b, p.collected(context.WithoutCancel(ctx)), b.ended)
 	}
 	if settles || reads {
 		ctx = context.WithoutCancel(ctx)
@@ -46,6 +52,33 @@ func (p paced) endingBody(ctx context.Context, resp *http.Response, arrival time
 		return upgradedBody{b, w}
 	}
 	return b
+}
+
+// collected returns the cleanup of a body whose reservation it settles:
+// a body collected before it ended (never read to its end, never closed)
+// leaves the reservation at its estimate, which the observer hears as a
+// settlement that failed, with the key.
+func (p paced) collected(ctx context.Context) func(ended *atomic.Bool) {
+	res, pacer := p.res, p.pacer
+	return func(ended *atomic.Bool) {
+		if !ended.Load() {
+			pacer.unsettled(ctx, res)
+		}
+	}
+}
+
+// errBodyCollected is the settlement's failure of a response body that was
+// collected before it ended.
+var errBodyCollected = errors.New("pace: the response's body was never read to its end nor closed: its reservation keeps its estimate; close every body")
+
+// unsettled implements pacer.
+func (r *Redis) unsettled(ctx context.Context, res *Reservation) {
+	r.settleFailed(ctx, r.config.observer, "redis", r, res, errBodyCollected)
+}
+
+// unsettled implements pacer.
+func (loc *Local) unsettled(ctx context.Context, res *Reservation) {
+	loc.settleFailed(ctx, loc.config.observer, "local", loc, res, errBodyCollected)
 }
 
 // upgradedBody is the endingBody of an upgraded connection, which the
@@ -72,7 +105,8 @@ type endingBody struct {
 	tail  []byte // the last bytes read, at most 2*BodyEndSize, trimmed to BodyEndSize when full
 	read  int64
 	json  jsonEnd
-	ended bool
+	ended *atomic.Bool // set once it ended; apart, for the cleanup of a body collected before (nil: none)
+	done  bool
 }
 
 func (b *endingBody) Read(p []byte) (int, error) {
@@ -119,10 +153,13 @@ func (b *endingBody) keep(p []byte) {
 // EOF; closed before it, the body is complete still when its Content-Length
 // was read, or one whole JSON value. The caller holds b.mu.
 func (b *endingBody) end(eof bool) {
-	if b.ended {
+	if b.done {
 		return
 	}
-	b.ended = true
+	b.done = true
+	if b.ended != nil {
+		b.ended.Store(true)
+	}
 	complete := eof || (b.length >= 0 && b.read >= b.length) || b.json.whole()
 	if b.atEnd != nil {
 		b.atEnd(BodyEnds{Head: b.head, Tail: b.tail[max(len(b.tail)-BodyEndSize, 0):], Complete: complete})

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -116,6 +118,70 @@ func TestBodyEndsEarly(t *testing.T) {
 			}
 			resp.Body.Close() // the test's own clean-up
 		})
+	}
+}
+
+// TestCollectedBodyIsHeard: a response whose body its caller drops, never
+// read to its end nor closed, keeps its reservation's estimate, and the
+// observer hears it, with the key, once the body is collected: never in
+// silence. A body read and closed is heard settled, not so.
+func TestCollectedBodyIsHeard(t *testing.T) {
+	var log eventLog
+	lim := mustLocal(t, hourlyTokens, WithObserver(log.observe))
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, `{"usage": {"total_tokens": 21}}`)
+	}))
+	defer upstream.Close()
+	client := settlingClient(lim)
+	dropped := func() { // in a function of its own, so that nothing keeps the response
+		if _, err := client.Get(upstream.URL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dropped()
+	heard := func() (e Event, ok bool) {
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		for _, e := range log.events {
+			if e.Kind == EventSettle && errors.Is(e.Err, errBodyCollected) {
+				return e, true
+			}
+		}
+		return Event{}, false
+	}
+	var e Event
+	var ok bool
+	for range 50 {
+		runtime.GC()
+		if e, ok = heard(); ok {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !ok || e.Key != "llm" || e.Estimate["tokens"] != 400 {
+		t.Fatalf("a dropped body after 50 collections: heard %v (%+v); want an EventSettle of key llm, its estimate 400, errBodyCollected", ok, e)
+	}
+	resp, err := client.Get(upstream.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	resp = nil
+	for range 5 {
+		runtime.GC()
+	}
+	time.Sleep(10 * time.Millisecond)
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	n := 0
+	for _, e := range log.events {
+		if e.Kind == EventSettle && errors.Is(e.Err, errBodyCollected) {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d bodies heard collected unended, want the dropped one alone", n)
 	}
 }
 

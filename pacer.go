@@ -43,6 +43,9 @@ type pacer interface {
 	heedWord(ctx context.Context, key string, g grant, w headers.Word, h heedScope)
 	// longestHold is the longest hold the limiter sets (WithMaxHold).
 	longestHold() time.Duration
+	// unsettled tells the observer that res will not be settled: its
+	// response's body was collected before it ended (see endingBody).
+	unsettled(ctx context.Context, res *Reservation)
 }
 
 var (
