@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -43,16 +42,6 @@ var costDialects = map[string]costDialect{
 	},
 }
 
-// maxEstimatedBody is how much of a request's body is read to estimate
-// its tokens; a longer one is estimated from its length alone, and all of
-// it is sent as it comes.
-const maxEstimatedBody = 1 << 20
-
-// bytesPerToken is the estimate of a prompt's tokens from its size: about
-// four bytes of English text a token, so that JSON's own bytes make the
-// estimate high, and the settlement gives the difference back.
-const bytesPerToken = 4
-
 // checkCostLimits says when c's costs name limits that its quota lacks.
 func checkCostLimits(c routeConfig, quota pace.AllOf) error {
 	if c.Costs == "" {
@@ -82,17 +71,17 @@ func estimated(req *http.Request) pace.Costs {
 }
 
 // headSize is how much of r's body an estimate reads: none when it has
-// none, or its Content-Length says it is longer than maxEstimatedBody (its
+// none, or its Content-Length says it is longer than pace.MaxEstimatedBody (its
 // length alone says its tokens); all of it when its length is known; else
-// up to one byte past maxEstimatedBody, which tells a body too long.
+// up to one byte past pace.MaxEstimatedBody, which tells a body too long.
 func headSize(r *http.Request) int64 {
 	switch {
-	case r.Body == nil || r.Body == http.NoBody || r.ContentLength > maxEstimatedBody:
+	case r.Body == nil || r.Body == http.NoBody || r.ContentLength > pace.MaxEstimatedBody:
 		return 0
 	case r.ContentLength >= 0:
 		return r.ContentLength
 	}
-	return maxEstimatedBody + 1
+	return pace.MaxEstimatedBody + 1
 }
 
 // withEstimate returns ctx with r's estimated costs: its prompt's tokens
@@ -101,9 +90,9 @@ func headSize(r *http.Request) int64 {
 // hold bytes of r's body at most (see headSize; 0: none, the body's length
 // alone says its tokens), in one allocation, and puts them back.
 func withEstimate(ctx context.Context, r *http.Request, c routeConfig, bursts map[string]int, hold int64) (context.Context, error) {
-	size, out := r.ContentLength, c.MaxTokens
+	var head []byte
 	if hold > 0 {
-		head := make([]byte, hold)
+		head = make([]byte, hold)
 		n, err := io.ReadFull(r.Body, head)
 		if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF { // EOF: an empty body
 			return nil, fmt.Errorf("request body: %w", err)
@@ -113,14 +102,8 @@ func withEstimate(ctx context.Context, r *http.Request, c routeConfig, bursts ma
 			io.Reader
 			io.Closer
 		}{io.MultiReader(bytes.NewReader(head), r.Body), r.Body}
-		if size < int64(len(head)) {
-			size = int64(len(head))
-		}
-		if len(head) <= maxEstimatedBody {
-			out = maxTokensOf(head, out)
-		}
 	}
-	prompt := int(min(size/bytesPerToken+1, 1<<30))
+	prompt, out := pace.RequestTokens(head, r.ContentLength, c.MaxTokens)
 	costs := costDialects[c.Costs].estimate(prompt, out)
 	for name, cost := range costs {
 		if burst, ok := bursts[name]; ok {
@@ -128,24 +111,4 @@ func withEstimate(ctx context.Context, r *http.Request, c routeConfig, bursts ma
 		}
 	}
 	return context.WithValue(ctx, costsKey{}, costs), nil
-}
-
-// maxTokensOf returns the most tokens a request's body asks of the
-// response (max_tokens, max_completion_tokens or max_output_tokens), or
-// otherwise.
-func maxTokensOf(body []byte, otherwise int) int {
-	var asked struct {
-		MaxTokens           int `json:"max_tokens"`
-		MaxCompletionTokens int `json:"max_completion_tokens"`
-		MaxOutputTokens     int `json:"max_output_tokens"`
-	}
-	if json.Unmarshal(body, &asked) != nil {
-		return otherwise
-	}
-	for _, n := range []int{asked.MaxCompletionTokens, asked.MaxTokens, asked.MaxOutputTokens} {
-		if n > 0 {
-			return min(n, 1<<30)
-		}
-	}
-	return otherwise
 }

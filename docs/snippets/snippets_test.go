@@ -204,7 +204,5 @@ var (
 	items       []string
 )
 
-func promptTokens(*http.Request) int { return 0 }
-func maxTokens(*http.Request) int    { return 0 }
-func process(string)                 {}
+func process(string) {}
 `
