@@ -4,7 +4,10 @@
 // processes measure, as they do beside a CPU hog.
 package pairs
 
-import "testing"
+import (
+	"sync"
+	"testing"
+)
 
 var running = make(chan struct{}, 2)
 
@@ -15,4 +18,22 @@ func Run(t *testing.T) {
 	t.Parallel()
 	running <- struct{}{}
 	t.Cleanup(func() { <-running })
+}
+
+// alone serializes the tests that take both places, so that two of them
+// never hold one each and wait for the other's.
+var alone sync.Mutex
+
+// Alone marks t as parallel, then waits until no other test that called
+// Run or Alone is running, and runs t by itself: a test whose bounds
+// measure the machine's jitter (a burst of 1 against a strict upstream),
+// which a fleet beside it would decide.
+func Alone(t *testing.T) {
+	t.Helper()
+	t.Parallel()
+	alone.Lock()
+	running <- struct{}{}
+	running <- struct{}{}
+	alone.Unlock()
+	t.Cleanup(func() { <-running; <-running })
 }
