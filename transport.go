@@ -310,10 +310,12 @@ func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(
 // heed hands what resp, to the request sent at sent, which arrived at
 // arrival, says of p's key to p's limiter, when it is pace's own: its holds
 // (unless p's scope ignores them; on a Pool, a rejected credential's),
-// counters and refusals, each hold that repeats lengthened by repeats. A refusal's body is read first,
-// up to headers.BodySize, for the hold it asks for (headers.HearBody), and
-// passed on whole. It runs past the request's context: the response has been
-// counted already. Failures reach the limiter's observer.
+// counters and refusals, each hold that repeats lengthened by repeats. A
+// refusal's body is read first (within the context's BodyBudget), up to
+// headers.BodySize and bodyWait, for the hold it asks for
+// (headers.HearBody), and passed on whole. It runs past the request's
+// context: the response has been counted already. Failures reach the
+// limiter's observer.
 func (p paced) heed(ctx context.Context, resp *http.Response, sent, arrival time.Time, repeats *repeatedHolds) {
 	if p.pacer == nil {
 		return
