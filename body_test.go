@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -133,6 +134,24 @@ func TestCollectedBodyIsHeard(t *testing.T) {
 	}))
 	defer upstream.Close()
 	client := settlingClient(lim)
+	var mu sync.Mutex
+	var raw []io.Closer // the bodies beneath pace's, which the test closes at its end: net/http's connection waits on them
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, b := range raw {
+			b.Close()
+		}
+	}()
+	client.Transport.(*Transport).Base = roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		resp, err := http.DefaultTransport.RoundTrip(req)
+		if err == nil {
+			mu.Lock()
+			raw = append(raw, resp.Body)
+			mu.Unlock()
+		}
+		return resp, err
+	})
 	dropped := func() { // in a function of its own, so that nothing keeps the response
 		if _, err := client.Get(upstream.URL); err != nil {
 			t.Fatal(err)
