@@ -20,7 +20,8 @@ import (
 // reused). Each block becomes the body of a function that returns an
 // error, beside the names the blocks take as given (preamble); the
 // variables a block declares are then used, and the packages it names
-// imported, so that a block need not be a whole program.
+// imported, so that a block need not be a whole program. A block that is
+// one (package main) is built as written, a program of its own.
 func TestCodeBlocksCompile(t *testing.T) {
 	dir, err := os.Getwd()
 	if err != nil {
@@ -34,6 +35,9 @@ func TestCodeBlocksCompile(t *testing.T) {
 	overlay := map[string]string{}
 	write := func(name, source string) {
 		path := filepath.Join(t.TempDir(), name)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
 		if err := os.WriteFile(path, []byte(source), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -41,12 +45,19 @@ func TestCodeBlocksCompile(t *testing.T) {
 	}
 	write("zz_preamble.go", preamble)
 	blocks := 0
+	var programs []string // the blocks that are whole programs, each a directory of its own
 	for _, page := range pages {
 		text, err := os.ReadFile(page)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for i, block := range goBlocks(string(text)) {
+			if strings.HasPrefix(block, "package main\n") {
+				program := fmt.Sprintf("zz_%s_%d", strings.ReplaceAll(strings.TrimSuffix(filepath.Base(page), ".md"), "-", "_"), i)
+				write(filepath.Join(program, "main.go"), block)
+				programs = append(programs, "./"+program)
+				continue
+			}
 			name := fmt.Sprintf("zz_%s_%d.go", strings.ReplaceAll(strings.TrimSuffix(filepath.Base(page), ".md"), "-", "_"), i)
 			source, err := wrap(block, fmt.Sprintf("%s block %d", filepath.Base(page), i))
 			if err != nil {
@@ -77,6 +88,14 @@ func TestCodeBlocksCompile(t *testing.T) {
 	vet.Dir = dir
 	if out, err := vet.CombinedOutput(); err != nil {
 		t.Fatalf("the code blocks do not compile: %v\n%s", err, out)
+	}
+	if len(programs) < 2 {
+		t.Fatalf("found %d whole programs in the docs, want the first programs' 2 at least", len(programs))
+	}
+	build := exec.Command("go", append([]string{"build", "-race", "-o", os.DevNull, "-overlay=" + specFile}, programs...)...)
+	build.Dir = dir
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("the whole programs of the docs do not build: %v\n%s", err, out)
 	}
 	t.Logf("%d Go blocks of %d pages compile", blocks, len(pages))
 }
