@@ -5,8 +5,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -84,6 +88,44 @@ func TestServeWaitClients(t *testing.T) {
 		// late: less the time each client took to start.
 		if _, serr := fmt.Sscan(string(out), &retry); err != nil || serr != nil || retry < 60-time.Since(taken).Seconds() || retry > 61 {
 			t.Errorf("%s: %v %q, want the TooLong of a wait of what is left of 61 s after %v", command, err, out, time.Since(taken))
+		}
+	}
+}
+
+// TestFirstPythonProgram runs the Python script of docs/first-programs.md,
+// exactly as written there, through pace serve on a real Redis: under a
+// route of 100/s it fetches its 3 pages; under one of 1/m burst 1 it
+// fetches the first, and stops at the second, whose turn is a minute away,
+// past its X-Pace-Max-Wait of 30 s.
+func TestFirstPythonProgram(t *testing.T) {
+	page, err := os.ReadFile("../../docs/first-programs.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(page), "```python\n")
+	script, _, closed := strings.Cut(rest, "```")
+	if !ok || !closed {
+		t.Fatal("docs/first-programs.md has no Python block")
+	}
+	path := filepath.Join(t.TempDir(), "script.py")
+	if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, `[{"number": 1}]`)
+	}))
+	defer upstream.Close()
+	redisServer := redistest.Start(t)
+	for limit, want := range map[string]string{
+		"100/s":       "page 1: 200, 15 bytes\npage 2: 200, 15 bytes\npage 3: 200, 15 bytes\n",
+		"1/m burst 1": "page 1: 200, 15 bytes\nstopping at page 2: its turn is 60 s away\n",
+	} {
+		_, base := startServe(t, fmt.Sprintf("redis: redis://%s\nprefix: 'py-%d:'\nroutes:\n  - {name: github, upstream: '%s', limit: %s}\n", redisServer.Addr, len(limit), upstream.URL, limit))
+		cmd := exec.Command("python3", path)
+		cmd.Env = append(os.Environ(), "PACE_URL="+base)
+		out, err := cmd.CombinedOutput()
+		if err != nil || string(out) != want {
+			t.Errorf("limit %s: the script printed %q, %v; want %q", limit, out, err, want)
 		}
 	}
 }
