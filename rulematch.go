@@ -60,11 +60,12 @@ func splitRuleHost(h string) (host, port string, err error) {
 	return strings.ToLower(host), port, nil
 }
 
-// matches says whether req is a request m matches.
-func (m *matcher) matches(req *http.Request) bool {
+// matches says whether req, whose path the upstream reads as path
+// (upstreamPath), is a request m matches.
+func (m *matcher) matches(req *http.Request, path string) bool {
 	return (m.host == "" || strings.EqualFold(m.host, req.URL.Hostname())) &&
 		(m.port == "" || m.port == portOf(req)) &&
-		(m.prefix == "" || strings.HasPrefix(upstreamPath(req.URL.Path), m.prefix)) &&
+		(m.prefix == "" || strings.HasPrefix(path, m.prefix)) &&
 		(m.method == "" || strings.EqualFold(m.method, req.Method))
 }
 
@@ -73,7 +74,10 @@ func (m *matcher) matches(req *http.Request) bool {
 // are "/v1/search"), its trailing slash kept: a rule's PathPrefix matches
 // the endpoint the request reaches, however it is spelled.
 func upstreamPath(p string) string {
-	clean := path.Clean("/" + p)
+	if !strings.HasPrefix(p, "/") {
+		p = "/" + p
+	}
+	clean := path.Clean(p) // p itself when it is clean: no allocation
 	if strings.HasSuffix(p, "/") && clean != "/" {
 		clean += "/"
 	}

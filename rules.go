@@ -184,8 +184,9 @@ func (rs *Rules) decide(req *http.Request) (*Rule, string, int, error) {
 }
 
 func (rs *Rules) match(req *http.Request) *Rule {
+	path := upstreamPath(req.URL.Path) // once, for every rule
 	for i := range rs.matchers[:len(rs.matchers)-1] {
-		if rs.matchers[i].matches(req) {
+		if rs.matchers[i].matches(req, path) {
 			return &rs.rules[i]
 		}
 	}

@@ -213,6 +213,10 @@ func TestRulesMatchThePathTheUpstreamReads(t *testing.T) {
 			t.Errorf("%s: rule %q, want %q", tc.path, got, tc.want)
 		}
 	}
+	req, _ := http.NewRequest(http.MethodGet, "http://api.example.com/v1/search/q6", nil)
+	if n := testing.AllocsPerRun(100, func() { rules.match(req) }); n != 0 {
+		t.Errorf("matching a clean path allocates %v times, want none: every request is matched", n)
+	}
 }
 
 // TestTransportNilLimiter: a Transport whose Limiter is a nil *Redis (a
