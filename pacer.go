@@ -2,6 +2,7 @@ package pace
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/fleetpace/pace/headers"
@@ -52,6 +53,29 @@ var (
 	_ pacer = (*Redis)(nil)
 	_ pacer = (*Local)(nil)
 )
+
+// ownPacer returns l as a pacer when l is pace's own limiter itself. A
+// type of a user's that embeds *Redis or *Local (a decorator, the Go way)
+// has the pacer's methods too, promoted; taken for pace's own, its Wait
+// would never be called. It is a Limiter of the user's, waited on.
+func ownPacer(l Limiter) (pacer, bool) {
+	switch p := l.(type) {
+	case *Redis:
+		return p, true
+	case *Local:
+		return p, true
+	}
+	return nil, false
+}
+
+// limiterType names l's type in an error that says it is not pace's own
+// limiter, and, for a decorator that embeds one, what to pass instead.
+func limiterType(l Limiter) string {
+	if _, embeds := l.(pacer); embeds {
+		return fmt.Sprintf("%T, which embeds one but is a Limiter of yours, waited on and no more (pass the limiter it embeds)", l)
+	}
+	return fmt.Sprintf("%T", l)
+}
 
 // A grant is what a pacer granted one wait (waitGrant), or one reservation
 // (Reservation.granted): the booking that a response to its request

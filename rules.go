@@ -146,12 +146,12 @@ func checkRule(r Rule) error {
 	case !validHeaderName(r.CostHeader):
 		return fmt.Errorf("pace: rule %q: CostHeader %q is not a header name", r.Name, r.CostHeader)
 	}
-	p, ours := r.Limiter.(pacer)
+	p, ours := ownPacer(r.Limiter)
 	if r.Estimate != nil && !ours {
-		return fmt.Errorf("pace: rule %q has an Estimate, and its Limiter (a %T) is not one that reserves: Local or Redis", r.Name, r.Limiter)
+		return fmt.Errorf("pace: rule %q has an Estimate, and its Limiter is not one that reserves, Local or Redis: a %s", r.Name, limiterType(r.Limiter))
 	}
 	if r.BodyCounters != nil && !ours {
-		return fmt.Errorf("pace: rule %q has BodyCounters, and its Limiter (a %T) is not one they steer: Local or Redis", r.Name, r.Limiter)
+		return fmt.Errorf("pace: rule %q has BodyCounters, and its Limiter is not one they steer, Local or Redis: a %s", r.Name, limiterType(r.Limiter))
 	}
 	if ours && r.Cost > p.MaxCost() {
 		return fmt.Errorf("pace: rule %q: cost %d exceeds the burst %d of its limiter", r.Name, r.Cost, p.MaxCost())

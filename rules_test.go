@@ -129,7 +129,7 @@ func TestRulesBadInput(t *testing.T) {
 		"cost header":    {Rule{Name: "default", Unlimited: true}, []Rule{{Name: "api", CostHeader: "X Cost", Limiter: lim}}, `rule "api": CostHeader "X Cost" is not a header name`},
 		"nil *Redis":     {Rule{Name: "default", Unlimited: true}, []Rule{{Name: "api", Limiter: (*Redis)(nil)}}, `rule "api": its Limiter is a nil *pace.Redis`},
 		"nil *Local":     {Rule{Name: "default", Limiter: (*Local)(nil)}, nil, `rule "default": its Limiter is a nil *pace.Local`},
-		"body counters":  {Rule{Name: "default", Unlimited: true}, []Rule{{Name: "shop", Limiter: waitOnly{lim}, BodyCounters: ShopifyCounters}}, `rule "shop" has BodyCounters, and its Limiter (a pace.waitOnly)`},
+		"body counters":  {Rule{Name: "default", Unlimited: true}, []Rule{{Name: "shop", Limiter: waitOnly{lim}, BodyCounters: ShopifyCounters}}, `rule "shop" has BodyCounters, and its Limiter is not one they steer, Local or Redis: a pace.waitOnly`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if _, err := NewRules(tc.def, tc.rules...); err == nil || !strings.Contains(err.Error(), tc.want) {

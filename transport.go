@@ -41,8 +41,8 @@
 //
 // A Transport asks Local or Redis one thing per request, through a protocol
 // of pace's own, unexported: its slot, its booking, what its response says,
-// its settlement. Any other Limiter (a decorator, a test's fake) is waited
-// on, and no more. A decorator that had to forward six exported interfaces
+// its settlement. Any other Limiter (a decorator, one that embeds *Redis
+// or *Local too, a test's fake) is waited on, and no more. A decorator that had to forward six exported interfaces
 // to be steered as the limiter it wrapped was the widest seam of the
 // package, and each new thing a response could say widened it; an Observer
 // sees every decision without standing between the two.
@@ -269,12 +269,12 @@ func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(
 	}
 	var ours bool
 	p.at = t.target(p.key, req)
-	if p.pacer, ours = p.limiter.(pacer); !ours {
+	if p.pacer, ours = ownPacer(p.limiter); !ours {
 		switch {
 		case estimate != nil:
-			return p, fmt.Errorf("pace: key %s: an Estimate needs a limiter that reserves, Local or Redis, not a %T", store.QuoteKey(p.key), p.limiter)
+			return p, fmt.Errorf("pace: key %s: an Estimate needs a limiter that reserves, Local or Redis, not a %s", store.QuoteKey(p.key), limiterType(p.limiter))
 		case t.Pool != nil:
-			return p, fmt.Errorf("pace: key %s: a Pool needs a limiter that chooses, Local or Redis, not a %T", store.QuoteKey(p.key), p.limiter)
+			return p, fmt.Errorf("pace: key %s: a Pool needs a limiter that chooses, Local or Redis, not a %s", store.QuoteKey(p.key), limiterType(p.limiter))
 		}
 		return p, p.limiter.Wait(ctx, p.key, cost)
 	}

@@ -359,3 +359,71 @@ func TestTransportThroughADecorator(t *testing.T) {
 		t.Errorf("a Rule with an Estimate on the decorator: %v, want refused up front", err)
 	}
 }
+
+// loggedLocal and loggedRedis are decorators of a user's the common Go way:
+// they embed pace's limiter and override Wait.
+type loggedLocal struct {
+	*Local
+	waits atomic.Int64
+}
+
+func (l *loggedLocal) Wait(ctx context.Context, key string, cost int) error {
+	l.waits.Add(1)
+	return l.Local.Wait(ctx, key, cost)
+}
+
+type loggedRedis struct {
+	*Redis
+	waits atomic.Int64
+}
+
+func (l *loggedRedis) Wait(ctx context.Context, key string, cost int) error {
+	l.waits.Add(1)
+	return l.Redis.Wait(ctx, key, cost)
+}
+
+// TestEmbeddingDecoratorIsWaitedOn: a decorator that embeds *Local or
+// *Redis has pace's unexported methods too, promoted; a Transport, a Rule
+// and a Pool took it for pace's own limiter and never called its Wait (5
+// requests, 0 waits). It is a Limiter of the user's: its Wait is called for
+// every request, and what needs pace's own limiter (an Estimate, a Pool)
+// is refused with an error that says to pass the limiter it embeds.
+func TestEmbeddingDecoratorIsWaitedOn(t *testing.T) {
+	api := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer api.Close()
+	local := &loggedLocal{Local: mustLocal(t, PerSecond(1000))}
+	redisOne := &loggedRedis{Redis: mustRedis(t, scriptRedis(t), PerSecond(1000), WithFleetSize(1))}
+	for _, d := range []struct {
+		name  string
+		l     Limiter
+		waits func() int64
+	}{{"Local", local, local.waits.Load}, {"Redis", redisOne, redisOne.waits.Load}} {
+		rules, err := NewRules(Rule{Name: "all", Limiter: d.l})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const sent = 5
+		for _, tr := range []*Transport{{Limiter: d.l}, {Rules: rules}} {
+			before := d.waits()
+			client := &http.Client{Transport: tr}
+			for i := range sent {
+				resp, err := client.Get(api.URL)
+				if err != nil {
+					t.Fatalf("%s: request %d: %v", d.name, i, err)
+				}
+				resp.Body.Close()
+			}
+			if got := d.waits() - before; got != sent {
+				t.Errorf("%s decorator (rules %v): its Wait called %d times for %d requests", d.name, tr.Rules != nil, got, sent)
+			}
+		}
+		_, err = NewRules(Rule{Name: "llm", Limiter: d.l, Estimate: func(*http.Request) Costs { return nil }})
+		pool := &Pool{Credentials: []Credential{{Name: "a", Secret: "x"}}}
+		_, perr := pool.Wait(context.Background(), d.l, "k", 1)
+		for _, e := range []error{err, perr} {
+			if e == nil || !strings.Contains(e.Error(), "embeds one") || !strings.Contains(e.Error(), "pass the limiter it embeds") {
+				t.Errorf("%s decorator with an Estimate or a Pool: %v, want refused, saying to pass the limiter it embeds", d.name, e)
+			}
+		}
+	}
+}
