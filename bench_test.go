@@ -53,7 +53,7 @@ func BenchmarkRedisWait(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				b.ReportMetric(stats["evalsha"].MicrosPerOp, "redis-µs/call")
+				b.ReportMetric(redistest.ScriptMicros(stats), "redis-µs/call")
 			})
 		}
 	}

@@ -202,7 +202,7 @@ func TestCostsBadInput(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if n := calls["evalsha"].Calls + calls["eval"].Calls; n != 0 {
+			if n := redistest.ScriptCalls(calls); n != 0 {
 				t.Errorf("bad costs reached Redis: %d script calls", n)
 			}
 			if err := lim.Settle(ctx, good, Costs{"tokens": 5}); err != nil {

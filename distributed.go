@@ -16,7 +16,7 @@ import (
 
 // Redis paces events for a whole fleet: every process whose Redis limiter
 // uses the same Redis, prefix and key draws on one bucket. Each decision is
-// one script call (EVALSHA, or EVAL when Redis lacks the script) that reads
+// one script call (a Redis Function, or EVALSHA where Redis has none) that reads
 // Redis's clock, books the caller's tokens and returns the exact wait; the
 // caller then sleeps on one timer. Callers are served in the order their calls
 // reach Redis.

@@ -74,16 +74,16 @@ func stateClient(t *testing.T, srv *redistest.Server) *redis.Client {
 	return c
 }
 
-// TestStateRestartedEmpty: Redis restarted empty (its scripts and buckets
-// gone, as after a failover to a fresh replica). It heals: NOSCRIPT is
-// answered with EVAL, once for each script the limiter then uses, and the
-// bucket starts again, full.
+// TestStateRestartedEmpty: Redis restarted empty (its functions, scripts
+// and buckets gone, as after a failover to a fresh replica). It heals: a
+// function not found is loaded, once for each script the limiter then
+// uses, and the bucket starts again, full.
 func TestStateRestartedEmpty(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	c := stateClient(t, srv)
-	evals := &evalCounter{}
-	c.AddHook(evals)
+	loads := &loadCounter{}
+	c.AddHook(loads)
 	log := &eventLog{}
 	r := mustRedis(t, c, PerSecond(1000).WithBurst(5), WithObserver(log.observe), WithCooldown(10*time.Millisecond, 50*time.Millisecond))
 	for range 5 {
@@ -92,46 +92,47 @@ func TestStateRestartedEmpty(t *testing.T) {
 		}
 	}
 	srv.Restart()
-	evals.mu.Lock()
-	evals.bySource = map[string]int{}
-	evals.mu.Unlock()
+	loads.mu.Lock()
+	loads.bySource = map[string]int{}
+	loads.mu.Unlock()
 	took := waitForRedis(t, r, log, 2*time.Second)
-	evals.mu.Lock()
-	defer evals.mu.Unlock()
-	if len(evals.bySource) == 0 {
-		t.Error("no EVAL after the restart: NOSCRIPT was not answered")
+	loads.mu.Lock()
+	defer loads.mu.Unlock()
+	if len(loads.bySource) == 0 {
+		t.Error("no FUNCTION LOAD after the restart: a function not found was not loaded")
 	}
-	for source, n := range evals.bySource {
+	for source, n := range loads.bySource {
 		if n != 1 {
-			t.Errorf("%d EVALs of one script after the restart, want one (the answer to NOSCRIPT):\n%s", n, source[len(source)-300:])
+			t.Errorf("%d loads of one library after the restart, want one:\n%s", n, source[:min(len(source), 300)])
 		}
 	}
-	t.Logf("back on Redis %v after the restart, with %d scripts loaded again by EVAL", took, len(evals.bySource))
+	t.Logf("back on Redis %v after the restart, with %d libraries loaded again", took, len(loads.bySource))
 }
 
-// evalCounter is a go-redis hook that counts the EVAL calls that reached
-// Redis, by script. (One sent on a connection the restart broke does not.)
-type evalCounter struct {
+// loadCounter is a go-redis hook that counts the FUNCTION LOAD calls that
+// reached Redis, by library. (One sent on a connection the restart broke
+// does not.)
+type loadCounter struct {
 	mu       sync.Mutex
 	bySource map[string]int
 }
 
-func (e *evalCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (e *loadCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-func (e *evalCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (e *loadCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		var redisErr redis.Error
-		if cmd.Name() == "eval" && (err == nil || errors.As(err, &redisErr)) && e.bySource != nil {
+		if args := cmd.Args(); cmd.Name() == "function" && fmt.Sprint(args[1]) == "load" && (err == nil || errors.As(err, &redisErr)) && e.bySource != nil {
 			e.mu.Lock()
-			e.bySource[fmt.Sprint(cmd.Args()[1])]++
+			e.bySource[fmt.Sprint(args[2])]++
 			e.mu.Unlock()
 		}
 		return err
 	}
 }
 
-func (e *evalCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (e *loadCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
 

@@ -612,9 +612,9 @@ func checkCancelGivesBack(t *testing.T, c redis.UniversalClient) {
 	t.Logf("next caller's delay: %v before the cancels, %v after", before.Delay, after.Delay)
 }
 
-// TestRedisSurvivesScriptFlush: SCRIPT FLUSH between two waits changes
-// nothing for the caller: go-redis answers NOSCRIPT with EVAL, and the bucket
-// carries on from where it was.
+// TestRedisSurvivesScriptFlush: SCRIPT FLUSH and FUNCTION FLUSH between two
+// waits change nothing for the caller: the function not found is loaded
+// once, and the bucket carries on from where it was.
 func TestRedisSurvivesScriptFlush(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
@@ -624,6 +624,9 @@ func TestRedisSurvivesScriptFlush(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.FunctionFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.ConfigResetStat(ctx).Err(); err != nil {
@@ -640,8 +643,8 @@ func TestRedisSurvivesScriptFlush(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if calls["eval"].Calls != 1 {
-		t.Errorf("commandstats %v: want exactly one EVAL, the fallback from NOSCRIPT", calls)
+	if calls["function|load"].Calls != 1 || calls["fcall"].Calls != 2 || calls["eval"].Calls+calls["evalsha"].Calls != 0 {
+		t.Errorf("commandstats %v: want exactly one FUNCTION LOAD between an FCALL not found and the one that books", calls)
 	}
 	if err := r.Wait(ctx, "k2", 1); err != nil {
 		t.Fatalf("Wait after SCRIPT FLUSH: %v", err)

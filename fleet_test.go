@@ -568,9 +568,9 @@ func TestRedisFleet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	scriptCalls := calls["evalsha"].Calls + calls["eval"].Calls
-	t.Logf("%d script calls (evalsha %d, eval %d) for %d grants: %.2f per grant; %d refunds; %d heartbeats",
-		scriptCalls, calls["evalsha"].Calls, calls["eval"].Calls, len(grants), float64(scriptCalls)/float64(len(grants)), cancels, calls["zadd"].Calls)
+	scriptCalls := redistest.ScriptCalls(calls)
+	t.Logf("%d script calls (fcall %d, evalsha %d, eval %d) for %d grants: %.2f per grant; %d refunds; %d heartbeats",
+		scriptCalls, calls["fcall"].Calls, calls["evalsha"].Calls, calls["eval"].Calls, len(grants), float64(scriptCalls)/float64(len(grants)), cancels, calls["zadd"].Calls)
 	if scriptCalls != int64(len(grants)) || cancels != 0 {
 		t.Errorf("%d script calls and %d refunds for %d grants, want exactly one reservation call per grant and no refund",
 			scriptCalls, cancels, len(grants))

@@ -143,7 +143,7 @@ func TestBadInputs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if calls["evalsha"].Calls+calls["eval"].Calls != 0 {
+	if redistest.ScriptCalls(calls) != 0 {
 		t.Errorf("bad inputs reached Redis: commandstats %v", calls)
 	}
 }

@@ -148,7 +148,7 @@ func TestLoadedMachineStaysOnRedis(t *testing.T) {
 			served++
 		}
 	}
-	scriptCalls := calls["evalsha"].Calls + calls["eval"].Calls
+	scriptCalls := redistest.ScriptCalls(calls)
 	perGrant := float64(scriptCalls) / float64(max(grants, 1))
 	t.Logf("%d grants (%d local, %d fallbacks), %.2f script calls a grant; after the first second %d served, %d refused as granted, %d as they arrived; the longest stall of a process %v",
 		grants, local, fallbacks, perGrant, served, refused, arrivedRefused, stall)

@@ -325,7 +325,7 @@ func TestSlotsTakenWithTheBooking(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return stats["evalsha"].Calls + stats["eval"].Calls
+		return redistest.ScriptCalls(stats)
 	}
 	r.Wait(ctx, "warm", 1) // the scripts loaded, the heartbeat sent
 	before := calls()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fleetpace/pace/internal/quotaapi"
+	"github.com/fleetpace/pace/internal/store"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -241,7 +242,7 @@ func (s *refusedRuns) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		args := cmd.Args()
-		if name := cmd.Name(); (name != "evalsha" && name != "eval") || len(args) < 5 || err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		if !store.IsScriptCall(cmd.Name()) || len(args) < 5 || err != nil && (strings.HasPrefix(err.Error(), "NOSCRIPT") || strings.Contains(err.Error(), "Function not found")) {
 			return err
 		}
 		if op := fmt.Sprint(args[4]); fmt.Sprint(args[2]) == "1" && (op == "refused" || op == "served") {

@@ -28,13 +28,11 @@ local function read(i, command, ...)
   return reply
 end
 
--- any_exists reports whether any of KEYS[i], for the indices given, is
+-- any_exists reports whether any of KEYS[i], KEYS[j] and KEYS[k] is
 -- there: one command, where reading keys that are seldom there (a hold, a
 -- call's record) would take one each.
-local function any_exists(...)
-  local names = {}
-  for j, i in ipairs({...}) do names[j] = KEYS[i] end
-  return redis.call('EXISTS', unpack(names)) > 0
+local function any_exists(i, j, k)
+  return redis.call('EXISTS', KEYS[i], KEYS[j], KEYS[k]) > 0
 end
 
 -- number is the number that text, read at KEYS[i], stands for (nil for

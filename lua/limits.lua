@@ -21,7 +21,8 @@ local function stricter(a1, b1, a2, b2)
 end
 
 -- displaced is the interval and burst of the limit a stricter one took
--- the place of in this call, if any (see agree).
+-- the place of in this call, if any: agree sets it at each call (a
+-- function's library keeps its locals from one call to the next).
 local displaced = nil
 
 -- wake_sleepers publishes "KEY\nWORD NOW" on the channel of holds, as
@@ -61,6 +62,7 @@ end
 -- strictest standing) and the other limit standing (0, 0 when all agree):
 -- for the strictest, another seen; for any other, the strictest.
 local function agree(r, a, b)
+  displaced = nil
   local v = read(r, 'GET')
   -- The common case, read as text: this limit alone stands.
   local own = string.format('%d %d ', a, b)

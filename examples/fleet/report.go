@@ -31,7 +31,7 @@ type summary struct {
 	ForeignRate float64   `json:"foreign_rate"`  // the foreign client's requests per second
 	ForeignOK   int       `json:"foreign_ok"`    // 200s to the foreign client
 	Foreign429  int       `json:"foreign_too_many_requests"`
-	ScriptCalls *float64  `json:"redis_calls_per_request"` // EVALSHA and EVAL round trips per request; null without Redis
+	ScriptCalls *float64  `json:"redis_calls_per_request"` // script round trips (FCALL, EVALSHA, EVAL) per request; null without Redis
 	SyncCalls   *float64  `json:"sync_calls_per_request"`  // of them, those that synced the upstream's counters
 	PerProcess  []process `json:"per_process"`
 	// WaitP50 and WaitP99 are the fleet's waits: those the requests
@@ -219,7 +219,7 @@ func (s summary) print(w io.Writer) {
 	}
 	s.printHappenings(w)
 	if s.ScriptCalls != nil {
-		fmt.Fprintf(w, "Redis calls     %.2f per request (EVALSHA and EVAL round trips), %.2f of them to sync the upstream's counters\n", *s.ScriptCalls, *s.SyncCalls)
+		fmt.Fprintf(w, "Redis calls     %.2f per request (script round trips), %.2f of them to sync the upstream's counters\n", *s.ScriptCalls, *s.SyncCalls)
 	}
 	fmt.Fprintf(w, "\nprocess  requests  wait p50  wait p99\n")
 	for i, p := range s.PerProcess {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fleetpace/pace"
 	"github.com/fleetpace/pace/internal/examplestore"
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // workerEnv, when set, makes the program a worker process, configured by
@@ -63,7 +64,7 @@ func bookedWaits(ctx context.Context, e pace.Event) {
 type report struct {
 	Requests    []request
 	Critical    []request // with -priority, from the first process
-	ScriptCalls int64     // EVALSHA and EVAL round trips to Redis
+	ScriptCalls int64     // script round trips to Redis (FCALL, EVALSHA, EVAL)
 	SyncCalls   int64     // of them, those that synced the upstream's counters
 	Happened    happenings
 	// With -metrics: where the process served them, and the decisions they
@@ -98,7 +99,7 @@ func (s *scriptCounter) DialHook(next redis.DialHook) redis.DialHook { return ne
 
 func (s *scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+		if store.IsScriptCall(cmd.Name()) {
 			s.calls.Add(1)
 		}
 		return next(ctx, cmd)

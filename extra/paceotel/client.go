@@ -4,16 +4,18 @@ import (
 	"context"
 	"time"
 
+	"github.com/fleetpace/pace/internal/store"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
 
-// InstrumentClient records the duration of each script call (EVALSHA,
-// EVAL) that client makes, pace's decisions among them, as the histogram
-// pace.redis.call.duration, in seconds, with the attribute pace.outcome
-// ("ok" or "error"; a script's NOSCRIPT answer, which go-redis follows with
-// EVAL, is an error).
+// InstrumentClient records the duration of each script call (FCALL,
+// EVALSHA, EVAL) that client makes, pace's decisions among them, as the
+// histogram pace.redis.call.duration, in seconds, with the attribute
+// pace.outcome ("ok" or "error"; a script's NOSCRIPT answer, which go-redis
+// follows with EVAL, or a function's first "not found", which pace follows
+// by loading its library, is an error).
 func InstrumentClient(client redis.UniversalClient, opts ...Option) error {
 	c := newConfig(opts)
 	calls, err := c.meters.Meter(meterName).Float64Histogram("pace.redis.call.duration", metric.WithUnit("s"),
@@ -47,7 +49,7 @@ func (h callTimer) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h callTimer) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name != "evalsha" && name != "eval" {
+		if !store.IsScriptCall(cmd.Name()) {
 			return next(ctx, cmd)
 		}
 		start := time.Now()

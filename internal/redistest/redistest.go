@@ -183,7 +183,7 @@ type CommandStat struct {
 // CommandStats returns INFO commandstats since the statistics were last
 // reset, by command name ("evalsha", "ping"). Commands that scripts run
 // inside them count under their own names, so count script round trips with
-// "evalsha" and "eval" alone.
+// ScriptCalls.
 func CommandStats(ctx context.Context, c redis.UniversalClient) (map[string]CommandStat, error) {
 	info, err := c.Info(ctx, "commandstats").Result()
 	if err != nil {
@@ -211,4 +211,21 @@ func CommandStats(ctx context.Context, c redis.UniversalClient) (map[string]Comm
 		stats[strings.TrimPrefix(name, "cmdstat_")] = stat
 	}
 	return stats, nil
+}
+
+// ScriptCalls is how many of pace's script calls stats count: by FCALL
+// (pace's scripts are Redis Functions where Redis has them), EVALSHA or
+// EVAL, a library's first load's failed FCALL among them.
+func ScriptCalls(stats map[string]CommandStat) int64 {
+	return stats["fcall"].Calls + stats["evalsha"].Calls + stats["eval"].Calls
+}
+
+// ScriptMicros is Redis's own time per script call that stats count, in
+// microseconds.
+func ScriptMicros(stats map[string]CommandStat) float64 {
+	var total float64
+	for _, name := range []string{"fcall", "evalsha", "eval"} {
+		total += stats[name].MicrosPerOp * float64(stats[name].Calls)
+	}
+	return total / float64(max(ScriptCalls(stats), 1))
 }

@@ -197,7 +197,7 @@ func (s *Store) recorded(keys []string, key string, call uint64) ([]string, stri
 // withPick returns the booking script that books on one of a pool of n
 // keys, from first on (see lua/pick.lua), with its arguments; at is the
 // budget's place among args, recovered the place of its flag in the reply.
-func (s *Store) withPick(script *redis.Script, args []any, n, first, at, recovered int) (*redis.Script, []any) {
+func (s *Store) withPick(script *script, args []any, n, first, at, recovered int) (*script, []any) {
 	pick := reservePickScript
 	if script == quotaScript {
 		pick = quotaPickScript
@@ -218,7 +218,7 @@ func (s *Store) lateTake(ctx context.Context, q Request) func(*redis.Cmd) {
 
 // withTake returns the booking script that takes slot with the booking,
 // with its keys and arguments.
-func (s *Store) withTake(script *redis.Script, keys []string, args []any, key string, slot SlotTake) (*redis.Script, []string, []any) {
+func (s *Store) withTake(script *script, keys []string, args []any, key string, slot SlotTake) (*script, []string, []any) {
 	take := reserveTakeScript
 	if script == quotaScript {
 		take = quotaTakeScript

@@ -23,6 +23,7 @@ import (
 // of its own and the Caller stops waiting for it at the deadline.
 type Caller struct {
 	client  redis.Scripter
+	fn      functions
 	trips   roundTrips
 	guarded bool // the client may ignore context deadlines
 	// Answers counts the calls Redis answered without an error: the
@@ -50,7 +51,9 @@ type sharedDeadline struct {
 
 // NewCaller returns the caller of client, whose calls get at least floor.
 func NewCaller(client redis.Scripter, floor time.Duration) *Caller {
-	return &Caller{client: client, trips: roundTrips{floor: floor}, guarded: !appliesContextDeadlines(client)}
+	c := &Caller{client: client, trips: roundTrips{floor: floor}, guarded: !appliesContextDeadlines(client)}
+	c.fn.client, _ = client.(functionCaller)
+	return c
 }
 
 // Timeout is the timeout of a call that begins now, as the round trips
@@ -173,15 +176,15 @@ func isRedisError(err error) bool {
 }
 
 // Run runs script with the call's timeout.
-func (c *Caller) Run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+func (c *Caller) Run(ctx context.Context, script *script, keys []string, args ...any) *redis.Cmd {
 	start := time.Now()
 	cctx, d := c.context(ctx, start)
 	var cmd *redis.Cmd
 	if !c.guarded {
-		cmd = script.Run(cctx, c.client, keys, args...)
+		cmd = c.fn.run(cctx, c.client, script, keys, args...)
 	} else {
 		done := make(chan *redis.Cmd, 1)
-		go func() { done <- script.Run(cctx, c.client, keys, args...) }()
+		go func() { done <- c.fn.run(cctx, c.client, script, keys, args...) }()
 		select {
 		case cmd = <-done:
 		case <-cctx.Done():
@@ -200,12 +203,12 @@ func (c *Caller) Run(ctx context.Context, script *redis.Script, keys []string, a
 // RunWithin runs script within ctx alone, without the call's timeout: a
 // check that may wait for a first connection (a TLS handshake, a distant
 // Redis) as long as its caller lets it.
-func (c *Caller) RunWithin(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+func (c *Caller) RunWithin(ctx context.Context, script *script, keys []string, args ...any) *redis.Cmd {
 	if !c.guarded {
-		return script.Run(ctx, c.client, keys, args...)
+		return c.fn.run(ctx, c.client, script, keys, args...)
 	}
 	done := make(chan *redis.Cmd, 1)
-	go func() { done <- script.Run(ctx, c.client, keys, args...) }()
+	go func() { done <- c.fn.run(ctx, c.client, script, keys, args...) }()
 	select {
 	case cmd := <-done:
 		return cmd
@@ -223,14 +226,14 @@ func (c *Caller) RunWithin(ctx context.Context, script *redis.Script, keys []str
 // late answer is not the caller's: late, unless nil, is called with it, to
 // undo what the script did. The failover's probe runs so, once a
 // cool-down.
-func (c *Caller) RunLong(ctx context.Context, late func(*redis.Cmd), script *redis.Script, keys []string, args ...any) *redis.Cmd {
+func (c *Caller) RunLong(ctx context.Context, late func(*redis.Cmd), script *script, keys []string, args ...any) *redis.Cmd {
 	start := time.Now()
 	timeout, backoff := c.trips.timeout()
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(MaxCallTimeout, timeout+timeout/4))
 	done, abandoned := make(chan *redis.Cmd), make(chan struct{})
 	go func() {
 		defer cancel()
-		cmd := script.Run(lctx, c.client, keys, args...)
+		cmd := c.fn.run(lctx, c.client, script, keys, args...)
 		c.done(&sharedDeadline{ctx: lctx, timeout: timeout, backoff: backoff}, start, cmd.Err())
 		select {
 		case done <- cmd:

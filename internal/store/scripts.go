@@ -33,7 +33,7 @@ var (
 	settleScript   = newScript("booking", "settle")
 	syncScript     = newScript("sync")
 	slotsScript    = newScript("slot", "slots")
-	releaseScript  = redis.NewScript(part("release")) // no prelude: see lua/release.lua
+	releaseScript  = &script{eval: redis.NewScript(part("release"))} // no prelude: see lua/release.lua
 	lineScript     = newScript("line")
 	repayScript    = newScript("repay")
 	checkScript    = newScript("check")
@@ -49,26 +49,28 @@ var (
 )
 
 // newScript is the script of the parts named (lua/NAME.lua), after the
-// constants the scripts share and the common prelude.
-func newScript(parts ...string) *redis.Script {
-	return redis.NewScript(scriptText(parts...))
+// constants the scripts share and the common prelude: the last is its body,
+// the others helpers (see newFunction).
+func newScript(parts ...string) *script {
+	last := len(parts) - 1
+	return newFunction(parts[last], joined(append([]string{"common"}, parts[:last]...)...), part(parts[last]))
 }
 
 // newTakeScript is the booking script body (reserve or quota) that takes a
 // slot of a cap with its booking: lua/take.lua before it, and the body run
 // as a function whose reply take.lua's slot_taken completes.
-func newTakeScript(body string) *redis.Script {
-	return redis.NewScript(scriptText("rate", "record", "limits", "slot", "take") +
-		"return slot_taken((function()\n" + part(body) + "\nend)())\n")
+func newTakeScript(body string) *script {
+	return &script{eval: redis.NewScript(scriptText("rate", "record", "limits", "slot", "take") +
+		"return slot_taken((function()\n" + part(body) + "\nend)())\n")}
 }
 
 // newPickScript is the booking script body (reserve or quota), with its
 // prelude, as a function decide(KEYS, ARGV), which lua/pick.lua, after it,
 // runs for each key of a pool: the prelude's helpers read the keys of the
 // candidate asked.
-func newPickScript(body string) *redis.Script {
-	return redis.NewScript(constants() + "local function decide(KEYS, ARGV)\n" +
-		joined("common", "rate", "record", "limits", body) + "\nend\n" + part("pick"))
+func newPickScript(body string) *script {
+	return &script{eval: redis.NewScript(constants() + "local function decide(KEYS, ARGV)\n" +
+		joined("common", "rate", "record", "limits", body) + "\nend\n" + part("pick"))}
 }
 
 // scriptText is the text of the parts named, after the constants the

@@ -1,0 +1,131 @@
+package store
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"strings"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A script is one of pace's Lua scripts. Where the server has Redis
+// Functions, it runs as one (FCALL), from a library of its own: the
+// library defines the prelude's helpers once, when it is loaded, where a
+// script (EVALSHA) defines them again at every call, about a third of
+// Redis's time for a plain booking. Elsewhere (the embedded store, a
+// client that cannot call functions) it runs by EVALSHA, as the same text.
+type script struct {
+	eval *redis.Script
+	// fn is the function's name, which carries the library's version (its
+	// SHA-1), so that the libraries of a rolling deploy's two versions
+	// stand side by side; "" for a script that runs by EVALSHA alone.
+	fn  string
+	lib string // the library's code, loaded when Redis has no fn
+}
+
+// newFunction is the script of name whose prelude is the text helpers
+// and whose body is body: as a script, the two in turn; as a library, the
+// helpers once, and the body as the function, which sets the keys, the
+// arguments and the clock the helpers read at each call.
+func newFunction(name, helpers, body string) *script {
+	text := constants() + helpers + body
+	shared := strings.Replace(helpers, clockLines, "local KEYS, ARGV, now\n", 1)
+	if shared == helpers {
+		panic("store: the prelude of " + name + " does not read the clock as newFunction expects") // a mistake of the build
+	}
+	sum := sha1.Sum([]byte(shared + body))
+	version := hex.EncodeToString(sum[:6])
+	fn := "pace_" + name + "_" + version
+	lib := "#!lua name=" + fn + "\n" + constants() + shared +
+		"local function body()\n" + body + "\nend\n" +
+		"redis.register_function('" + fn + "', function(keys, args)\n" +
+		"  KEYS, ARGV = keys, args\n" +
+		"  local clock = redis.call('TIME')\n" +
+		"  now = clock[1] * 1000000 + clock[2]\n" +
+		"  return body()\n" +
+		"end)\n"
+	return &script{eval: redis.NewScript(text), fn: fn, lib: lib}
+}
+
+// clockLines are the lines of lua/common.lua that read Redis's clock, at
+// each call of a script.
+const clockLines = "local clock = redis.call('TIME')\nlocal now = clock[1] * 1000000 + clock[2]\n"
+
+// functionCaller is a client that calls Redis Functions: go-redis's
+// Client, ClusterClient and Ring.
+type functionCaller interface {
+	FCall(ctx context.Context, function string, keys []string, args ...any) *redis.Cmd
+	FunctionLoad(ctx context.Context, code string) *redis.StringCmd
+}
+
+// functions runs scripts as Redis Functions, until Redis says it has none.
+type functions struct {
+	client functionCaller // nil: scripts run by EVALSHA
+	absent atomic.Bool    // Redis does not know FCALL (the embedded store)
+}
+
+// run runs s on client: as its function when Redis has functions, loading
+// its library when Redis has not got it (a new version, a Redis restarted
+// empty); else by EVALSHA.
+func (f *functions) run(ctx context.Context, client redis.Scripter, s *script, keys []string, args ...any) *redis.Cmd {
+	if f.client == nil || s.fn == "" || f.absent.Load() {
+		return s.eval.Run(ctx, client, keys, args...)
+	}
+	cmd := f.client.FCall(ctx, s.fn, keys, args...)
+	switch err := cmd.Err(); {
+	case err == nil || !isRedisError(err):
+		return cmd
+	case unavailable(err):
+		f.absent.Store(true)
+		return s.eval.Run(ctx, client, keys, args...)
+	case !strings.Contains(err.Error(), "Function not found"):
+		return cmd
+	}
+	if err := f.load(ctx, s.lib); err != nil {
+		if !isRedisError(err) || !unavailable(err) {
+			cmd.SetErr(err)
+			return cmd
+		}
+		f.absent.Store(true)
+		return s.eval.Run(ctx, client, keys, args...)
+	}
+	return f.client.FCall(ctx, s.fn, keys, args...)
+}
+
+// load loads lib on every server that may run its function: on each
+// master of a Cluster, or shard of a Ring, where go-redis would send the
+// load to one of them.
+func (f *functions) load(ctx context.Context, lib string) error {
+	onEach := func(ctx context.Context, c *redis.Client) error { return loadOn(ctx, c, lib) }
+	switch c := f.client.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, onEach)
+	case *redis.Ring:
+		return c.ForEachShard(ctx, onEach)
+	}
+	return loadOn(ctx, f.client, lib)
+}
+
+// loadOn loads lib with c, unless the server has it already.
+func loadOn(ctx context.Context, c functionCaller, lib string) error {
+	if err := c.FunctionLoad(ctx, lib).Err(); err != nil && !strings.Contains(err.Error(), "already exists") {
+		return err
+	}
+	return nil
+}
+
+// unavailable reports whether err says Redis runs no function for pace:
+// it does not know the command (FCALL before Redis 7, or a store without
+// functions), or pace's user may not run or load functions (an ACL that
+// allows scripts alone).
+func unavailable(err error) bool {
+	msg := strings.ToLower(err.Error())
+	return strings.Contains(msg, "unknown command") || strings.Contains(msg, "unknown subcommand") || strings.HasPrefix(msg, "noperm")
+}
+
+// IsScriptCall reports whether a command of the name given (as go-redis
+// names it, lower case) runs one of pace's scripts: FCALL, EVALSHA or
+// EVAL.
+func IsScriptCall(name string) bool { return name == "fcall" || name == "evalsha" || name == "eval" }

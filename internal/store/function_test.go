@@ -1,0 +1,127 @@
+package store
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetpace/pace/internal/redistest"
+	"github.com/fleetpace/pace/internal/tiers"
+)
+
+// functionScripts are the scripts that run as Redis Functions.
+var functionScripts = []*script{reserveScript, quotaScript, refusedScript, refundScript, holdScript, heldScript,
+	settleScript, syncScript, slotsScript, lineScript, repayScript, checkScript, announceScript}
+
+// TestScriptsRunAsFunctions: on a real redis-server every script's library
+// loads; a call runs as FCALL (no EVALSHA), loading its library the first
+// time; after FUNCTION FLUSH (a Redis restarted empty) the next call loads
+// it again; another version's library stands beside it (a rolling
+// deploy); and foreign data at a key is still a PACEKEY error.
+func TestScriptsRunAsFunctions(t *testing.T) {
+	tiers.Full(t)
+	ctx := context.Background()
+	client := redistest.Start(t).Client(t)
+	for _, s := range functionScripts {
+		if !strings.HasPrefix(s.fn, "pace_") || len(s.lib) == 0 {
+			t.Fatalf("a script without a function: %q", s.fn)
+		}
+		if err := client.FunctionLoad(ctx, s.lib).Err(); err != nil {
+			t.Errorf("library %s: %v", s.fn, err)
+		}
+	}
+	if err := client.FunctionFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	calls := NewCaller(client, 50*time.Millisecond)
+	clock := func(when string) {
+		t.Helper()
+		if now, err := calls.Run(ctx, checkScript, nil).Int64(); err != nil || now < time.Now().Add(-time.Minute).UnixMicro() {
+			t.Fatalf("%s: the check's clock %d, %v", when, now, err)
+		}
+	}
+	if err := client.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	clock("first call")
+	clock("second call")
+	stats, err := redistest.CommandStats(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats["evalsha"].Calls+stats["eval"].Calls != 0 || stats["fcall"].Calls != 3 || stats["function|load"].Calls != 1 {
+		t.Errorf("two calls: %d FCALL, %d FUNCTION LOAD, %d EVALSHA, %d EVAL; want 3 FCALL (one not found), one load, no script",
+			stats["fcall"].Calls, stats["function|load"].Calls, stats["evalsha"].Calls, stats["eval"].Calls)
+	}
+
+	client.FunctionFlush(ctx)
+	clock("after FUNCTION FLUSH")
+
+	next := newFunction("check", part("common"), part("check")+"\n-- the next version\n")
+	if next.fn == checkScript.fn {
+		t.Fatalf("two versions of the check named alike: %s", next.fn)
+	}
+	if err := calls.Run(ctx, next, nil).Err(); err != nil {
+		t.Fatalf("the next version: %v", err)
+	}
+	clock("beside the next version")
+	libs, err := client.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: "pace_check_*"}).Result()
+	if err != nil || len(libs) != 2 {
+		t.Errorf("libraries of the check: %v (%v), want both versions", libs, err)
+	}
+
+	client.Set(ctx, "{k}#hold", "soon", 0)
+	_, err = calls.Run(ctx, heldScript, []string{"{k}#hold"}).Int64()
+	if err == nil || !strings.HasPrefix(err.Error(), keyErrorMarker+"1 ") {
+		t.Errorf("foreign data at a hold: %v, want a %s error", err, keyErrorMarker)
+	}
+}
+
+// TestScriptsWithoutFunctions: where Redis has no functions (the embedded
+// store), a script runs by EVALSHA, and FCALL is not asked again.
+func TestScriptsWithoutFunctions(t *testing.T) {
+	ctx := context.Background()
+	client := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+	defer client.Close()
+	calls := NewCaller(client, 50*time.Millisecond)
+	for i := range 2 {
+		if now, err := calls.Run(ctx, checkScript, nil).Int64(); err != nil || now <= 0 {
+			t.Fatalf("call %d: %d, %v", i, now, err)
+		}
+		if !calls.fn.absent.Load() {
+			t.Fatalf("call %d: FCALL not known to be missing", i)
+		}
+	}
+}
+
+// TestScriptsWithoutFunctionPermission: a Redis user whose ACL allows
+// scripts but not functions (FCALL, or FUNCTION LOAD) still books: by
+// EVALSHA, asking FCALL no more.
+func TestScriptsWithoutFunctionPermission(t *testing.T) {
+	tiers.Full(t)
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	for user, rules := range map[string][]any{"nofcall": {"-fcall"}, "noload": {"-function"}} {
+		setup := append([]any{"ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all"}, rules...)
+		if err := admin.Do(ctx, setup...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		admin.FunctionFlush(ctx)
+		client := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: user, Password: "pw"})
+		defer client.Close()
+		calls := NewCaller(client, 50*time.Millisecond)
+		for i := range 2 {
+			if now, err := calls.Run(ctx, checkScript, nil).Int64(); err != nil || now <= 0 {
+				t.Fatalf("%s, call %d: %d, %v", user, i, now, err)
+			}
+		}
+		if !calls.fn.absent.Load() {
+			t.Errorf("%s: functions not known to be unavailable", user)
+		}
+	}
+}
