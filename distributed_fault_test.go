@@ -476,8 +476,8 @@ func testFaultSilences(t *testing.T) {
 	})
 }
 
-// warmScript loads the scripts into srv, as a running fleet would have, so
-// that the run starts with EVALSHA.
+// warmScript loads the booking's function into srv, as a running fleet
+// would have, so that the run starts with a plain FCALL.
 func warmScript(t *testing.T, srv *redistest.Server) {
 	t.Helper()
 	if err := mustRedis(t, srv.Client(t), PerSecond(1), WithFleetSize(1)).Wait(context.Background(), "warm-up", 1); err != nil {
