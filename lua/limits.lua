@@ -58,14 +58,14 @@ local function drop_queue(i, r)
 end
 
 -- agree notes, at KEYS[r], that this booking paces the key at interval a
--- and burst b, and returns the interval and burst to book at (the
+-- and burst b (own: the two as the record writes them, "A B ", given by
+-- the caller, which string.format would cost each booking), and returns the interval and burst to book at (the
 -- strictest standing) and the other limit standing (0, 0 when all agree):
 -- for the strictest, another seen; for any other, the strictest.
-local function agree(r, a, b)
+local function agree(r, a, b, own)
   displaced = nil
   local v = read(r, 'GET')
   -- The common case, read as text: this limit alone stands.
-  local own = string.format('%d %d ', a, b)
   if v and string.sub(v, 1, #own) == own and string.sub(v, -6) == ' 0 0 0' then
     local su = number(r, string.sub(v, #own + 1, -7), 2^53)
     if su > now then

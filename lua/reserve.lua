@@ -21,6 +21,7 @@
 --          microseconds from now; the bucket books it as arriving then
 -- ARGV[6]  1 when cost is a reservation's estimate (see estimated in
 --          common.lua), else 0
+-- ARGV[7]  interval and burst as the limits' record writes them, "A B "
 --
 -- Returns {granted (1 or 0), delay, now, finish, booked, listening,
 -- recovered, other interval, other burst}: the wait in microseconds, the
@@ -38,7 +39,7 @@ local again = seldom and recorded(5)
 if again then return again end
 local a, b, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local other_a, other_b
-a, b, other_a, other_b = agree(4, a, b)
+a, b, other_a, other_b = agree(4, a, b, ARGV[7])
 if displaced then drop_queue(1, 4) end
 local arrival = now + tonumber(ARGV[5])
 local stored, steer = read_bucket(1)

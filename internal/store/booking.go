@@ -94,7 +94,7 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 	}
 	script, args, at := reserveScript, []any(nil), 4 // at: the budget's place among args
 	if s.oneBucket {
-		args = []any{s.limitArgs[1], s.limitArgs[2], q.Costs[0], budgetArg, notBefore.Microseconds(), int64(q.Estimated)}
+		args = []any{s.limitArgs[1], s.limitArgs[2], q.Costs[0], budgetArg, notBefore.Microseconds(), int64(q.Estimated), s.ownLimit}
 	}
 	keys, id := s.bookedKeys(q, call)
 	if !s.oneBucket {

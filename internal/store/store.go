@@ -29,6 +29,7 @@ type Store struct {
 	booked     []string // the suffixes of the keys a booking reads: its limits', its hold's, its rate's, and, for one bucket, the limits the fleet paces it at
 	limitArgs  []any    // each limit's kind, span and count, boxed once
 	oneBucket  bool     // the quota is one bucket: reserve.lua, not quota.lua
+	ownLimit   any      // for one bucket, its interval and burst as lua/limits.lua records them, "A B "
 	sliding    bool     // some limit is a sliding window, whose grants need ids
 	member     string   // names this limiter's grants in sliding windows
 	requestIDs atomic.Uint64
@@ -71,6 +72,7 @@ func New(calls *Caller, prefix, member string, limits []Limit) *Store {
 	s.oneBucket = len(limits) == 1 && limits[0].Kind == Bucket
 	if s.oneBucket {
 		s.booked = append(s.booked, LimitsSuffix) // see lua/limits.lua
+		s.ownLimit = fmt.Sprintf("%d %d ", limits[0].Span, limits[0].Count)
 	}
 	return s
 }
@@ -187,7 +189,7 @@ func (s *Store) Announce(ctx context.Context, key string) error {
 		return nil
 	}
 	keys := []string{s.prefix + "{" + key + "}" + LimitsSuffix, s.prefix + "{" + key + "}"}
-	if err := s.calls.Run(ctx, announceScript, keys, s.limitArgs[1], s.limitArgs[2]).Err(); err != nil {
+	if err := s.calls.Run(ctx, announceScript, keys, s.limitArgs[1], s.limitArgs[2], s.ownLimit).Err(); err != nil {
 		return s.fail(key, "announce", keys, err)
 	}
 	return nil
