@@ -60,38 +60,37 @@ type functionCaller interface {
 	FunctionLoad(ctx context.Context, code string) *redis.StringCmd
 }
 
-// functions runs scripts as Redis Functions, until Redis says it has none.
+// functions runs scripts as Redis Functions, until Redis says it runs none
+// for pace.
 type functions struct {
 	client functionCaller // nil: scripts run by EVALSHA
-	absent atomic.Bool    // Redis does not know FCALL (the embedded store)
+	absent atomic.Bool    // Redis runs no function for pace (the embedded store)
 }
 
-// run runs s on client: as its function when Redis has functions, loading
-// its library when Redis has not got it (a new version, a Redis restarted
-// empty); else by EVALSHA.
+// run runs s on client: as its function, loading its library when Redis
+// has not got it (a new version, a Redis restarted empty); by EVALSHA from
+// the first answer that says Redis will not run it (no FCALL, a library
+// refused, an ACL), which a server that serves scripts alone gives.
 func (f *functions) run(ctx context.Context, client redis.Scripter, s *script, keys []string, args ...any) *redis.Cmd {
 	if f.client == nil || s.fn == "" || f.absent.Load() {
 		return s.eval.Run(ctx, client, keys, args...)
 	}
 	cmd := f.client.FCall(ctx, s.fn, keys, args...)
-	switch err := cmd.Err(); {
-	case err == nil || !isRedisError(err):
-		return cmd
-	case unavailable(err):
-		f.absent.Store(true)
-		return s.eval.Run(ctx, client, keys, args...)
-	case !strings.Contains(err.Error(), "Function not found"):
+	if err := cmd.Err(); err == nil || !isRedisError(err) || !unrun(err) {
 		return cmd
 	}
-	if err := f.load(ctx, s.lib); err != nil {
-		if !isRedisError(err) || !unavailable(err) {
+	if strings.Contains(cmd.Err().Error(), "Function not found") {
+		err := f.load(ctx, s.lib)
+		if err == nil {
+			return f.client.FCall(ctx, s.fn, keys, args...)
+		}
+		if !isRedisError(err) {
 			cmd.SetErr(err)
 			return cmd
 		}
-		f.absent.Store(true)
-		return s.eval.Run(ctx, client, keys, args...)
 	}
-	return f.client.FCall(ctx, s.fn, keys, args...)
+	f.absent.Store(true)
+	return s.eval.Run(ctx, client, keys, args...)
 }
 
 // load loads lib on every server that may run its function: on each
@@ -116,13 +115,15 @@ func loadOn(ctx context.Context, c functionCaller, lib string) error {
 	return nil
 }
 
-// unavailable reports whether err says Redis runs no function for pace:
-// it does not know the command (FCALL before Redis 7, or a store without
-// functions), or pace's user may not run or load functions (an ACL that
-// allows scripts alone).
-func unavailable(err error) bool {
+// unrun reports whether err, FCALL's answer, says Redis did not run the
+// function at all: it has not got it, or does not know FCALL (before Redis
+// 7, a store without functions, the command renamed away), or will not let
+// pace's user call it, or names the command in any other refusal. A
+// function's own error names its library, never the command.
+func unrun(err error) bool {
 	msg := strings.ToLower(err.Error())
-	return strings.Contains(msg, "unknown command") || strings.Contains(msg, "unknown subcommand") || strings.HasPrefix(msg, "noperm")
+	return strings.Contains(msg, "function not found") || strings.Contains(msg, "unknown command") ||
+		strings.HasPrefix(msg, "noperm") || strings.Contains(msg, "'fcall'")
 }
 
 // IsScriptCall reports whether a command of the name given (as go-redis

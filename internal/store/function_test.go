@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -98,30 +99,63 @@ func TestScriptsWithoutFunctions(t *testing.T) {
 	}
 }
 
-// TestScriptsWithoutFunctionPermission: a Redis user whose ACL allows
-// scripts but not functions (FCALL, or FUNCTION LOAD) still books: by
-// EVALSHA, asking FCALL no more.
-func TestScriptsWithoutFunctionPermission(t *testing.T) {
+// TestScriptsOnServersWithoutFunctions: a Redis that runs scripts but no
+// function of pace's still books, by EVALSHA, asking FCALL no more: FCALL
+// or FUNCTION renamed away, or an ACL of pace's user without them.
+func TestScriptsOnServersWithoutFunctions(t *testing.T) {
 	tiers.Full(t)
 	ctx := context.Background()
-	srv := redistest.Start(t)
-	admin := srv.Client(t)
-	for user, rules := range map[string][]any{"nofcall": {"-fcall"}, "noload": {"-function"}} {
-		setup := append([]any{"ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all"}, rules...)
-		if err := admin.Do(ctx, setup...).Err(); err != nil {
-			t.Fatal(err)
-		}
-		admin.FunctionFlush(ctx)
-		client := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: user, Password: "pw"})
-		defer client.Close()
-		calls := NewCaller(client, 50*time.Millisecond)
-		for i := range 2 {
-			if now, err := calls.Run(ctx, checkScript, nil).Int64(); err != nil || now <= 0 {
-				t.Fatalf("%s, call %d: %d, %v", user, i, now, err)
+	for name, c := range map[string]struct {
+		server []string
+		acl    []any
+	}{
+		"FCALL renamed away":           {server: []string{"--rename-command", "FCALL", ""}},
+		"FUNCTION renamed away":        {server: []string{"--rename-command", "FUNCTION", ""}},
+		"an ACL without FCALL":         {acl: []any{"-fcall"}},
+		"an ACL without FUNCTION LOAD": {acl: []any{"-function"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := redistest.Start(t, c.server...)
+			opts := &redis.Options{Addr: srv.Addr}
+			if c.acl != nil {
+				setup := append([]any{"ACL", "SETUSER", "pace", "on", ">pw", "~*", "&*", "+@all"}, c.acl...)
+				if err := srv.Client(t).Do(ctx, setup...).Err(); err != nil {
+					t.Fatal(err)
+				}
+				opts.Username, opts.Password = "pace", "pw"
 			}
-		}
-		if !calls.fn.absent.Load() {
-			t.Errorf("%s: functions not known to be unavailable", user)
+			client := redis.NewClient(opts)
+			defer client.Close()
+			calls := NewCaller(client, 50*time.Millisecond)
+			for i := range 2 {
+				if now, err := calls.Run(ctx, checkScript, nil).Int64(); err != nil || now <= 0 {
+					t.Fatalf("call %d: %d, %v", i, now, err)
+				}
+			}
+			if !calls.fn.absent.Load() {
+				t.Errorf("functions not known to be unavailable")
+			}
+		})
+	}
+}
+
+// TestUnrun: the answers that say Redis ran no function (so a script goes
+// by EVALSHA), as Redis 6 and 7 write them, and a function's own errors,
+// which are the caller's, as Redis 7 writes them.
+func TestUnrun(t *testing.T) {
+	for msg, want := range map[string]bool{
+		"ERR Function not found": true,
+		"ERR unknown command 'FCALL', with args beginning with: 'pace_reserve_28d28df82be1' '5' ":          true,
+		"NOPERM User pace has no permissions to run the 'fcall' command":                                   true,
+		"ERR Command is not available: 'FCALL'":                                                            true,
+		"PACEKEY 1 holds a value that is not a whole number script: pace_held_0f3c, on @user_function:12.": false,
+		"ERR user_function:2: attempt to index local 't' (a nil value) script: errf, on @user_function:2.": false,
+		"OOM command not allowed when used memory > 'maxmemory'.":                                          false,
+		"BUSY Redis is busy running a script. You can only call FUNCTION KILL or SHUTDOWN NOSAVE.":         false,
+		"LOADING Redis is loading the dataset in memory":                                                   false,
+	} {
+		if got := unrun(errors.New(msg)); got != want {
+			t.Errorf("unrun(%q) = %v, want %v", msg, got, want)
 		}
 	}
 }
