@@ -13,14 +13,15 @@ import (
 // A script is one of pace's Lua scripts. Where the server has Redis
 // Functions, it runs as one (FCALL), from a library of its own: the
 // library defines the prelude's helpers once, when it is loaded, where a
-// script (EVALSHA) defines them again at every call, about a third of
+// script (EVALSHA) defines them again at every call, about a quarter of
 // Redis's time for a plain booking. Elsewhere (the embedded store, a
 // client that cannot call functions) it runs by EVALSHA, as the same text.
 type script struct {
 	eval *redis.Script
-	// fn is the function's name, which carries the library's version (its
-	// SHA-1), so that the libraries of a rolling deploy's two versions
-	// stand side by side; "" for a script that runs by EVALSHA alone.
+	// fn is the function's name, which carries the library's version (the
+	// SHA-1 of all its code: one name, one code), so that the libraries of
+	// a rolling deploy's two versions stand side by side; "" for a script
+	// that runs by EVALSHA alone.
 	fn  string
 	lib string // the library's code, loaded when Redis has no fn
 }
@@ -35,7 +36,7 @@ func newFunction(name, helpers, body string) *script {
 	if shared == helpers {
 		panic("store: the prelude of " + name + " does not read the clock as newFunction expects") // a mistake of the build
 	}
-	sum := sha1.Sum([]byte(shared + body))
+	sum := sha1.Sum([]byte(constants() + shared + body))
 	version := hex.EncodeToString(sum[:6])
 	fn := "pace_" + name + "_" + version
 	lib := "#!lua name=" + fn + "\n" + constants() + shared +
@@ -76,15 +77,15 @@ func (f *functions) run(ctx context.Context, client redis.Scripter, s *script, k
 		return s.eval.Run(ctx, client, keys, args...)
 	}
 	cmd := f.client.FCall(ctx, s.fn, keys, args...)
-	if err := cmd.Err(); err == nil || !isRedisError(err) || !unrun(err) {
+	err := cmd.Err()
+	if err == nil || !isRedisError(err) || !unrun(err) {
 		return cmd
 	}
-	if strings.Contains(cmd.Err().Error(), "Function not found") {
-		err := f.load(ctx, s.lib)
-		if err == nil {
+	if strings.Contains(err.Error(), "Function not found") {
+		if err = f.load(ctx, s.lib); err == nil {
 			return f.client.FCall(ctx, s.fn, keys, args...)
 		}
-		if !isRedisError(err) {
+		if !isRedisError(err) || !unrun(err) { // a Redis away, out of memory, loading...
 			cmd.SetErr(err)
 			return cmd
 		}
@@ -115,15 +116,16 @@ func loadOn(ctx context.Context, c functionCaller, lib string) error {
 	return nil
 }
 
-// unrun reports whether err, FCALL's answer, says Redis did not run the
-// function at all: it has not got it, or does not know FCALL (before Redis
-// 7, a store without functions, the command renamed away), or will not let
-// pace's user call it, or names the command in any other refusal. A
-// function's own error names its library, never the command.
+// unrun reports whether err, the answer to FCALL or FUNCTION LOAD, says
+// Redis did not run the command at all: it has not got the function, or
+// does not know the command (before Redis 7, a store without functions,
+// the command renamed away), or will not let pace's user run it, or names
+// the command in any other refusal. A function's own error names its
+// library, never the command; Redis out of memory or loading names neither.
 func unrun(err error) bool {
 	msg := strings.ToLower(err.Error())
 	return strings.Contains(msg, "function not found") || strings.Contains(msg, "unknown command") ||
-		strings.HasPrefix(msg, "noperm") || strings.Contains(msg, "'fcall'")
+		strings.HasPrefix(msg, "noperm") || strings.Contains(msg, "'fcall'") || strings.Contains(msg, "'function")
 }
 
 // IsScriptCall reports whether a command of the name given (as go-redis

@@ -139,15 +139,18 @@ func TestScriptsOnServersWithoutFunctions(t *testing.T) {
 	}
 }
 
-// TestUnrun: the answers that say Redis ran no function (so a script goes
-// by EVALSHA), as Redis 6 and 7 write them, and a function's own errors,
-// which are the caller's, as Redis 7 writes them.
+// TestUnrun: the answers to FCALL and FUNCTION LOAD that say Redis ran
+// neither (so a script goes by EVALSHA), as Redis 6 and 7 write them, and
+// a function's own errors and Redis's passing states, which are the
+// caller's, as Redis 7 writes them.
 func TestUnrun(t *testing.T) {
 	for msg, want := range map[string]bool{
 		"ERR Function not found": true,
 		"ERR unknown command 'FCALL', with args beginning with: 'pace_reserve_28d28df82be1' '5' ":          true,
 		"NOPERM User pace has no permissions to run the 'fcall' command":                                   true,
 		"ERR Command is not available: 'FCALL'":                                                            true,
+		"ERR unknown command 'FUNCTION', with args beginning with: 'LOAD' ":                                true,
+		"NOPERM User pace has no permissions to run the 'function|load' command":                           true,
 		"PACEKEY 1 holds a value that is not a whole number script: pace_held_0f3c, on @user_function:12.": false,
 		"ERR user_function:2: attempt to index local 't' (a nil value) script: errf, on @user_function:2.": false,
 		"OOM command not allowed when used memory > 'maxmemory'.":                                          false,
@@ -157,5 +160,35 @@ func TestUnrun(t *testing.T) {
 		if got := unrun(errors.New(msg)); got != want {
 			t.Errorf("unrun(%q) = %v, want %v", msg, got, want)
 		}
+	}
+}
+
+// TestLibraryRefusedForMemory: a library Redis cannot load while it is out
+// of memory is that call's error, and functions stay: once memory is free,
+// the next call loads it and runs as FCALL.
+func TestLibraryRefusedForMemory(t *testing.T) {
+	tiers.Full(t)
+	ctx := context.Background()
+	srv := redistest.Start(t, "--maxmemory-policy", "noeviction")
+	client := srv.Client(t)
+	if err := client.Set(ctx, "filler", strings.Repeat("x", 4<<20), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.ConfigSet(ctx, "maxmemory", "1mb").Err(); err != nil {
+		t.Fatal(err)
+	}
+	calls := NewCaller(client, 50*time.Millisecond)
+	if _, err := calls.Run(ctx, checkScript, nil).Int64(); err == nil || !strings.HasPrefix(err.Error(), "OOM") || calls.fn.absent.Load() {
+		t.Fatalf("out of memory: %v, functions given up %v; want the OOM, functions kept", err, calls.fn.absent.Load())
+	}
+	if err := client.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	client.ConfigResetStat(ctx)
+	if _, err := calls.Run(ctx, checkScript, nil).Int64(); err != nil {
+		t.Fatalf("memory free again: %v", err)
+	}
+	if stats, err := redistest.CommandStats(ctx, client); err != nil || stats["fcall"].Calls != 2 || stats["evalsha"].Calls != 0 {
+		t.Errorf("memory free again: commandstats %v (%v), want the FCALL not found and the one after the load", stats, err)
 	}
 }
