@@ -59,9 +59,10 @@ end
 
 -- agree notes, at KEYS[r], that this booking paces the key at interval a
 -- and burst b (own: the two as the record writes them, "A B ", given by
--- the caller, which string.format would cost each booking), and returns the interval and burst to book at (the
--- strictest standing) and the other limit standing (0, 0 when all agree):
--- for the strictest, another seen; for any other, the strictest.
+-- the caller, as string.format would cost each booking), and returns the
+-- interval and burst to book at (the strictest standing) and the other
+-- limit standing (0, 0 when all agree): for the strictest, another seen;
+-- for any other, the strictest.
 local function agree(r, a, b, own)
   displaced = nil
   local v = read(r, 'GET')

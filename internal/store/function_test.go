@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -85,18 +86,45 @@ func TestScriptsRunAsFunctions(t *testing.T) {
 // TestScriptsWithoutFunctions: where Redis has no functions (the embedded
 // store), a script runs by EVALSHA, and FCALL is not asked again.
 func TestScriptsWithoutFunctions(t *testing.T) {
-	ctx := context.Background()
 	client := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
 	defer client.Close()
+	runsByScript(t, client)
+}
+
+// runsByScript makes two calls of the check through a new Caller of
+// client, and holds them to EVALSHA: both answered, FCALL asked once in
+// all, and functions known to be unavailable.
+func runsByScript(t *testing.T, client *redis.Client) {
+	t.Helper()
+	fcalls := &fcallCounter{}
+	client.AddHook(fcalls)
 	calls := NewCaller(client, 50*time.Millisecond)
 	for i := range 2 {
-		if now, err := calls.Run(ctx, checkScript, nil).Int64(); err != nil || now <= 0 {
+		if now, err := calls.Run(context.Background(), checkScript, nil).Int64(); err != nil || now <= 0 {
 			t.Fatalf("call %d: %d, %v", i, now, err)
 		}
-		if !calls.fn.absent.Load() {
-			t.Fatalf("call %d: FCALL not known to be missing", i)
-		}
 	}
+	if n := fcalls.n.Load(); n != 1 || !calls.fn.absent.Load() {
+		t.Errorf("two calls asked FCALL %d times, functions given up %v; want once, and given up", n, calls.fn.absent.Load())
+	}
+}
+
+// fcallCounter is a go-redis hook that counts the FCALLs a client sends.
+type fcallCounter struct{ n atomic.Int64 }
+
+func (f *fcallCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (f *fcallCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "fcall" {
+			f.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (f *fcallCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 // TestScriptsOnServersWithoutFunctions: a Redis that runs scripts but no
@@ -126,15 +154,7 @@ func TestScriptsOnServersWithoutFunctions(t *testing.T) {
 			}
 			client := redis.NewClient(opts)
 			defer client.Close()
-			calls := NewCaller(client, 50*time.Millisecond)
-			for i := range 2 {
-				if now, err := calls.Run(ctx, checkScript, nil).Int64(); err != nil || now <= 0 {
-					t.Fatalf("call %d: %d, %v", i, now, err)
-				}
-			}
-			if !calls.fn.absent.Load() {
-				t.Errorf("functions not known to be unavailable")
-			}
+			runsByScript(t, client)
 		})
 	}
 }
