@@ -71,16 +71,6 @@ func (p paced) collected(ctx context.Context) func(ended *atomic.Bool) {
 // collected before it ended.
 var errBodyCollected = errors.New("pace: the response's body was never read to its end nor closed: its reservation keeps its estimate; close every body")
 
-// unsettled implements pacer.
-func (r *Redis) unsettled(ctx context.Context, res *Reservation) {
-	r.settleFailed(ctx, r.config.observer, "redis", r, res, errBodyCollected)
-}
-
-// unsettled implements pacer.
-func (loc *Local) unsettled(ctx context.Context, res *Reservation) {
-	loc.settleFailed(ctx, loc.config.observer, "local", loc, res, errBodyCollected)
-}
-
 // upgradedBody is the endingBody of an upgraded connection, which the
 // client writes to as well (httputil.ReverseProxy needs it so).
 type upgradedBody struct {

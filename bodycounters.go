@@ -52,12 +52,6 @@ func secondsOf(s float64) time.Duration {
 	return time.Duration(math.Ceil(s * float64(time.Second)))
 }
 
-// readsBody reports whether p's response body says the key's counters,
-// which p's limiter is to hear.
-func (p paced) readsBody() bool {
-	return p.counters != nil && p.pacer != nil && p.scope.counters
-}
-
 // heedBody hands the counters that resp's body (its ends) states to p's
 // limiter, as of arrival, when the headers came. The refusals' loop heard
 // the response already.

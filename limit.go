@@ -463,3 +463,26 @@ func formatPeriod(d time.Duration) string {
 	}
 	return s
 }
+
+// storeLimits are limits as the store takes them, a calendar's windows
+// told by the clock now. Each limit's Redis key is prefix{key}, a colon and
+// the limit's name; the key of a quota of one unnamed bucket is prefix{key}
+// alone.
+func storeLimits(limits []Limit, now func() time.Time) []store.Limit {
+	kinds := map[limitKind]store.Kind{bucket: store.Bucket, slidingWindow: store.SlidingWindow, fixedWindow: store.FixedWindow}
+	out := make([]store.Limit, len(limits))
+	for i, l := range limits {
+		out[i] = store.Limit{Kind: kinds[l.kind], Span: l.intervalMicros(), Count: l.burst, Suffix: ":" + limitName(l)}
+		if l.kind != bucket {
+			out[i].Span = l.period.Microseconds()
+		}
+		if l.cal.unit != notCalendar {
+			windows := &calendarWindows{cal: l.cal}
+			out[i].Windows = func() string { return windows.text(now()) }
+		}
+	}
+	if len(limits) == 1 && limits[0].kind == bucket && limits[0].name == "" {
+		out[0].Suffix = ""
+	}
+	return out
+}

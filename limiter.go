@@ -2,6 +2,7 @@ package pace
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -138,4 +139,13 @@ type waitBudgetKey struct{}
 // work goes on under it.
 func WithWaitBudget(ctx context.Context, d time.Duration) context.Context {
 	return context.WithValue(ctx, waitBudgetKey{}, d)
+}
+
+// allow is Allow on l: a Wait under a budget of nothing.
+func allow(ctx context.Context, l Limiter, key string, cost int) (bool, error) {
+	err := l.Wait(WithWaitBudget(ctx, 0), key, cost)
+	if errors.As(err, new(*DeadlineError)) {
+		return false, nil
+	}
+	return err == nil, err
 }

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"maps"
 	"math"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/fleetpace/pace/headers"
 	"github.com/fleetpace/pace/internal/steer"
 	"github.com/fleetpace/pace/internal/store"
 	"golang.org/x/time/rate"
@@ -592,4 +594,99 @@ func (k *localKey) full(now time.Time) bool {
 		}
 	}
 	return true
+}
+
+// Allow reports whether cost units for key can go now, and books them if
+// so, as Redis.Allow does.
+func (loc *Local) Allow(ctx context.Context, key string, cost int) (bool, error) {
+	return allow(ctx, loc, key, cost)
+}
+
+// unsettled implements pacer.
+func (loc *Local) unsettled(ctx context.Context, res *Reservation) {
+	loc.settleFailed(ctx, loc.config.observer, "local", loc, res, errBodyCollected)
+}
+
+// MaxCost returns the largest cost a wait can be granted: the smallest
+// burst, or window count, of the quota's limits. NewRules refuses a Rule
+// whose Cost is larger.
+func (loc *Local) MaxCost() int { return loc.costCap }
+
+// heedWord implements pacer.
+func (loc *Local) heedWord(ctx context.Context, key string, g grant, w headers.Word, h heedScope) {
+	if loc.config.dryRun {
+		return // see WithDryRun
+	}
+	loc.heed(context.WithoutCancel(ctx), key, g.t, w, h)
+}
+
+// longestHold implements pacer.
+func (loc *Local) longestHold() time.Duration { return loc.config.maxHold }
+
+// heed applies w: the holds, then a refusal that neither explains
+// to the key's rate, or a success it listens for (see internal/steer). Local
+// is not steered by counters.
+func (loc *Local) heed(ctx context.Context, key string, t ticket, w headers.Word, o heedScope) {
+	for _, h := range w.Holds {
+		loc.Hold(ctx, key, h)
+	}
+	served := !w.Refused && t.listening
+	if !o.refusals || t.local != loc || (!served && (!w.Refused || loc.namedLimits.explains(w))) {
+		return
+	}
+	now := loc.now()
+	shard := loc.shard(key)
+	shard.mu.Lock()
+	k := shard.limiter(loc, key, now)
+	if served {
+		k.rate.Served(t.start.UnixMicro())
+		shard.mu.Unlock()
+		return
+	}
+	cut, wake := k.rate.Refused(now.UnixMicro(), t.start.UnixMicro(), loc.openBurst)
+	share := k.rate.Bottom()
+	shard.mu.Unlock()
+	if wake {
+		loc.retimes.Add(key, now.UnixMicro(), true, now) // its sleepers book anew
+	}
+	if cut {
+		reportRate(ctx, loc.config.observer, "local", key, share, w.Status)
+	}
+}
+
+// headers.Hold pauses key: no wait for key ends sooner than h.For from now,
+// capped at the limiter's MaxHold (see WithMaxHold); a hold of a quota that
+// none of the limits is (see Hold.Quota) holds nothing.
+func (loc *Local) Hold(ctx context.Context, key string, h headers.Hold) error {
+	h, holds, err := loc.config.hold(loc.namedLimits, key, h)
+	if err != nil || !holds {
+		return err
+	}
+	now := loc.now()
+	until := now.Add(h.For)
+	shard := loc.shard(key)
+	shard.mu.Lock()
+	changed := !shard.holds[key].After(until)
+	if changed {
+		shard.holds[key] = until
+	}
+	shard.mu.Unlock()
+	reportHold(ctx, loc.config.observer, "local", key, h, changed)
+	return nil
+}
+
+// addFloors adds floors to loc's, the later time of each key: a limiter
+// that joins loc's outage had booked them in Redis.
+func (loc *Local) addFloors(floors map[string]time.Time) {
+	if len(floors) == 0 {
+		return
+	}
+	merged := maps.Clone(*loc.floors.Load())
+	if merged == nil {
+		merged = make(map[string]time.Time, len(floors))
+	}
+	for key, t := range floors {
+		merged[key] = latest(merged[key], t)
+	}
+	loc.floors.Store(&merged)
 }

@@ -89,15 +89,6 @@ type Rules struct {
 	matchers []matcher // each rule's match fields, checked
 }
 
-// MaxCost returns the largest cost a wait can be granted: the smallest
-// burst, or window count, of the quota's limits. NewRules refuses a Rule
-// whose Cost is larger.
-func (loc *Local) MaxCost() int { return loc.costCap }
-
-// MaxCost returns the largest cost a wait can be granted, as Local.MaxCost
-// does.
-func (r *Redis) MaxCost() int { return r.costCap }
-
 // NewRules checks rules and returns them, with def last: the rule for
 // requests that no other rule matches (its match fields must be empty). Every
 // error names the rule, the field and the value.

@@ -423,3 +423,9 @@ func isNil(l Limiter) bool {
 	}
 	return false
 }
+
+// readsBody reports whether p's response body says the key's counters,
+// which p's limiter is to hear.
+func (p paced) readsBody() bool {
+	return p.counters != nil && p.pacer != nil && p.scope.counters
+}

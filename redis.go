@@ -141,29 +141,6 @@ func newRedis(q Quota, now func() time.Time, opts ...RedisOption) (*Redis, error
 	return r, nil
 }
 
-// storeLimits are limits as the store takes them, a calendar's windows
-// told by the clock now. Each limit's Redis key is prefix{key}, a colon and
-// the limit's name; the key of a quota of one unnamed bucket is prefix{key}
-// alone.
-func storeLimits(limits []Limit, now func() time.Time) []store.Limit {
-	kinds := map[limitKind]store.Kind{bucket: store.Bucket, slidingWindow: store.SlidingWindow, fixedWindow: store.FixedWindow}
-	out := make([]store.Limit, len(limits))
-	for i, l := range limits {
-		out[i] = store.Limit{Kind: kinds[l.kind], Span: l.intervalMicros(), Count: l.burst, Suffix: ":" + limitName(l)}
-		if l.kind != bucket {
-			out[i].Span = l.period.Microseconds()
-		}
-		if l.cal.unit != notCalendar {
-			windows := &calendarWindows{cal: l.cal}
-			out[i].Windows = func() string { return windows.text(now()) }
-		}
-	}
-	if len(limits) == 1 && limits[0].kind == bucket && limits[0].name == "" {
-		out[0].Suffix = ""
-	}
-	return out
-}
-
 // Wait implements Limiter. It books cost tokens for key in Redis, under
 // every limit, and sleeps until they are due; if ctx ends first, the tokens
 // go back to the bucket, so that the next callers get them sooner. While
@@ -476,3 +453,21 @@ func (r *Redis) beat(ctx context.Context, redisNow int64, now time.Time) {
 		go r.fleet.beat(ctx, r.calls, p.Pipeline(), redisNow)
 	}
 }
+
+// Allow reports whether cost units for key can go now, and books them if
+// so: a Wait that books nothing and returns false when the request would
+// have to wait at all (as rate.Limiter's AllowN does), for a caller that
+// drops or defers work instead of waiting. Its error is one a Wait would
+// return at once: a bad key or cost, or ErrUnavailable under FailClosed.
+func (r *Redis) Allow(ctx context.Context, key string, cost int) (bool, error) {
+	return allow(ctx, r, key, cost)
+}
+
+// unsettled implements pacer.
+func (r *Redis) unsettled(ctx context.Context, res *Reservation) {
+	r.settleFailed(ctx, r.config.observer, "redis", r, res, errBodyCollected)
+}
+
+// MaxCost returns the largest cost a wait can be granted, as Local.MaxCost
+// does.
+func (r *Redis) MaxCost() int { return r.costCap }

@@ -11,8 +11,8 @@ import (
 
 // The fleet's channel: one Pub/Sub channel per prefix, on which the
 // scripts publish what every process must hear at once: each hold (see
-// hold.go), each retime of a key (internal/steer), and each slot handed to
-// a process's waiter (slots.go). Each Redis limiter listens on a
+// redis_hold.go), each retime of a key (internal/steer), and each slot handed to
+// a process's waiter (redis_slots.go). Each Redis limiter listens on a
 // goroutine of its own.
 
 // subscriber is a client that can listen on Pub/Sub channels.

@@ -18,8 +18,8 @@ import (
 // The failover's table tests: a Redis limiter on a fake clock, over a fake
 // store that keeps the model of the reserve and refund scripts and can be
 // made to fail. Nothing sleeps; each row takes well under 100 ms. The
-// wall-clock fault tests against a real redis-server (distributed_fault_test.go,
-// outage_transitions_test.go) are the end-to-end proof.
+// wall-clock fault tests against a real redis-server (redis_fault_test.go,
+// redis_outage_transitions_test.go) are the end-to-end proof.
 
 // fakeStore stands in for Redis: one token bucket per key, kept by the
 // model of reserve.lua and refund.lua, on the test's clock (nil: the time of
