@@ -66,7 +66,7 @@ func BenchmarkQuotaWait(b *testing.B) {
 	ctx := context.Background()
 	_, c := benchRedis(b)
 	one := mustRedis(b, c, unlimited)
-	three := mustRedis(b, c, AllOf{unlimited, PerHour(1e9).WithBurst(1e12), Per(1e10, 24*time.Hour).WithBurst(1e12)})
+	three := mustRedis(b, c, AllOf(unlimited, PerHour(1e9).WithBurst(1e12), Per(1e10, 24*time.Hour).WithBurst(1e12)))
 	beside(b, "one-limit", func() error { return one.Wait(ctx, "api.example.com:443", 1) },
 		"three-limits", func() error { return three.Wait(ctx, "api.example.com:443", 1) })
 }
@@ -77,7 +77,7 @@ func BenchmarkQuotaWait(b *testing.B) {
 func BenchmarkSettle(b *testing.B) {
 	ctx := context.Background()
 	_, c := benchRedis(b)
-	r := mustRedis(b, c, AllOf{unlimited.Named("requests"), unlimited.Named("tokens")})
+	r := mustRedis(b, c, AllOf(unlimited.Named("requests"), unlimited.Named("tokens")))
 	estimate, actual := Costs{"tokens": 400}, Costs{"tokens": 250}
 	beside(b, "wait", func() error { return r.Wait(ctx, "llm.example.com:443", 1) },
 		"reserve-settle", func() error {
@@ -96,7 +96,7 @@ func BenchmarkSlots(b *testing.B) {
 	ctx := context.Background()
 	_, c := benchRedis(b)
 	plain := mustRedis(b, c, unlimited)
-	capped := mustRedis(b, c, AllOf{unlimited, Concurrent(maxSlots)})
+	capped := mustRedis(b, c, AllOf(unlimited, Concurrent(maxSlots)))
 	beside(b, "wait", func() error { return plain.Wait(ctx, "api.example.com:443", 1) },
 		"acquire-release", func() error {
 			slot, err := capped.Acquire(ctx, "api.example.com:443", 1)

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/fleetpace/pace/usage"
 )
 
 // endingBody wraps resp's body, which arrived at arrival, so that, once it
@@ -34,7 +36,7 @@ func (p paced) endingBody(ctx context.Context, resp *http.Response, arrival time
 	}
 	if settles || reads {
 		ctx = context.WithoutCancel(ctx)
-		b.atEnd = func(ends BodyEnds) {
+		b.atEnd = func(ends usage.Ends) {
 			if settles {
 				if actual, ok := p.settle(resp, ends); ok {
 					p.pacer.Settle(ctx, p.res, actual) // a failure reaches the Limiter's observer
@@ -85,10 +87,10 @@ type upgradedBody struct {
 // back: each Read returns what the body's Read returned.
 type endingBody struct {
 	body   io.ReadCloser
-	atEnd  func(BodyEnds) // nil: nothing to settle or read, and no bytes kept
-	slot   *Slot          // nil: no slot to free
-	length int64          // the response's ContentLength: -1 when unknown
-	give   func()         // gives the bytes kept back to their budget (see BodyBudget); nil for none
+	atEnd  func(usage.Ends) // nil: nothing to settle or read, and no bytes kept
+	slot   *Slot            // nil: no slot to free
+	length int64            // the response's ContentLength: -1 when unknown
+	give   func()           // gives the bytes kept back to their budget (see WithBodyBudget); nil for none
 
 	mu    sync.Mutex // Close may come while a Read runs
 	head  []byte
@@ -152,7 +154,7 @@ func (b *endingBody) end(eof bool) {
 	}
 	complete := eof || (b.length >= 0 && b.read >= b.length) || b.json.whole()
 	if b.atEnd != nil {
-		b.atEnd(BodyEnds{Head: b.head, Tail: b.tail[max(len(b.tail)-BodyEndSize, 0):], Complete: complete})
+		b.atEnd(usage.Ends{Head: b.head, Tail: b.tail[max(len(b.tail)-BodyEndSize, 0):], Complete: complete})
 		b.head, b.tail = nil, nil
 	}
 	if b.give != nil {

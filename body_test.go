@@ -18,7 +18,7 @@ import (
 // hourlyTokens is a quota whose tokens hardly refill during a test (1,000 an
 // hour): how many a key has used shows in how long 1,000 more would wait,
 // 3.6 s a token.
-var hourlyTokens = AllOf{PerSecond(100).Named("requests"), Per(1000, time.Hour).WithBurst(1000).Named("tokens")}
+var hourlyTokens = AllOf(PerSecond(100).Named("requests"), Per(1000, time.Hour).WithBurst(1000).Named("tokens"))
 
 // tokensUsed returns about how many tokens key has used on lim.
 func tokensUsed(t *testing.T, lim pacer, key string) int {

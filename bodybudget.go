@@ -2,24 +2,19 @@ package pace
 
 import "context"
 
-// A BodyBudget bounds the bytes of response bodies that Transports keep
-// at once, across the requests whose contexts carry it (WithBodyBudget):
-// the start of a refusal read for the hold it asks for (up to
-// headers.BodySize), and the ends of a body kept for its Settler or body
-// counters (up to 3*BodyEndSize). pace serve gives its max_buffered so, one
-// budget with the request bodies it holds for estimates.
-type BodyBudget interface {
-	// Take takes n bytes of the budget, if they are left, and returns the
-	// func that gives them back; nil if they are not.
-	Take(n int64) (release func())
-}
-
 // WithBodyBudget returns ctx, whose requests' responses keep what a
-// Transport reads of their bodies within b: past it, a refusal's body is
-// not read for a hold (its headers are heard still), and a body's ends are
-// not kept (its reservation keeps its estimate).
-func WithBodyBudget(ctx context.Context, b BodyBudget) context.Context {
-	return context.WithValue(ctx, bodyBudgetKey{}, b)
+// Transport reads of their bodies within a budget of bytes, shared by the
+// requests whose contexts carry it: take takes n bytes of it, if they are
+// left, and returns the func that gives them back; nil if they are not.
+// What counts: the start of a refusal, read for the hold it asks for (up to
+// headers.BodySize), and the ends of a body kept for its Settler or body
+// counters (up to 3*BodyEndSize). Past the budget, a refusal's body is not
+// read for a hold (its headers are heard still), and a body's ends are not
+// kept (its reservation keeps its estimate). pace serve gives its
+// max_buffered so, one budget with the request bodies it holds for
+// estimates.
+func WithBodyBudget(ctx context.Context, take func(n int64) (release func())) context.Context {
+	return context.WithValue(ctx, bodyBudgetKey{}, take)
 }
 
 type bodyBudgetKey struct{}
@@ -28,10 +23,10 @@ type bodyBudgetKey struct{}
 // returns the func that gives them back; false when the budget has not n
 // left.
 func takeBody(ctx context.Context, n int64) (release func(), ok bool) {
-	b, _ := ctx.Value(bodyBudgetKey{}).(BodyBudget)
-	if b == nil {
+	take, _ := ctx.Value(bodyBudgetKey{}).(func(int64) func())
+	if take == nil {
 		return func() {}, true
 	}
-	release = b.Take(n)
+	release = take(n)
 	return release, release != nil
 }

@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// testBudget is a BodyBudget of left bytes.
+// testBudget is a budget of left bytes (WithBodyBudget).
 type testBudget struct {
 	mu   sync.Mutex
 	left int64
@@ -58,7 +58,7 @@ func TestBodyBudget(t *testing.T) {
 	defer upstream.Close()
 	for _, room := range []int64{3 * BodyEndSize, 0} {
 		budget := &testBudget{left: room}
-		ctx := WithBodyBudget(context.Background(), budget)
+		ctx := WithBodyBudget(context.Background(), budget.Take)
 		lim := mustLocal(t, hourlyTokens)
 		settling := settlingClient(lim)
 		plain := &http.Client{Transport: &Transport{Limiter: mustLocal(t, mustParseLimit(t, "100/s"))}}
@@ -80,7 +80,7 @@ func TestBodyBudget(t *testing.T) {
 		if body := get(plain, "/refused"); body != geminiBody("30s") {
 			t.Errorf("budget %d: the refusal's body read as %q", room, body)
 		}
-		req, _ := http.NewRequestWithContext(WithBodyBudget(WithWaitBudget(context.Background(), time.Second), budget), http.MethodGet, upstream.URL+"/", nil)
+		req, _ := http.NewRequestWithContext(WithBodyBudget(WithWaitBudget(context.Background(), time.Second), budget.Take), http.MethodGet, upstream.URL+"/", nil)
 		resp, err := plain.Do(req)
 		if err == nil {
 			io.Copy(io.Discard, resp.Body)

@@ -18,7 +18,7 @@ import (
 // reaches EOF or is closed, as the headers' do (see Redis.Sync), unless
 // IgnoreCounters; a body never closed says nothing. The body then comes
 // wrapped, as for a Settler.
-type BodyCounters func(resp *http.Response, ends BodyEnds) []headers.Reading
+type BodyCounters func(resp *http.Response, ends usage.Ends) []headers.Reading
 
 // ShopifyCounters reads the cost bucket that Shopify's GraphQL Admin API
 // states in each answer's extensions.cost.throttleStatus (usage.Shopify),
@@ -27,7 +27,7 @@ type BodyCounters func(resp *http.Response, ends BodyEnds) []headers.Reading
 // steers the quota's only rate limit, or the one Named "cost": a bucket in
 // points, such as PerSecond(50).WithBurst(1000), each request's cost its
 // query's requested cost (Rule.CostHeader, or an Estimate).
-func ShopifyCounters(_ *http.Response, ends BodyEnds) []headers.Reading {
+func ShopifyCounters(_ *http.Response, ends usage.Ends) []headers.Reading {
 	th, ok := usage.Shopify(ends)
 	if !ok {
 		return nil
@@ -55,7 +55,7 @@ func secondsOf(s float64) time.Duration {
 // heedBody hands the counters that resp's body (its ends) states to p's
 // limiter, as of arrival, when the headers came. The refusals' loop heard
 // the response already.
-func (p paced) heedBody(ctx context.Context, resp *http.Response, ends BodyEnds, arrival time.Time) {
+func (p paced) heedBody(ctx context.Context, resp *http.Response, ends usage.Ends, arrival time.Time) {
 	readings := p.counters(resp, ends)
 	if len(readings) == 0 {
 		return

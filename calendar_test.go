@@ -212,7 +212,7 @@ func TestDailyWaitsForMidnight(t *testing.T) {
 	c := newTestRedis(t)
 	for _, zone := range []string{"America/Los_Angeles", "Asia/Kolkata", "Pacific/Chatham"} {
 		loc := mustZone(t, zone)
-		for _, q := range []Quota{Daily(2, loc), AllOf{PerSecond(100), Daily(2, loc).Named("day")}} {
+		for _, q := range []Quota{Daily(2, loc), AllOf(PerSecond(100), Daily(2, loc).Named("day"))} {
 			r := mustRedis(t, c, q, WithFleetSize(1))
 			key := fmt.Sprintf("%s %v", zone, q)
 			for range 2 {

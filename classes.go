@@ -35,7 +35,7 @@ const (
 	// the time the quickest of the limits the request costs anything under
 	// takes to refill its cost, so that a critical request waits at most
 	// about two intervals of the limit that binds. (Under
-	// AllOf{PerSecond(10), Per(100000, 24*time.Hour)} that is 50 ms while
+	// AllOf(PerSecond(10), Per(100000, 24*time.Hour)) that is 50 ms while
 	// the per-second limit binds; once the daily one does, a batch request
 	// books when the day's next token is within 50 ms, and lines up again
 	// until it is.)

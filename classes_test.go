@@ -48,7 +48,7 @@ func TestClassesKeepRoomForCritical(t *testing.T) {
 		}
 	})
 	perSecond := PerSecond(50).WithBurst(1)
-	for quotaName, q := range map[string]Quota{"per second": perSecond, "under a daily cap": AllOf{perSecond, Per(100000, 24*time.Hour)}} {
+	for quotaName, q := range map[string]Quota{"per second": perSecond, "under a daily cap": AllOf(perSecond, Per(100000, 24*time.Hour))} {
 		for name, l := range slotters(t, q, observe) {
 			t.Run(quotaName+"/"+name, func(t *testing.T) { checkRoomForCritical(t, l, interval, &joined, &dues, &critical) })
 		}

@@ -15,7 +15,7 @@ import (
 // limit's name: the name Limit.Named gave it, or its text, such as "500/m".
 // A limit the Costs do not name costs 1. Under
 //
-//	pace.AllOf{pace.PerMinute(500).Named("requests"), pace.PerMinute(200000).Named("tokens")}
+//	pace.AllOf(pace.PerMinute(500).Named("requests"), pace.PerMinute(200000).Named("tokens"))
 //
 // a request estimated at 1,200 tokens costs pace.Costs{"tokens": 1200}: 1
 // request and 1,200 tokens. A cost may be 0 under some limits, never below.

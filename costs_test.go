@@ -16,7 +16,7 @@ import (
 
 // llmQuota is an LLM API's quota: requests and tokens, 1,000 tokens a
 // second with a burst of 1,000 (a token a millisecond).
-var llmQuota = AllOf{PerSecond(100).Named("requests"), PerSecond(1000).WithBurst(1000).Named("tokens")}
+var llmQuota = AllOf(PerSecond(100).Named("requests"), PerSecond(1000).WithBurst(1000).Named("tokens"))
 
 // tokensDue returns how long a request of cost tokens would wait now on
 // lim, from the refusal of a wait under a budget of nothing (a deadline,
@@ -222,7 +222,7 @@ func TestCostsBadInput(t *testing.T) {
 func TestSettlementBounded(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
-	daily := AllOf{PerSecond(100).Named("requests"), Per(1e6, 24*time.Hour).Named("tokens")}
+	daily := AllOf(PerSecond(100).Named("requests"), Per(1e6, 24*time.Hour).Named("tokens"))
 	for name, newLimiter := range map[string]func(Option) pacer{
 		"redis": func(o Option) pacer { return mustRedis(t, c, daily, o) },
 		"local": func(o Option) pacer { return mustLocal(t, daily, o) },
@@ -254,7 +254,7 @@ func TestSettlementBounded(t *testing.T) {
 	}
 	t.Run("redis/fixed window", func(t *testing.T) {
 		log := &eventLog{}
-		r := mustRedis(t, c, AllOf{PerSecond(100).Named("requests"), FixedWindow(1e6, 24*time.Hour).Named("tokens")}, WithObserver(log.observe))
+		r := mustRedis(t, c, AllOf(PerSecond(100).Named("requests"), FixedWindow(1e6, 24*time.Hour).Named("tokens")), WithObserver(log.observe))
 		res, err := r.Reserve(ctx, "fixed", Costs{"tokens": 100})
 		if err != nil {
 			t.Fatal(err)

@@ -24,7 +24,7 @@ func TestDryRun(t *testing.T) {
 	for name, newLimiter := range map[string]func(...Option) Limiter{
 		"local": func(o ...Option) Limiter { return mustLocal(t, limit, o...) },
 		"redis": func(o ...Option) Limiter {
-			opts := []RedisOption{WithFleetSize(1), sharedOnly, WithPrefix("dry-" + time.Now().Format("150405.000000") + ":")}
+			opts := []Option{WithFleetSize(1), sharedOnly, WithPrefix("dry-" + time.Now().Format("150405.000000") + ":")}
 			for _, x := range o {
 				opts = append(opts, x)
 			}
@@ -130,7 +130,7 @@ func TestDryRunHeedsNothing(t *testing.T) {
 // TestDryRunKeepsNoCap: on a dry run, 5 requests are in flight at once
 // under a cap of 1; a dry run of a cap alone is refused, naming it.
 func TestDryRunKeepsNoCap(t *testing.T) {
-	l := mustLocal(t, AllOf{mustParseLimit(t, "1000/s"), Concurrent(1)}, WithDryRun())
+	l := mustLocal(t, AllOf(mustParseLimit(t, "1000/s"), Concurrent(1)), WithDryRun())
 	var slots []*Slot
 	for range 5 {
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)

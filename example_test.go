@@ -117,9 +117,9 @@ func ExampleNewRules() {
 		pace.Rule{Name: "shopify", PathPrefix: "/admin/api/", KeyHeader: "X-Shopify-Access-Token",
 			Limiter: limiter(pace.PerSecond(2).WithBurst(40))},
 		pace.Rule{Name: "stripe-charges", Key: "stripe", Host: "api.stripe.com", PathPrefix: "/v1/charges",
-			KeyHeader: "Authorization", Limiter: limiter(pace.AllOf{account, pace.PerSecond(25).Named("charges")})},
+			KeyHeader: "Authorization", Limiter: limiter(pace.AllOf(account, pace.PerSecond(25).Named("charges")))},
 		pace.Rule{Name: "stripe-other", Key: "stripe", Host: "api.stripe.com",
-			KeyHeader: "Authorization", Limiter: limiter(pace.AllOf{account, pace.PerSecond(25).Named("other")})},
+			KeyHeader: "Authorization", Limiter: limiter(pace.AllOf(account, pace.PerSecond(25).Named("other")))},
 	)
 	if err != nil {
 		log.Fatal(err)
@@ -141,7 +141,7 @@ func ExampleOpenAIUsage() {
 	}))
 	defer upstream.Close()
 
-	limiter, err := pace.NewLocal(pace.AllOf{pace.PerMinute(500).Named("requests"), pace.PerMinute(1000).Named("tokens")})
+	limiter, err := pace.NewLocal(pace.AllOf(pace.PerMinute(500).Named("requests"), pace.PerMinute(1000).Named("tokens")))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -81,7 +81,7 @@ type fleetWorker struct {
 }
 
 // tokenRun makes each request of a worker an LLM call under the quota
-// AllOf{Requests named "requests", Tokens named "tokens"}: a reservation of
+// AllOf(Requests named "requests", Tokens named "tokens"): a reservation of
 // Estimate tokens, a response that takes Response, and, when Settle, a
 // settlement at an actual count drawn uniformly from ActualMin to ActualMax.
 type tokenRun struct {
@@ -98,7 +98,7 @@ func (tr tokenRun) quota() (Quota, error) {
 		return nil, err
 	}
 	tokens, err := ParseLimit(tr.Tokens)
-	return AllOf{requests.Named("requests"), tokens.Named("tokens")}, err
+	return AllOf(requests.Named("requests"), tokens.Named("tokens")), err
 }
 
 // wait is one LLM call for key on r: its reservation, its response, its
@@ -274,7 +274,7 @@ func (w fleetWorker) quota() (Quota, error) {
 		return w.Tokens.quota()
 	}
 	limit, err := ParseLimit(w.Limit)
-	all := AllOf{limit}
+	all := []Limit{limit}
 	for _, text := range w.AlsoLimits {
 		l, lerr := ParseLimit(text)
 		err = errors.Join(err, lerr)
@@ -283,7 +283,7 @@ func (w fleetWorker) quota() (Quota, error) {
 	if len(all) == 1 {
 		return limit, err
 	}
-	return all, err
+	return AllOf(all...), err
 }
 
 func (w fleetWorker) run() (fleetReport, error) {
@@ -302,7 +302,7 @@ func (w fleetWorker) run() (fleetReport, error) {
 	var mu sync.Mutex
 	var report fleetReport
 	var r *Redis // set before any event
-	opts := []RedisOption{WithFailurePolicy(w.Policy), WithObserver(func(ctx context.Context, e Event) {
+	opts := []Option{WithFailurePolicy(w.Policy), WithObserver(func(ctx context.Context, e Event) {
 		mu.Lock()
 		defer mu.Unlock()
 		switch e.Kind {

@@ -3,6 +3,7 @@ package pace
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -71,12 +72,14 @@ type Quota interface {
 
 func (l Limit) limits() []Limit { return []Limit{l} }
 
-// AllOf is a Quota of several limits at once, such as 10/s and 5000/h: a
-// request goes when every one of them allows it, and is charged to all of
-// them or, when it does not go, to none.
-type AllOf []Limit
+// AllOf returns a Quota of several limits at once, such as 10/s and
+// 5000/h: a request goes when every one of them allows it, and is charged
+// to all of them or, when it does not go, to none.
+func AllOf(limits ...Limit) Quota { return allOf(slices.Clone(limits)) }
 
-func (a AllOf) limits() []Limit { return a }
+type allOf []Limit
+
+func (a allOf) limits() []Limit { return a }
 
 // PerSecond returns a Limit of n events per second with a burst of n
 // (rounded up, at least 1).

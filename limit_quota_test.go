@@ -45,10 +45,10 @@ func int64s(costs []int) []int64 {
 func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 	ctx := context.Background()
 	quotas := []Quota{
-		AllOf{PerSecond(2000).WithBurst(3), Window(4, 20*time.Millisecond)},
-		AllOf{FixedWindow(5, 30*time.Millisecond), PerSecond(500).WithBurst(2)},
+		AllOf(PerSecond(2000).WithBurst(3), Window(4, 20*time.Millisecond)),
+		AllOf(FixedWindow(5, 30*time.Millisecond), PerSecond(500).WithBurst(2)),
 		Window(3, 10*time.Millisecond),
-		AllOf{PerSecond(1000).WithBurst(5), Window(6, 15*time.Millisecond), FixedWindow(4, 25*time.Millisecond)},
+		AllOf(PerSecond(1000).WithBurst(5), Window(6, 15*time.Millisecond), FixedWindow(4, 25*time.Millisecond)),
 	}
 	var limiters []*Redis
 	for _, q := range quotas {
@@ -233,7 +233,7 @@ func TestQuotaAllOrNothing(t *testing.T) { checkAllOrNothing(t, scriptRedis(t)) 
 // runs the same with a fleet).
 func checkAllOrNothing(t *testing.T, c redis.UniversalClient) {
 	ctx := context.Background()
-	r := mustRedis(t, c, AllOf{PerSecond(20), Window(40, 10*time.Second)}, WithFleetSize(1))
+	r := mustRedis(t, c, AllOf(PerSecond(20), Window(40, 10*time.Second)), WithFleetSize(1))
 	from := time.Now()
 	end := from.Add(2 * time.Second)
 	grants, err := runWorkers(4, end, func(ctx context.Context) error {
@@ -253,7 +253,7 @@ func checkAllOrNothing(t *testing.T, c redis.UniversalClient) {
 
 	// A slower bucket for the refusal, so that the 20 grants before it do
 	// not leave time to refill a token.
-	r = mustRedis(t, c, AllOf{PerMinute(20), Window(40, 10*time.Second)}, WithFleetSize(1))
+	r = mustRedis(t, c, AllOf(PerMinute(20), Window(40, 10*time.Second)), WithFleetSize(1))
 	keys := storeOf(r).Keys("j", false)
 	read := func() [2]string {
 		t.Helper()
@@ -293,7 +293,7 @@ func checkKeysExpire(t *testing.T, c redis.UniversalClient) {
 	ctx := context.Background()
 	// Windows of a second: a process stalled for 200 ms beside other work
 	// found a window of 200 ms gone before it counted the keys.
-	r := mustRedis(t, c, AllOf{PerSecond(20).WithBurst(2), Window(3, time.Second), FixedWindow(3, time.Second)}, WithFleetSize(1))
+	r := mustRedis(t, c, AllOf(PerSecond(20).WithBurst(2), Window(3, time.Second), FixedWindow(3, time.Second)), WithFleetSize(1))
 	for range 3 {
 		if err := r.Wait(ctx, "k", 1); err != nil {
 			t.Fatal(err)
@@ -473,7 +473,7 @@ func TestFixedWindowBeyondReach(t *testing.T) {
 // looser than any of its limits.
 func TestQuotaHoldAndFallback(t *testing.T) {
 	ctx := context.Background()
-	r := mustRedis(t, newTestRedis(t), AllOf{PerSecond(1000), Window(100, time.Second), FixedWindow(100, time.Second)}, WithFleetSize(1))
+	r := mustRedis(t, newTestRedis(t), AllOf(PerSecond(1000), Window(100, time.Second), FixedWindow(100, time.Second)), WithFleetSize(1))
 	if err := r.Hold(ctx, "k", headers.Hold{For: 200 * time.Millisecond, Reason: "test"}); err != nil {
 		t.Fatal(err)
 	}
@@ -485,8 +485,8 @@ func TestQuotaHoldAndFallback(t *testing.T) {
 		t.Errorf("a request during a 200ms hold waits %v, want the rest of the hold", b.Delay)
 	}
 
-	quota := mustRedis(t, newTestRedis(t), AllOf{PerSecond(10), Window(100, time.Minute), PerHour(10000).WithBurst(5),
-		FixedWindow(101, time.Minute), Daily(1500, time.UTC), Monthly(1, time.UTC)}, WithFleetSize(2))
+	quota := mustRedis(t, newTestRedis(t), AllOf(PerSecond(10), Window(100, time.Minute), PerHour(10000).WithBurst(5),
+		FixedWindow(101, time.Minute), Daily(1500, time.UTC), Monthly(1, time.UTC)), WithFleetSize(2))
 	fallback := quota.outageLimiter(time.Now(), nil)
 	want := []Limit{PerSecond(5).WithBurst(5), Per(25, time.Minute).WithBurst(25), Per(5000, time.Hour).WithBurst(2),
 		FixedWindow(50, time.Minute), Daily(750, time.UTC), Monthly(1, time.UTC)}

@@ -70,16 +70,16 @@ func TestBadInputs(t *testing.T) {
 		"window count 0":            {Window(0, time.Second), "count 0 "},
 		"window count negative":     {FixedWindow(-2, time.Second), "count -2 "},
 		"window over a year":        {Window(5, 400*24*time.Hour), "longer than a year"},
-		"no limits":                 {AllOf{}, "a quota of 0 limits"},
-		"too many limits":           {AllOf{PerSecond(1), PerSecond(2), PerSecond(3), PerSecond(4), PerSecond(5), PerSecond(6), PerSecond(7), PerSecond(8), PerSecond(9)}, "a quota of 9 limits"},
-		"a bad limit among good":    {AllOf{PerSecond(10), Window(0, time.Minute)}, "count 0 "},
+		"no limits":                 {AllOf(), "a quota of 0 limits"},
+		"too many limits":           {AllOf(PerSecond(1), PerSecond(2), PerSecond(3), PerSecond(4), PerSecond(5), PerSecond(6), PerSecond(7), PerSecond(8), PerSecond(9)), "a quota of 9 limits"},
+		"a bad limit among good":    {AllOf(PerSecond(10), Window(0, time.Minute)), "count 0 "},
 		"nil quota":                 {nil, "no quota"},
 		"a name with #":             {PerSecond(1).Named("x#gaps"), `name "x#gaps" may not contain`},
 		"a name with a brace":       {PerSecond(1).Named("a}b"), `name "a}b" may not contain`},
 		"a count above 2^53":        {Per(1e16, 1000*24*time.Hour), "count 1e+16 is above 2^53"},
-		"two limits named alike":    {AllOf{PerSecond(1).Named("a"), PerMinute(10).Named("a")}, `two limits of the quota go by the name "a" (1/s and 10/m)`},
-		"two limits unnamed alike":  {AllOf{PerSecond(1), PerSecond(1)}, `two limits of the quota go by the name "1/s"`},
-		"a name that is another's":  {AllOf{PerSecond(1), PerMinute(10).Named("1/s")}, `go by the name "1/s"`},
+		"two limits named alike":    {AllOf(PerSecond(1).Named("a"), PerMinute(10).Named("a")), `two limits of the quota go by the name "a" (1/s and 10/m)`},
+		"two limits unnamed alike":  {AllOf(PerSecond(1), PerSecond(1)), `two limits of the quota go by the name "1/s"`},
+		"a name that is another's":  {AllOf(PerSecond(1), PerMinute(10).Named("1/s")), `go by the name "1/s"`},
 	}
 	for name, tc := range badQuotas {
 		t.Run(name, func(t *testing.T) {
@@ -91,7 +91,7 @@ func TestBadInputs(t *testing.T) {
 	if _, err := NewLocal(Window(5, time.Second)); err == nil || !strings.Contains(err.Error(), "5/s sliding") {
 		t.Errorf("NewLocal of a window: %v, want an error naming it", err)
 	}
-	quota := mustRedis(t, c, AllOf{PerSecond(100), Window(3, time.Second)})
+	quota := mustRedis(t, c, AllOf(PerSecond(100), Window(3, time.Second)))
 	if err := quota.Wait(ctx, "k", 4); err == nil || !strings.Contains(err.Error(), "cost 4 exceeds the burst 3") {
 		t.Errorf("a cost above the smallest window: %v", err)
 	}

@@ -106,9 +106,9 @@ func NewLocal(q Quota, opts ...Option) (*Local, error) {
 			return nil, fmt.Errorf("pace: NewLocal(%s): sliding windows need a Redis limiter; Local paces token buckets and fixed windows", l)
 		}
 	}
-	var config commonConfig
-	for _, o := range opts {
-		o.applyLocal(&config)
+	config, err := localConfig(opts)
+	if err != nil {
+		return nil, err
 	}
 	if err := config.validate(); err != nil {
 		return nil, err

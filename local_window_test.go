@@ -37,7 +37,7 @@ func TestLocalFixedWindows(t *testing.T) {
 		{Daily(3, santiago), time.Date(2026, 9, 5, 12, 0, 0, 0, santiago)},
 		{Monthly(3, la), time.Date(2026, 1, 31, 23, 0, 0, 0, la)}, // then February
 	} {
-		for _, q := range []Quota{c.limit, AllOf{PerSecond(100), c.limit.Named("window")}} {
+		for _, q := range []Quota{c.limit, AllOf(PerSecond(100), c.limit.Named("window"))} {
 			t.Run(strings.ReplaceAll(fmt.Sprint(q), "/", " per "), func(t *testing.T) {
 				clock := &fakeClock{now: c.from}
 				loc := mustLocal(t, q)
@@ -68,7 +68,7 @@ func TestLocalWindowGivesBack(t *testing.T) {
 	la := mustZone(t, "America/Los_Angeles")
 	clock := &fakeClock{now: time.Date(2026, 6, 1, 20, 0, 0, 0, la)}
 	events := make(chan Event, 8)
-	loc := mustLocal(t, AllOf{PerSecond(100), Daily(3, la).Named("day")}, WithObserver(func(_ context.Context, e Event) { events <- e }))
+	loc := mustLocal(t, AllOf(PerSecond(100), Daily(3, la).Named("day")), WithObserver(func(_ context.Context, e Event) { events <- e }))
 	loc.now = clock.Now
 	res, err := loc.Reserve(ctx, "k", Costs{"day": 3})
 	if err != nil {
@@ -121,7 +121,7 @@ func drain(events chan Event) {
 // TestLocalRefusesSlidingWindows: a Local says it cannot keep a sliding
 // window, by name.
 func TestLocalRefusesSlidingWindows(t *testing.T) {
-	_, err := NewLocal(AllOf{PerSecond(10), Window(100, time.Minute)})
+	_, err := NewLocal(AllOf(PerSecond(10), Window(100, time.Minute)))
 	if err == nil || !strings.Contains(err.Error(), "100/m sliding") || !strings.Contains(err.Error(), "sliding windows need a Redis limiter") {
 		t.Fatalf("NewLocal with a sliding window: %v, want an error that names it", err)
 	}

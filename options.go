@@ -8,15 +8,12 @@ import (
 	"time"
 )
 
-// An Option configures a Local or a Redis limiter.
+// An Option configures a limiter. The options of a Redis limiter alone
+// (WithPrefix, WithCallTimeout, WithFailurePolicy, WithFleetName,
+// WithFleetSize, WithCooldown, WithProcess) make NewLocal fail, naming the
+// option.
 type Option interface {
-	RedisOption
-	applyLocal(*commonConfig)
-}
-
-// A RedisOption configures a Redis limiter. Every Option is a RedisOption.
-type RedisOption interface {
-	applyRedis(*redisConfig)
+	apply(*redisConfig)
 }
 
 // commonConfig is what both limiters can be told.
@@ -110,14 +107,32 @@ func (c *redisConfig) validate() error {
 	return c.commonConfig.validate()
 }
 
+// A commonOption is an option of both limiters.
 type commonOption func(*commonConfig)
 
-func (o commonOption) applyLocal(c *commonConfig) { o(c) }
-func (o commonOption) applyRedis(c *redisConfig)  { o(&c.commonConfig) }
+func (o commonOption) apply(c *redisConfig) { o(&c.commonConfig) }
 
-type redisOption func(*redisConfig)
+// A redisOption is an option of a Redis limiter alone, named for NewLocal's
+// error.
+type redisOption struct {
+	name string
+	set  func(*redisConfig)
+}
 
-func (o redisOption) applyRedis(c *redisConfig) { o(c) }
+func (o redisOption) apply(c *redisConfig) { o.set(c) }
+
+// localConfig is what opts tell a Local, or an error for an option of a
+// Redis limiter alone.
+func localConfig(opts []Option) (commonConfig, error) {
+	var c redisConfig
+	for _, o := range opts {
+		if r, ok := o.(redisOption); ok {
+			return commonConfig{}, fmt.Errorf("pace: NewLocal: %s is an option of a Redis limiter, and a Local has no Redis (drop it, or use NewRedis)", r.name)
+		}
+		o.apply(&c)
+	}
+	return c.commonConfig, nil
+}
 
 // WithObserver sets the Observer that sees every decision. The default is none.
 func WithObserver(o Observer) Option {
@@ -175,8 +190,8 @@ func WithLease(d time.Duration) Option {
 
 // WithPrefix sets the text every Redis key starts with; the default is
 // DefaultPrefix. Limiters with different prefixes do not share buckets.
-func WithPrefix(prefix string) RedisOption {
-	return redisOption(func(c *redisConfig) { c.prefix = prefix })
+func WithPrefix(prefix string) Option {
+	return redisOption{"WithPrefix", func(c *redisConfig) { c.prefix = prefix }}
 }
 
 // WithCallTimeout sets the floor of each Redis call's timeout, whatever the
@@ -189,35 +204,35 @@ func WithPrefix(prefix string) RedisOption {
 // that call, begun after the first failure, fails too, Redis is taken to be
 // away and the limiter handles the request by its FailurePolicy (an error
 // that comes at once, such as OOM, is asked three times).
-func WithCallTimeout(d time.Duration) RedisOption {
-	return redisOption(func(c *redisConfig) { c.callTimeout = d })
+func WithCallTimeout(d time.Duration) Option {
+	return redisOption{"WithCallTimeout", func(c *redisConfig) { c.callTimeout = d }}
 }
 
 // WithFailurePolicy says what the limiter does while Redis fails; the
 // default is FallbackLocal.
-func WithFailurePolicy(p FailurePolicy) RedisOption {
-	return redisOption(func(c *redisConfig) { c.policy = p })
+func WithFailurePolicy(p FailurePolicy) Option {
+	return redisOption{"WithFailurePolicy", func(c *redisConfig) { c.policy = p }}
 }
 
 // WithFleetName names the fleet whose processes count one another (by
 // heartbeats in Redis) to know their share of the limit should Redis fail.
 // Limiters for different upstreams may share a name when the same processes
 // run them. The default is "default".
-func WithFleetName(name string) RedisOption {
-	return redisOption(func(c *redisConfig) { c.fleetName = name })
+func WithFleetName(name string) Option {
+	return redisOption{"WithFleetName", func(c *redisConfig) { c.fleetName = name }}
 }
 
 // WithFleetSize pins the number of processes that share the limit, instead
 // of counting them by heartbeats. Should Redis fail, each paces at 1/n of the
 // limit. Zero, the default, means count.
-func WithFleetSize(n int) RedisOption {
-	return redisOption(func(c *redisConfig) { c.fleetSize = n })
+func WithFleetSize(n int) Option {
+	return redisOption{"WithFleetSize", func(c *redisConfig) { c.fleetSize = n }}
 }
 
 // WithCooldown sets how long a failing Redis is left alone before one
 // request probes it again: min after the first failure, doubling (with
 // jitter) after each failed probe, up to max. The defaults are
 // DefaultMinCooldown and DefaultMaxCooldown.
-func WithCooldown(min, max time.Duration) RedisOption {
-	return redisOption(func(c *redisConfig) { c.minCooldown, c.maxCooldown = min, max })
+func WithCooldown(min, max time.Duration) Option {
+	return redisOption{"WithCooldown", func(c *redisConfig) { c.minCooldown, c.maxCooldown = min, max }}
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/fleetpace/pace/internal/store"
+	"github.com/fleetpace/pace/usage"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -45,7 +46,7 @@ func credentialOf(req *http.Request) string {
 // is wrong, at the first request, which reaches no upstream.
 func TestPoolMistakes(t *testing.T) {
 	loc := mustLocal(t, Every(time.Millisecond))
-	capped := mustLocal(t, AllOf{Every(time.Millisecond), Concurrent(2)})
+	capped := mustLocal(t, AllOf(Every(time.Millisecond), Concurrent(2)))
 	for _, c := range []struct {
 		name    string
 		pool    *Pool
@@ -328,7 +329,7 @@ func TestCredentialEncodesNoSecret(t *testing.T) {
 func TestPoolKeepsSecretsOut(t *testing.T) {
 	c := scriptRedis(t)
 	var log eventLog
-	l := mustRedis(t, c, AllOf{mustParseLimit(t, "100/s burst 2").Named("requests"), mustParseLimit(t, "1000/s burst 100").Named("tokens")}, WithFleetSize(1), sharedOnly, WithObserver(log.observe))
+	l := mustRedis(t, c, AllOf(mustParseLimit(t, "100/s burst 2").Named("requests"), mustParseLimit(t, "1000/s burst 100").Named("tokens")), WithFleetSize(1), sharedOnly, WithObserver(log.observe))
 	answers := []int{http.StatusOK, http.StatusTooManyRequests, http.StatusServiceUnavailable}
 	var n int
 	var mu sync.Mutex
@@ -346,7 +347,7 @@ func TestPoolKeepsSecretsOut(t *testing.T) {
 	defer upstream.Close()
 	pool := testPool("A", "B", "C")
 	tr := &Transport{Limiter: l, Pool: pool, Estimate: func(*http.Request) Costs { return Costs{"requests": 1, "tokens": 10} },
-		Settle: func(*http.Response, BodyEnds) (Costs, bool) { return Costs{"requests": 1, "tokens": 7}, true }}
+		Settle: func(*http.Response, usage.Ends) (Costs, bool) { return Costs{"requests": 1, "tokens": 7}, true }}
 	var errs []string
 	for range 12 {
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)

@@ -65,8 +65,8 @@ var thisProcess = sync.OnceValue(NewProcess)
 // WithProcess makes the limiter one of p's: it counts in its fleet as p,
 // and shares p's outage limiters. The default (also for a nil p) is the
 // program's own process.
-func WithProcess(p *Process) RedisOption {
-	return redisOption(func(c *redisConfig) { c.process = p })
+func WithProcess(p *Process) Option {
+	return redisOption{"WithProcess", func(c *redisConfig) { c.process = p }}
 }
 
 // newLimiterID returns the id of a new Redis limiter of p, which (p's name

@@ -88,7 +88,7 @@ type sharedStore interface {
 // serves: *redis.Client, *redis.ClusterClient, *redis.Ring, a Sentinel
 // failover client, or any redis.UniversalClient. NewRedis does not contact
 // Redis.
-func NewRedis(client redis.Scripter, q Quota, opts ...RedisOption) (*Redis, error) {
+func NewRedis(client redis.Scripter, q Quota, opts ...Option) (*Redis, error) {
 	if client == nil {
 		return nil, errors.New("pace: NewRedis: nil client")
 	}
@@ -106,7 +106,7 @@ func NewRedis(client redis.Scripter, q Quota, opts ...RedisOption) (*Redis, erro
 
 // newRedis returns a Redis limiter on the clock now, without its client and
 // store: NewRedis adds them, a test its fakes.
-func newRedis(q Quota, now func() time.Time, opts ...RedisOption) (*Redis, error) {
+func newRedis(q Quota, now func() time.Time, opts ...Option) (*Redis, error) {
 	all, err := checkQuota(q)
 	if err != nil {
 		return nil, err
@@ -114,7 +114,7 @@ func newRedis(q Quota, now func() time.Time, opts ...RedisOption) (*Redis, error
 	limits, c := newSlotCap(all)
 	r := &Redis{namedLimits: newNamedLimits(limits), config: defaultRedisConfig(), now: now, costCap: smallestBurst(limits), cap: c}
 	for _, o := range opts {
-		o.applyRedis(&r.config)
+		o.apply(&r.config)
 	}
 	if err := r.config.validate(); err != nil {
 		return nil, err

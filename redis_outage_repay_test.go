@@ -86,7 +86,7 @@ func TestLoneOutageRepays(t *testing.T) {
 			repaid.Add(int64(e.Cost))
 		}
 	})
-	opts := []RedisOption{WithFleetSize(2), WithCooldown(50*time.Millisecond, 100*time.Millisecond)}
+	opts := []Option{WithFleetSize(2), WithCooldown(50*time.Millisecond, 100*time.Millisecond)}
 	lone := mustRedis(t, redistest.ClientOf(t, proxy.Addr), limit, append(opts, observe)...)
 	other := mustRedis(t, srv.Client(t), limit, opts...)
 

@@ -146,8 +146,8 @@ func TestStateForeignData(t *testing.T) {
 	log := &eventLog{}
 	quotas := map[string]Quota{
 		"bucket":         PerSecond(10),
-		"sliding window": AllOf{PerSecond(10), Window(5, time.Second)},
-		"fixed window":   AllOf{PerSecond(10), FixedWindow(5, time.Second)},
+		"sliding window": AllOf(PerSecond(10), Window(5, time.Second)),
+		"fixed window":   AllOf(PerSecond(10), FixedWindow(5, time.Second)),
 	}
 	year2200 := "7258118400000000" // microseconds: a time beyond any wait pace books
 	type foreign struct {
@@ -191,7 +191,7 @@ func TestStateForeignData(t *testing.T) {
 			"a hash":        {func(key string) error { return c.HSet(ctx, key, "hold", "1").Err() }, "holds a hash"},
 		},
 	}
-	quotas["hold"] = AllOf{PerSecond(10), Window(5, time.Second), FixedWindow(5, time.Second)}
+	quotas["hold"] = AllOf(PerSecond(10), Window(5, time.Second), FixedWindow(5, time.Second))
 	quotas["bucket hold"], values["bucket hold"] = PerSecond(10), values["hold"] // reserve.lua reads it too
 	for kind, q := range quotas {
 		r := mustRedis(t, c, q, WithObserver(log.observe))
@@ -336,7 +336,7 @@ func TestStateNoKeyCollides(t *testing.T) {
 	c := newTestRedis(t)
 	log := &eventLog{}
 	named := mustRedis(t, c, PerSecond(100).Named("default"), WithObserver(log.observe))
-	gaps := mustRedis(t, c, AllOf{PerSecond(100).Named("gaps"), PerHour(1000)}, WithObserver(log.observe))
+	gaps := mustRedis(t, c, AllOf(PerSecond(100).Named("gaps"), PerHour(1000)), WithObserver(log.observe))
 	for range 3 {
 		for _, r := range []*Redis{named, gaps} {
 			b, err := storeOf(r).Reserve(ctx, store.Request{Key: "fleet", Costs: uniform(1, store.MaxLimits)}, MaxDelay, 0)

@@ -48,7 +48,7 @@ func scriptRedis(t testing.TB) *redis.Client {
 // test counts) or fails a step.
 var sharedOnly = WithCallTimeout(time.Second)
 
-func mustRedis(t testing.TB, c redis.Scripter, l Quota, opts ...RedisOption) *Redis {
+func mustRedis(t testing.TB, c redis.Scripter, l Quota, opts ...Option) *Redis {
 	t.Helper()
 	r, err := NewRedis(c, l, opts...)
 	if err != nil {

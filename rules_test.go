@@ -301,9 +301,9 @@ func TestRulesShareNamedLimits(t *testing.T) {
 	account := PerSecond(4).Named("account")
 	rules, err := NewRules(Rule{Name: "default", Unlimited: true},
 		Rule{Name: "charges", Key: "stripe", PathPrefix: "/v1/charges", KeyHeader: "Authorization",
-			Limiter: mustRedis(t, c, AllOf{account, PerSecond(10).Named("charges")})},
+			Limiter: mustRedis(t, c, AllOf(account, PerSecond(10).Named("charges")))},
 		Rule{Name: "refunds", Key: "stripe", PathPrefix: "/v1/refunds", KeyHeader: "Authorization",
-			Limiter: mustRedis(t, c, AllOf{account, PerSecond(10).Named("refunds")})},
+			Limiter: mustRedis(t, c, AllOf(account, PerSecond(10).Named("refunds")))},
 	)
 	if err != nil {
 		t.Fatal(err)

@@ -23,7 +23,7 @@ func slotters(t *testing.T, q Quota, opts ...Option) map[string]pacer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	redisOpts := []RedisOption{WithFleetSize(1)}
+	redisOpts := []Option{WithFleetSize(1)}
 	for _, o := range opts {
 		redisOpts = append(redisOpts, o)
 	}
@@ -124,7 +124,7 @@ func TestSlotsFirstComeFirstServed(t *testing.T) {
 // are held); Reserve refuses it with an error that names the cap; Acquire
 // paces at the rate too.
 func TestSlotsWithRates(t *testing.T) {
-	for name, l := range slotters(t, AllOf{Concurrent(4), PerSecond(20).WithBurst(1)}) {
+	for name, l := range slotters(t, AllOf(Concurrent(4), PerSecond(20).WithBurst(1))) {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
 			checkWaitTakesASlot(t, l)
@@ -219,7 +219,7 @@ func TestSlotsBadInput(t *testing.T) {
 		{Concurrent(0), "count 0"},
 		{Concurrent(-2), "count -2"},
 		{Concurrent(maxSlots + 1), "1048577 in flight"},
-		{AllOf{Concurrent(2), Concurrent(3)}, "2 caps in flight"},
+		{AllOf(Concurrent(2), Concurrent(3)), "2 caps in flight"},
 		{Concurrent(2).Learn(), "cannot learn"},
 		{Concurrent(2).Named("a#b"), `"a#b"`},
 	} {
@@ -319,7 +319,7 @@ func errorHas(err error, parts ...string) bool {
 func TestSlotsTakenWithTheBooking(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
-	r := mustRedis(t, c, AllOf{PerSecond(1000), Concurrent(1)}, WithFleetSize(1))
+	r := mustRedis(t, c, AllOf(PerSecond(1000), Concurrent(1)), WithFleetSize(1))
 	calls := func() int64 {
 		stats, err := redistest.CommandStats(ctx, c)
 		if err != nil {

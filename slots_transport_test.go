@@ -152,7 +152,7 @@ func (panicking) RoundTrip(*http.Request) (*http.Response, error) { panic("a bug
 // recovers, frees the request's slot of a cap of 2 on a real redis-server:
 // after 5 such requests of each, both slots are free.
 func TestSlotFreedOnPanic(t *testing.T) {
-	r := mustRedis(t, newTestRedis(t), AllOf{Concurrent(2), PerSecond(1000)}, WithFleetSize(1))
+	r := mustRedis(t, newTestRedis(t), AllOf(Concurrent(2), PerSecond(1000)), WithFleetSize(1))
 	for name, tr := range map[string]*Transport{
 		"Base":     {Base: panicking{}, Limiter: r},
 		"Estimate": {Base: failing{}, Limiter: r, Estimate: func(*http.Request) Costs { panic("a bug in the Estimate") }},

@@ -147,7 +147,7 @@ func TestSyncBadInput(t *testing.T) {
 			t.Errorf("Sync(%v): %v, want an error that says the limiter did not make it", bad, err)
 		}
 	}
-	quota := mustRedis(t, c, AllOf{PerSecond(10).Named("requests"), PerSecond(1000).Named("tokens")})
+	quota := mustRedis(t, c, AllOf(PerSecond(10).Named("requests"), PerSecond(1000).Named("tokens")))
 	if res, err = quota.Reserve(ctx, "q", nil); err != nil {
 		t.Fatal(err)
 	}

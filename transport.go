@@ -311,7 +311,7 @@ func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(
 // arrival, says of p's key to p's limiter, when it is pace's own: its holds
 // (unless p's scope ignores them; on a Pool, a rejected credential's),
 // counters and refusals, each hold that repeats lengthened by repeats. A
-// refusal's body is read first (within the context's BodyBudget), up to
+// refusal's body is read first (within the context's budget: WithBodyBudget), up to
 // headers.BodySize and bodyWait, for the hold it asks for
 // (headers.HearBody), and passed on whole. It runs past the request's
 // context: the response has been counted already. Failures reach the

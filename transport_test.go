@@ -333,7 +333,7 @@ func (c *counted) Wait(ctx context.Context, key string, cost int) error {
 // on), and an Estimate on it is refused up front.
 func TestTransportThroughADecorator(t *testing.T) {
 	log := &eventLog{}
-	r := mustRedis(t, newTestRedis(t), AllOf{Concurrent(2), PerSecond(100)}, WithFleetSize(1), WithObserver(log.observe))
+	r := mustRedis(t, newTestRedis(t), AllOf(Concurrent(2), PerSecond(100)), WithFleetSize(1), WithObserver(log.observe))
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("X-Ratelimit-Limit-Requests", "100")
 		w.Header().Set("X-Ratelimit-Remaining-Requests", "90")

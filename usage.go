@@ -12,13 +12,11 @@ import (
 // headers, or from the first and last bytes of its body. It returns the
 // actual costs under the limits it knows of (any other limit is settled at
 // 1, as in a Wait), or false when the response does not say, and the
-// reservation then keeps its estimate. It must not keep the slices of ends.
-type Settler func(resp *http.Response, ends BodyEnds) (Costs, bool)
-
-// BodyEnds are the first and the last bytes of a response body, as a
-// Transport kept them for its Settler: up to BodyEndSize each (all of a
-// shorter body is in both), and whether the body was read to its end.
-type BodyEnds = usage.Ends
+// reservation then keeps its estimate. ends are the body's first and last
+// bytes, as the Transport kept them: up to BodyEndSize each (all of a
+// shorter body is in both), and whether the body was read to its end. It
+// must not keep their slices.
+type Settler func(resp *http.Response, ends usage.Ends) (Costs, bool)
 
 // BodyEndSize is how many bytes of each end of a response body a Transport
 // keeps for its Settler.
@@ -29,7 +27,7 @@ const BodyEndSize = 8 << 10
 // limit named tokens. A stream cut short has no usage: its reservation
 // keeps its estimate.
 func OpenAIUsage(tokens string) Settler {
-	return func(_ *http.Response, ends BodyEnds) (Costs, bool) {
+	return func(_ *http.Response, ends usage.Ends) (Costs, bool) {
 		n, ok := usage.OpenAI(ends)
 		if !ok {
 			return nil, false
@@ -43,7 +41,7 @@ func OpenAIUsage(tokens string) Settler {
 // input, and the output tokens under the limit named output. An empty
 // name leaves that limit out. A stream cut short keeps its estimate.
 func AnthropicUsage(input, output string) Settler {
-	return func(_ *http.Response, ends BodyEnds) (Costs, bool) {
+	return func(_ *http.Response, ends usage.Ends) (Costs, bool) {
 		in, out, ok := usage.Anthropic(ends)
 		if !ok {
 			return nil, false
@@ -63,7 +61,7 @@ func AnthropicUsage(input, output string) Settler {
 // named limit from a response header holding a whole number, such as
 // Mistral's x-ratelimit-tokens-query-cost.
 func HeaderCost(header, limit string) Settler {
-	return func(resp *http.Response, _ BodyEnds) (Costs, bool) {
+	return func(resp *http.Response, _ usage.Ends) (Costs, bool) {
 		n, err := strconv.Atoi(strings.TrimSpace(resp.Header.Get(header)))
 		if err != nil || n < 0 || n > usage.MaxCount {
 			return nil, false

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"os"
 	"testing"
+
+	"github.com/fleetpace/pace/usage"
 )
 
 // apiSample is a body an API sent, from usage/testdata.
@@ -18,10 +20,10 @@ func apiSample(t testing.TB, name string) string {
 }
 
 // endsOf returns the ends a Transport keeps of body, read whole.
-func endsOf(body string, complete bool) BodyEnds {
+func endsOf(body string, complete bool) usage.Ends {
 	b := &endingBody{}
 	b.keep([]byte(body))
-	return BodyEnds{Head: b.head, Tail: b.tail[max(len(b.tail)-BodyEndSize, 0):], Complete: complete}
+	return usage.Ends{Head: b.head, Tail: b.tail[max(len(b.tail)-BodyEndSize, 0):], Complete: complete}
 }
 
 // TestSettlers: the settlers put what the usage package reads (its own
@@ -56,7 +58,7 @@ func TestHeaderCost(t *testing.T) {
 		if value != "" {
 			resp.Header.Set("X-Ratelimit-Tokens-Query-Cost", value)
 		}
-		if got, ok := settler(resp, BodyEnds{Complete: true}); ok != (want != nil) || !maps.Equal(got, want) {
+		if got, ok := settler(resp, usage.Ends{Complete: true}); ok != (want != nil) || !maps.Equal(got, want) {
 			t.Errorf("header %q: settled at %v (%v), want %v", value, got, ok, want)
 		}
 	}
@@ -69,7 +71,7 @@ func FuzzHeaderCost(f *testing.F) {
 	f.Add(" -7 ")
 	settler := HeaderCost("X-Cost", "tokens")
 	f.Fuzz(func(t *testing.T, value string) {
-		costs, ok := settler(&http.Response{Header: http.Header{"X-Cost": {value}}}, BodyEnds{})
+		costs, ok := settler(&http.Response{Header: http.Header{"X-Cost": {value}}}, usage.Ends{})
 		if ok && costs["tokens"] < 0 {
 			t.Fatalf("header %q settled at %v", value, costs)
 		}

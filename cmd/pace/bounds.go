@@ -282,14 +282,14 @@ func (c *cappedConn) Close() error {
 
 // buffer is the budget of bytes of bodies held, across all requests: of
 // request bodies for estimates, and of what the Transports keep of
-// responses (pace.BodyBudget).
+// responses (pace.WithBodyBudget).
 type buffer struct {
 	mu   sync.Mutex
 	left int64
 }
 
 // Take takes n bytes of the budget, if they are left, and returns the
-// func that gives them back; nil if they are not (see pace.BodyBudget).
+// func that gives them back; nil if they are not (see pace.WithBodyBudget).
 func (b *buffer) Take(n int64) func() {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -303,7 +303,7 @@ func TestInspectFindsRulesAndResets(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	c := srv.Client(t)
-	r, err := pace.NewRedis(c, pace.AllOf{pace.PerSecond(100).Named("requests"), pace.PerSecond(1000).WithBurst(1000).Named("tokens")}, pace.WithFleetSize(1))
+	r, err := pace.NewRedis(c, pace.AllOf(pace.PerSecond(100).Named("requests"), pace.PerSecond(1000).WithBurst(1000).Named("tokens")), pace.WithFleetSize(1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -390,9 +390,9 @@ func TestInspectSaysWhatIsLeft(t *testing.T) {
 		waits int
 	}{
 		{pace.PerSecond(10).WithBurst(5), "api", 3},
-		{pace.AllOf{pace.Window(5, time.Minute), pace.FixedWindow(10, time.Hour)}, "search", 5},
-		{pace.AllOf{pace.PerSecond(100).Named("requests"), pace.PerMinute(1000).WithBurst(1000).Named("tokens")}, "llm", 4},
-		{pace.AllOf{pace.PerSecond(100), pace.Daily(3, la)}, "gemini", 3},
+		{pace.AllOf(pace.Window(5, time.Minute), pace.FixedWindow(10, time.Hour)), "search", 5},
+		{pace.AllOf(pace.PerSecond(100).Named("requests"), pace.PerMinute(1000).WithBurst(1000).Named("tokens")), "llm", 4},
+		{pace.AllOf(pace.PerSecond(100), pace.Daily(3, la)), "gemini", 3},
 	} {
 		r, err := pace.NewRedis(c, tc.quota, pace.WithFleetSize(1))
 		if err != nil {

@@ -41,7 +41,7 @@ type route struct {
 // options every limiter takes.
 type store struct {
 	client  redis.Scripter
-	options []pace.RedisOption
+	options []pace.Option
 }
 
 // newRoute builds c's route on st, sending to base; a request that waits
@@ -171,7 +171,7 @@ func (rt *route) close() {
 // routeQuota returns the quota c says: its limit, or its named limits,
 // with its cap in flight.
 func routeQuota(c routeConfig) (pace.Quota, error) {
-	var quota pace.AllOf
+	var quota []pace.Limit
 	if c.Limit != "" {
 		limit, err := pace.ParseLimit(c.Limit)
 		if err != nil {
@@ -195,7 +195,7 @@ func routeQuota(c routeConfig) (pace.Quota, error) {
 	if len(quota) == 1 {
 		return quota[0], nil
 	}
-	return quota, nil
+	return pace.AllOf(quota...), nil
 }
 
 // rewrite builds the upstream's request: the route's path prefix cut off,

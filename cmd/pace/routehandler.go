@@ -69,7 +69,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // slowly the client reads.
 func (rt *route) waitContext(r *http.Request) (context.Context, context.CancelFunc, error) {
 	client := r.Context()
-	ctx, cancel := context.WithCancelCause(pace.WithBodyBudget(pace.WithBodyAlwaysClosed(context.WithValue(client, upstreamKey{}, client)), rt.buffer))
+	ctx, cancel := context.WithCancelCause(pace.WithBodyBudget(pace.WithBodyAlwaysClosed(context.WithValue(client, upstreamKey{}, client)), rt.buffer.Take))
 	stop := context.AfterFunc(rt.stopping, func() { cancel(errShuttingDown) })
 	release := func() { stop(); cancel(nil) }
 	if h := rt.config.ClassHeader; h != "" && r.Header.Get(h) != "" {

@@ -246,7 +246,7 @@ func (s *server) openStore() (store, func(), error) {
 			embedded.Close()
 		}
 	}
-	return store{client: client, options: []pace.RedisOption{pace.WithPrefix(s.config.Prefix)}}, closeStore, nil
+	return store{client: client, options: []pace.Option{pace.WithPrefix(s.config.Prefix)}}, closeStore, nil
 }
 
 // start checks the Redis, listens on every address and serves.

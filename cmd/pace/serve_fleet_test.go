@@ -174,7 +174,7 @@ func TestServeReplicaKilled(t *testing.T) {
 	redisServer := redistest.Start(t)
 	config := fmt.Sprintf("redis: redis://%s\nroutes:\n  - {name: api, upstream: '%s', limits: {requests: 40/s burst 4}, in_flight: %d, lease: %v}\n", redisServer.Addr, upstream.URL, capacity, lease)
 	a, b := startReplica(t, config), startReplica(t, config)
-	limiter, err := pace.NewRedis(redisServer.Client(t), pace.AllOf{pace.PerSecond(40).WithBurst(4).Named("requests"), pace.Concurrent(capacity).Named("in_flight")}, pace.WithLease(lease))
+	limiter, err := pace.NewRedis(redisServer.Client(t), pace.AllOf(pace.PerSecond(40).WithBurst(4).Named("requests"), pace.Concurrent(capacity).Named("in_flight")), pace.WithLease(lease))
 	if err != nil {
 		t.Fatal(err)
 	}

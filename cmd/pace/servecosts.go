@@ -43,7 +43,7 @@ var costDialects = map[string]costDialect{
 }
 
 // checkCostLimits says when c's costs name limits that its quota lacks.
-func checkCostLimits(c routeConfig, quota pace.AllOf) error {
+func checkCostLimits(c routeConfig, quota []pace.Limit) error {
 	if c.Costs == "" {
 		return nil
 	}

@@ -88,7 +88,7 @@ func (c config) quota() (pace.Quota, error) {
 	if inFlight == 0 {
 		return limit, nil
 	}
-	return pace.AllOf{limit, pace.Concurrent(inFlight)}, nil
+	return pace.AllOf(limit, pace.Concurrent(inFlight)), nil
 }
 
 // scriptCounter is a go-redis hook that counts script calls: each is one
@@ -169,7 +169,7 @@ func (j job) run() (report, error) {
 				served.observer(ctx, e)
 			}
 		}
-		redisOptions := []pace.RedisOption{pace.WithObserver(observe)}
+		redisOptions := []pace.Option{pace.WithObserver(observe)}
 		if c.DryRun {
 			redisOptions = append(redisOptions, pace.WithDryRun())
 		}

@@ -22,7 +22,6 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 
-	"github.com/fleetpace/pace"
 	"github.com/fleetpace/pace/internal/exampleproc"
 )
 
@@ -65,15 +64,14 @@ func (c config) check() error {
 	case c.Duration <= 0:
 		return fmt.Errorf("-duration %v: want a positive duration", c.Duration)
 	}
-	_, err := c.quota()
+	_, _, err := c.limits()
 	return err
 }
 
 // run starts the store, the API and the worker processes, waits for them,
 // and returns what the batch achieved.
 func run(c config) (summary, error) {
-	quota, _ := c.quota()
-	limits := quota.(pace.AllOf)
+	requests, tokens, _ := c.limits()
 	start := time.Now().Add(time.Second) // time for the processes to start
 	redisURL := c.Redis
 	if redisURL == "" {
@@ -84,7 +82,7 @@ func run(c config) (summary, error) {
 		defer store.Close()
 		redisURL = "redis://" + store.Addr()
 	}
-	upstream := newAPI(limits[0], limits[1], start, start.Add(c.Duration))
+	upstream := newAPI(requests, tokens, start, start.Add(c.Duration))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return summary{}, err
@@ -105,5 +103,5 @@ func run(c config) (summary, error) {
 	if err != nil {
 		return summary{}, err
 	}
-	return summarize(c, limits, upstream, reports), nil
+	return summarize(c, requests, tokens, upstream, reports), nil
 }

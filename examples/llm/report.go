@@ -26,8 +26,8 @@ type summary struct {
 	TokensPerRequest float64 `json:"tokens_per_request"`
 }
 
-func summarize(c config, limits pace.AllOf, upstream *api, reports []report) summary {
-	s := summary{Requests: limits[0].String(), Tokens: limits[1].String(), Mode: "reserved, settled at the answer's usage",
+func summarize(c config, requests, tokens pace.Limit, upstream *api, reports []report) summary {
+	s := summary{Requests: requests.String(), Tokens: tokens.String(), Mode: "reserved, settled at the answer's usage",
 		Processes: c.Procs, Workers: c.Procs * c.Workers, Seconds: c.Duration.Seconds()}
 	if !c.Settle {
 		s.Mode = "reserved at max_tokens, never settled"
@@ -40,8 +40,8 @@ func summarize(c config, limits pace.AllOf, upstream *api, reports []report) sum
 	}
 	s.Accepted, s.TooMany, s.TokensUsed = upstream.counts()
 	allows := func(l pace.Limit) float64 { return float64(l.Burst()) + l.Rate()*s.Seconds }
-	s.RequestsUse = float64(s.Accepted) / allows(limits[0])
-	s.TokensUse = float64(s.TokensUsed) / allows(limits[1])
+	s.RequestsUse = float64(s.Accepted) / allows(requests)
+	s.TokensUse = float64(s.TokensUsed) / allows(tokens)
 	s.Binding, s.Utilisation = "tokens", s.TokensUse
 	if s.RequestsUse > s.TokensUse {
 		s.Binding, s.Utilisation = "requests", s.RequestsUse

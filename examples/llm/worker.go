@@ -134,13 +134,17 @@ func estimate(req *http.Request) pace.Costs {
 
 // quota is the API's quota as pace paces it.
 func (c config) quota() (pace.Quota, error) {
-	requests, err := pace.ParseLimit(c.Requests)
-	if err != nil {
-		return nil, fmt.Errorf("-requests: %w", err)
+	requests, tokens, err := c.limits()
+	return pace.AllOf(requests, tokens), err
+}
+
+// limits are the API's two limits, named as its costs name them.
+func (c config) limits() (requests, tokens pace.Limit, err error) {
+	if requests, err = pace.ParseLimit(c.Requests); err != nil {
+		return requests, tokens, fmt.Errorf("-requests: %w", err)
 	}
-	tokens, err := pace.ParseLimit(c.Tokens)
-	if err != nil {
-		return nil, fmt.Errorf("-tokens: %w", err)
+	if tokens, err = pace.ParseLimit(c.Tokens); err != nil {
+		return requests, tokens, fmt.Errorf("-tokens: %w", err)
 	}
-	return pace.AllOf{requests.Named("requests"), tokens.Named("tokens")}, nil
+	return requests.Named("requests"), tokens.Named("tokens"), nil
 }

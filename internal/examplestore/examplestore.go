@@ -15,7 +15,7 @@ import (
 // Limiter returns a Redis limiter of quota on the Redis at url (an
 // embedded store when url is ""), with the client options pace recommends,
 // and a function that closes the limiter, the client and the store.
-func Limiter(url string, quota pace.Quota, opts ...pace.RedisOption) (*pace.Redis, func(), error) {
+func Limiter(url string, quota pace.Quota, opts ...pace.Option) (*pace.Redis, func(), error) {
 	var store *miniredis.Miniredis
 	if url == "" {
 		var err error
