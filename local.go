@@ -118,7 +118,7 @@ func NewLocal(q Quota, opts ...Option) (*Local, error) {
 	}
 	loc := newLocal(newNamedLimits(limits), config, time.Now)
 	if loc.cap = c; c.capped {
-		loc.slots = newSemaphore(config.lease, loc.now, config.observer, "local")
+		loc.slots = newSemaphore(config.lease, loc.now, config.observer, localLimiter)
 	}
 	return loc, nil
 }
@@ -164,7 +164,7 @@ func (loc *Local) waitOn(ctx context.Context, at target, cost int) (grant, error
 			return grant{}, err
 		}
 	}
-	g := grant{ticket{limiter: "local", local: loc}}
+	g := grant{ticket{limiter: localLimiter, local: loc}}
 	err := loc.waitFor(ctx, at, cost, &g.t.localWait)
 	return g, err
 }
@@ -233,7 +233,7 @@ func (loc *Local) reserveFor(ctx context.Context, at target, estimate Costs) (*R
 	if err != nil {
 		return nil, err
 	}
-	r := &Reservation{limiter: loc, estimate: costs, ticket: ticket{limiter: "local", local: loc}}
+	r := &Reservation{limiter: loc, estimate: costs, ticket: ticket{limiter: localLimiter, local: loc}}
 	if err := loc.wait(ctx, at, &costs, true, &r.ticket.localWait); err != nil {
 		return nil, err
 	}
@@ -247,14 +247,14 @@ func (loc *Local) reserveFor(ctx context.Context, at target, estimate Costs) (*R
 func (loc *Local) Settle(ctx context.Context, r *Reservation, actual Costs) error {
 	costs, err := loc.checkSettle(loc, r, actual)
 	if err != nil {
-		return loc.settleFailed(ctx, loc.config.observer, "local", loc, r, err)
+		return loc.settleFailed(ctx, loc.config.observer, localLimiter, loc, r, err)
 	}
 	if !r.settled.CompareAndSwap(false, true) {
 		return nil
 	}
-	loc.capDebts(ctx, loc.config.observer, "local", r, &costs, loc.config.maxHold)
+	loc.capDebts(ctx, loc.config.observer, localLimiter, r, &costs, loc.config.maxHold)
 	loc.settle(r.key, &r.ticket.localWait.res, r.estimate, costs, loc.now())
-	return loc.settled(ctx, loc.config.observer, "local", r.key, &r.estimate, &costs, nil)
+	return loc.settled(ctx, loc.config.observer, localLimiter, r.key, &r.estimate, &costs, nil)
 }
 
 // wait books costs on at (see target) and sleeps until they are due,
@@ -275,17 +275,17 @@ func (loc *Local) wait(ctx context.Context, at target, costs *store.LimitCosts, 
 		key, delay, ok := loc.reserveOn(at, costs, now, classBudget(own, horizon), &w.res, &note)
 		w.key = key
 		if note.recovered {
-			reportRate(ctx, loc.config.observer, "local", key, steer.Full, 0)
+			reportRate(ctx, loc.config.observer, localLimiter, key, steer.Full, 0)
 		}
 		if !ok && defers(delay, own, horizon) {
-			if err := loc.deferred(ctx, loc.asked(o, "local", key, costs, reserved), costs, delay-horizon, own, horizon); err != nil {
+			if err := loc.deferred(ctx, loc.asked(o, localLimiter, key, costs, reserved), costs, delay-horizon, own, horizon); err != nil {
 				return err
 			}
 			turn, w.res = true, localBooking{}
 			continue
 		}
 		if !ok {
-			e := loc.asked(o, "local", key, costs, reserved)
+			e := loc.asked(o, localLimiter, key, costs, reserved)
 			e.DryRun = loc.config.dryRun
 			if err := refuse(ctx, o, e, delay, classBudget(own, horizon)); !e.DryRun {
 				return err
@@ -294,7 +294,7 @@ func (loc *Local) wait(ctx context.Context, at target, costs *store.LimitCosts, 
 		}
 		w.delay, w.listening = delay, note.listening
 		if o != nil { // the event is built for an observer alone: the path without one stays as quick as rate.Limiter's
-			e := loc.asked(o, "local", key, costs, reserved)
+			e := loc.asked(o, localLimiter, key, costs, reserved)
 			e.Kind, e.Delay, e.DryRun = EventWait, delay, loc.config.dryRun
 			o(ctx, e)
 		}
@@ -308,7 +308,7 @@ func (loc *Local) wait(ctx context.Context, at target, costs *store.LimitCosts, 
 			continue // the key's rate was cut while this caller slept
 		case err != nil:
 			loc.cancel(key, w.res, loc.now())
-			e := loc.asked(o, "local", key, costs, reserved)
+			e := loc.asked(o, localLimiter, key, costs, reserved)
 			e.Kind, e.Delay, e.Err = EventCancel, delay, err
 			o.emit(ctx, e)
 			return err
@@ -604,7 +604,7 @@ func (loc *Local) Allow(ctx context.Context, key string, cost int) (bool, error)
 
 // unsettled implements pacer.
 func (loc *Local) unsettled(ctx context.Context, res *Reservation) {
-	loc.settleFailed(ctx, loc.config.observer, "local", loc, res, errBodyCollected)
+	loc.settleFailed(ctx, loc.config.observer, localLimiter, loc, res, errBodyCollected)
 }
 
 // MaxCost returns the largest cost a wait can be granted: the smallest
@@ -650,7 +650,7 @@ func (loc *Local) heed(ctx context.Context, key string, t ticket, w headers.Word
 		loc.retimes.Add(key, now.UnixMicro(), true, now) // its sleepers book anew
 	}
 	if cut {
-		reportRate(ctx, loc.config.observer, "local", key, share, w.Status)
+		reportRate(ctx, loc.config.observer, localLimiter, key, share, w.Status)
 	}
 }
 
@@ -671,7 +671,7 @@ func (loc *Local) Hold(ctx context.Context, key string, h headers.Hold) error {
 		shard.holds[key] = until
 	}
 	shard.mu.Unlock()
-	reportHold(ctx, loc.config.observer, "local", key, h, changed)
+	reportHold(ctx, loc.config.observer, localLimiter, key, h, changed)
 	return nil
 }
 

@@ -13,6 +13,13 @@ import (
 // goroutines at once: it must be safe for concurrent use and quick.
 type Observer func(context.Context, Event)
 
+// The limiters an Event names (Event.Limiter).
+const (
+	redisLimiter = "redis" // the shared limit, decided in Redis
+	localLimiter = "local" // a Local, or a Redis limiter's fallback while Redis is away
+	openLimiter  = "open"  // a Redis limiter failing open (FailOpen)
+)
+
 // An Event is one thing a limiter did.
 type Event struct {
 	Kind    EventKind

@@ -128,7 +128,7 @@ func newRedis(q Quota, now func() time.Time, opts ...Option) (*Redis, error) {
 	r.slotCap = store.NewSlotCap(limitName(c.limit), c.limit.burst, r.lease(), r.holdChannel())
 	r.fleet = newFleet(r.config.prefix, r.config.fleetName, r.config.fleetSize, r.config.process)
 	r.id = r.config.process.newLimiterID()
-	r.fallbackSlots = newSemaphore(r.lease(), now, r.config.observer, "local")
+	r.fallbackSlots = newSemaphore(r.lease(), now, r.config.observer, localLimiter)
 	r.failover = outage.New(outage.Config[*Local]{
 		PacesLocally: r.config.policy == FallbackLocal,
 		MinCooldown:  r.config.minCooldown,
@@ -256,7 +256,7 @@ func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 		var late *DeadlineError
 		switch {
 		case r.config.dryRun && errors.As(err, &late):
-			return ticket{limiter: "redis", localWait: localWait{key: q.Key}}, nil // refused, as the event says
+			return ticket{limiter: redisLimiter, localWait: localWait{key: q.Key}}, nil // refused, as the event says
 		case err != nil:
 			return ticket{}, err
 		}
@@ -280,7 +280,7 @@ func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 			return ticket{}, r.giveBack(ctx, q, t, err)
 		}
 		if t.delay <= 0 || !r.replacedByHold(ctx, q.Key, t) { // a caller that did not sleep missed no hold
-			if t.limiter == "local" {
+			if t.limiter == localLimiter {
 				r.failover.Owe(q.Key, q.Costs, store.LimitCosts{})
 			}
 			return t, nil
@@ -366,9 +366,9 @@ func (r *Redis) deferred(ctx context.Context, q request, earliest time.Duration)
 		return err
 	}, nil)
 	if own := waitBudget(ctx, r.config.maxWait, r.now()); retry+q.horizon > own {
-		return refuse(ctx, r.config.observer, r.asked(q, "redis"), retry+q.horizon, own)
+		return refuse(ctx, r.config.observer, r.asked(q, redisLimiter), retry+q.horizon, own)
 	}
-	return deferred(ctx, r.config.observer, r.asked(q, "redis"), retry)
+	return deferred(ctx, r.config.observer, r.asked(q, redisLimiter), retry)
 }
 
 // giveBack returns what ticket t booked, for a caller whose wait ended
@@ -408,12 +408,12 @@ func (r *Redis) refund(ctx context.Context, key string, b store.Booking) error {
 func (r *Redis) Settle(ctx context.Context, res *Reservation, actual Costs) error {
 	costs, err := r.checkSettle(r, res, actual)
 	if err != nil {
-		return r.settleFailed(ctx, r.config.observer, "redis", r, res, err)
+		return r.settleFailed(ctx, r.config.observer, redisLimiter, r, res, err)
 	}
 	if !res.settled.CompareAndSwap(false, true) {
 		return nil
 	}
-	r.capDebts(ctx, r.config.observer, "redis", res, &costs, r.config.maxHold)
+	r.capDebts(ctx, r.config.observer, redisLimiter, res, &costs, r.config.maxHold)
 	t := res.ticket
 	if t.booking.Granted {
 		err = r.settleShared(ctx, res, costs)
@@ -421,10 +421,10 @@ func (r *Redis) Settle(ctx context.Context, res *Reservation, actual Costs) erro
 	if t.local != nil {
 		t.local.settle(res.key, &t.res, res.estimate, costs, r.now())
 	}
-	if t.limiter == "local" {
+	if t.limiter == localLimiter {
 		r.failover.Owe(res.key, costs, res.estimate)
 	}
-	return r.settled(ctx, r.config.observer, "redis", res.key, &res.estimate, &costs, err)
+	return r.settled(ctx, r.config.observer, redisLimiter, res.key, &res.estimate, &costs, err)
 }
 
 // settleShared settles a reservation that Redis booked; while Redis is
@@ -465,7 +465,7 @@ func (r *Redis) Allow(ctx context.Context, key string, cost int) (bool, error) {
 
 // unsettled implements pacer.
 func (r *Redis) unsettled(ctx context.Context, res *Reservation) {
-	r.settleFailed(ctx, r.config.observer, "redis", r, res, errBodyCollected)
+	r.settleFailed(ctx, r.config.observer, redisLimiter, r, res, errBodyCollected)
 }
 
 // MaxCost returns the largest cost a wait can be granted, as Local.MaxCost

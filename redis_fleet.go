@@ -139,6 +139,6 @@ func (r *Redis) mismatch(ctx context.Context, key string, b store.Booking) {
 	if b.Other.Interval > own.intervalMicros() || b.Other.Interval == own.intervalMicros() && int(b.Other.Burst) < own.burst {
 		stricter = other
 	}
-	r.config.observer.emit(ctx, Event{Kind: EventMismatch, Limiter: "redis", Key: key,
+	r.config.observer.emit(ctx, Event{Kind: EventMismatch, Limiter: redisLimiter, Key: key,
 		Reason: fmt.Sprintf("this process paces the key at %s, another at %s: the fleet keeps %s until all agree", own, other, stricter)})
 }

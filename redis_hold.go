@@ -28,7 +28,7 @@ func (r *Redis) Hold(ctx context.Context, key string, h headers.Hold) error {
 		changed, end, err := r.store.Hold(ctx, key, h.For, r.holdChannel())
 		if err == nil {
 			r.heard(key, end, h.For)
-			reportHold(ctx, r.config.observer, "redis", key, h, changed)
+			reportHold(ctx, r.config.observer, redisLimiter, key, h, changed)
 		}
 		return err
 	}, func(local *Local) error { return holdLocally(ctx, local, key, h) })

@@ -122,11 +122,11 @@ func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budg
 		return ticket{}, errSlotBusy
 	}
 	if b.Recovered {
-		reportRate(ctx, r.config.observer, "redis", q.Key, steer.Full, 0)
+		reportRate(ctx, r.config.observer, redisLimiter, q.Key, steer.Full, 0)
 	}
 	r.mismatch(ctx, q.Key, b)
 	if !b.Granted {
-		return ticket{}, r.refuse(ctx, q, "redis", b.Delay, budget)
+		return ticket{}, r.refuse(ctx, q, redisLimiter, b.Delay, budget)
 	}
 	return r.pass(ctx, q, now, b, first)
 }
@@ -144,17 +144,17 @@ func (r *Redis) pass(ctx context.Context, q request, start time.Time, b store.Bo
 	due := now.Add(b.Delay)
 	gate := r.failover.Granted(q.Key, due, now, first.local != nil)
 	if first.local != nil {
-		first.limiter, first.delay, first.booking, first.listening = "redis", b.Delay, b, b.Listening
+		first.limiter, first.delay, first.booking, first.listening = redisLimiter, b.Delay, b, b.Listening
 		return first, nil
 	}
-	t := ticket{limiter: "redis", booking: b, local: gate, localWait: localWait{key: q.Key, delay: b.Delay, start: start, listening: b.Listening}}
+	t := ticket{limiter: redisLimiter, booking: b, local: gate, localWait: localWait{key: q.Key, delay: b.Delay, start: start, listening: b.Listening}}
 	if gate == nil {
 		return t, nil
 	}
 	budget := waitBudget(ctx, r.config.maxWait, now)
 	delay, ok := t.local.reserve(q.Key, &q.Costs, now, due, budget, &t.res, nil)
 	if !ok {
-		err := refuse(ctx, r.config.observer, r.asked(q, "redis"), delay, budget)
+		err := refuse(ctx, r.config.observer, r.asked(q, redisLimiter), delay, budget)
 		return ticket{}, errors.Join(err, r.refund(ctx, q.Key, b))
 	}
 	t.delay = delay
@@ -181,7 +181,7 @@ func (r *Redis) decideWithout(ctx context.Context, q request, local *Local, caus
 	now := r.now()
 	switch r.config.policy {
 	case FailOpen:
-		return ticket{limiter: "open", cause: cause, localWait: localWait{key: q.Key, start: now}}, nil
+		return ticket{limiter: openLimiter, cause: cause, localWait: localWait{key: q.Key, start: now}}, nil
 	case FailClosed:
 		return ticket{}, r.unavailable(ctx, q.Key, q.Costs[0], cause)
 	}
@@ -195,7 +195,7 @@ func (r *Redis) decideWithout(ctx context.Context, q request, local *Local, caus
 // observer.
 func (r *Redis) unavailable(ctx context.Context, key string, cost int, cause error) error {
 	err := &unavailableError{key: key, cause: cause}
-	r.config.observer.emit(ctx, Event{Kind: EventFail, Limiter: "redis", Key: key, Cost: cost, Err: err})
+	r.config.observer.emit(ctx, Event{Kind: EventFail, Limiter: redisLimiter, Key: key, Cost: cost, Err: err})
 	return err
 }
 
@@ -233,11 +233,11 @@ func (e *unavailableError) Unwrap() []error {
 
 // decideLocally books the wait on local, the outage's local limiter.
 func (r *Redis) decideLocally(ctx context.Context, q request, local *Local, now time.Time, budget time.Duration) (ticket, error) {
-	t := ticket{limiter: "local", local: local, localWait: localWait{start: now}}
+	t := ticket{limiter: localLimiter, local: local, localWait: localWait{start: now}}
 	key, delay, ok := local.reserveOn(target{key: q.Key, pool: q.Pool, first: q.First}, &q.Costs, now, budget, &t.res, nil)
 	q.Key, t.key = key, key
 	if !ok {
-		return ticket{}, r.refuse(ctx, q, "local", delay, budget)
+		return ticket{}, r.refuse(ctx, q, localLimiter, delay, budget)
 	}
 	t.delay = delay
 	return t, nil
@@ -263,7 +263,7 @@ type redisCall struct {
 func (r *Redis) outcome(ctx context.Context, call redisCall, err error) (away bool, local *Local, _ error) {
 	if err == nil || !store.IsOutage(err) {
 		if call.route == outage.ViaProbe {
-			r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: "redis", Key: call.key, Cost: call.cost, Delay: r.failover.Recover(r.now(), r.callTimeout())})
+			r.config.observer.emit(ctx, Event{Kind: EventRecover, Limiter: redisLimiter, Key: call.key, Cost: call.cost, Delay: r.failover.Recover(r.now(), r.callTimeout())})
 		}
 		return false, nil, err
 	}
@@ -271,9 +271,9 @@ func (r *Redis) outcome(ctx context.Context, call redisCall, err error) (away bo
 	began, down, local := r.failover.Fail(r.now(), outage.Failure{Began: call.began, Probe: probe, Failures: call.failures + 1, Err: err}, r.callTimeout())
 	switch {
 	case began:
-		r.config.observer.emit(ctx, Event{Kind: EventFallback, Limiter: "redis", Key: call.key, Cost: call.cost, Err: err, Reason: r.neverAnswered()})
+		r.config.observer.emit(ctx, Event{Kind: EventFallback, Limiter: redisLimiter, Key: call.key, Cost: call.cost, Err: err, Reason: r.neverAnswered()})
 	case probe:
-		r.config.observer.emit(ctx, Event{Kind: EventProbe, Limiter: "redis", Key: call.key, Cost: call.cost, Err: err})
+		r.config.observer.emit(ctx, Event{Kind: EventProbe, Limiter: redisLimiter, Key: call.key, Cost: call.cost, Err: err})
 	}
 	if !down {
 		return false, nil, fmt.Errorf("%w: %w", errUnconfirmed, err)
@@ -347,7 +347,7 @@ func runWithout(without func(*Local) error, local *Local) error {
 func (r *Redis) repay(ctx context.Context, owed map[string]store.LimitCosts) {
 	for key, costs := range owed {
 		took, err := r.store.Repay(ctx, key, costs)
-		r.config.observer.emit(ctx, Event{Kind: EventRepay, Limiter: "redis", Key: key, Cost: took[0], Err: err})
+		r.config.observer.emit(ctx, Event{Kind: EventRepay, Limiter: redisLimiter, Key: key, Cost: took[0], Err: err})
 		if store.IsOutage(err) {
 			return
 		}

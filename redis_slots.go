@@ -37,12 +37,12 @@ func (r *Redis) admitCapped(ctx context.Context, key string, cost int) (*Slot, g
 			r.slotCall(context.WithoutCancel(ctx), key, store.SlotCall{Op: store.SlotRelease, ID: q.Take.ID})
 		}
 		return nil, grant{}, err
-	case t.limiter != "redis": // decided without Redis: the slot, as the FailurePolicy says, after the wait
+	case t.limiter != redisLimiter: // decided without Redis: the slot, as the FailurePolicy says, after the wait
 		slot, err := r.TakeSlot(ctx, key)
 		return slot, grant{t}, err
 	}
-	r.config.observer.emit(ctx, Event{Kind: EventSlot, Limiter: "redis", Key: key, Cost: 1}) // no time in line
-	return newSlot(ctx, redisSlots{r}, key, q.Take.ID, "redis", r.lease(), r.config.observer), grant{t}, nil
+	r.config.observer.emit(ctx, Event{Kind: EventSlot, Limiter: redisLimiter, Key: key, Cost: 1}) // no time in line
+	return newSlot(ctx, redisSlots{r}, key, q.Take.ID, redisLimiter, r.lease(), r.config.observer), grant{t}, nil
 }
 
 // mayHaveTaken reports whether a wait that took its slot with its booking
@@ -159,8 +159,8 @@ func (r *Redis) trySlot(ctx context.Context, key string, failures int) (*Slot, e
 	if err != nil {
 		return nil, err
 	}
-	r.config.observer.emit(ctx, Event{Kind: EventSlot, Limiter: "redis", Key: key, Cost: 1, Delay: r.now().Sub(start)})
-	return newSlot(ctx, redisSlots{r}, key, id, "redis", r.lease(), r.config.observer), nil
+	r.config.observer.emit(ctx, Event{Kind: EventSlot, Limiter: redisLimiter, Key: key, Cost: 1, Delay: r.now().Sub(start)})
+	return newSlot(ctx, redisSlots{r}, key, id, redisLimiter, r.lease(), r.config.observer), nil
 }
 
 // waitInLine waits until id, in key's line as reply says, holds a slot: told
@@ -212,7 +212,7 @@ func (r *Redis) slotCall(ctx context.Context, key string, c store.SlotCall) (sto
 	c.Cap = r.slotCap
 	reply, err := r.store.Slots(ctx, key, c)
 	if reply.Expired > 0 {
-		r.config.observer.emit(ctx, Event{Kind: EventSlotExpire, Limiter: "redis", Key: key, Cost: int(reply.Expired)})
+		r.config.observer.emit(ctx, Event{Kind: EventSlotExpire, Limiter: redisLimiter, Key: key, Cost: int(reply.Expired)})
 	}
 	return reply, err
 }

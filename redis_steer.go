@@ -96,7 +96,7 @@ func (r *Redis) reportSteers(ctx context.Context, key string, steers []steering,
 	for i, st := range steers {
 		kinds := [...][]EventKind{{EventStaleReading}, {EventReading}, {EventReading, EventLearned}}[min(reply.Results[i], 2)]
 		for _, kind := range kinds {
-			e := Event{Kind: kind, Limiter: "redis", Key: key, Cost: int(st.Remaining), Delay: st.Reset, Reason: st.header}
+			e := Event{Kind: kind, Limiter: redisLimiter, Key: key, Cost: int(st.Remaining), Delay: st.Reset, Reason: st.header}
 			if kind == EventLearned && st.bounded {
 				e.Reason += " (kept within " + r.limits[st.Limit].learnText()[len(" learn"):] + ")"
 			}
@@ -120,7 +120,7 @@ func (r *Redis) steerings(ctx context.Context, key string, readings []headers.Re
 		l := r.limits[i]
 		learns, window := l.learn.on && reading.Limit > 0, cmp.Or(reading.Window, l.period)
 		if reading.Reset > bound || (learns && window > bound) {
-			r.config.observer.emit(ctx, Event{Kind: EventIgnored, Limiter: "redis", Key: key, Delay: max(reading.Reset, window), Reason: reading.Header})
+			r.config.observer.emit(ctx, Event{Kind: EventIgnored, Limiter: redisLimiter, Key: key, Delay: max(reading.Reset, window), Reason: reading.Header})
 			continue
 		}
 		st := steering{Steer: store.Steer{Limit: i, Remaining: reading.Remaining, Reset: reading.Reset - elapsed, Refills: reading.Refills}, header: reading.Header}
@@ -173,7 +173,7 @@ func (r *Redis) heed(ctx context.Context, key string, t ticket, w headers.Word, 
 		}
 		share, _, err := r.store.Refused(ctx, key, t.booking, served, r.holdChannel())
 		if share > 0 {
-			reportRate(ctx, r.config.observer, "redis", key, share, w.Status)
+			reportRate(ctx, r.config.observer, redisLimiter, key, share, w.Status)
 		}
 		return err
 	}, nil)

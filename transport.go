@@ -215,23 +215,28 @@ func (t *Transport) wait(req *http.Request) (paced, error) {
 			return paced{}, err
 		}
 	}
+	rule, key, cost, err := t.decide(req)
+	if err != nil || rule.Unlimited {
+		return paced{key: key, at: t.target(key, req)}, err
+	}
+	scope := heedScope{holds: !t.IgnoreHolds && !rule.IgnoreHolds, counters: !t.IgnoreCounters, refusals: !t.IgnoreRefusals && !rule.IgnoreRefusals}
+	return t.waitFor(req, paced{limiter: rule.Limiter, key: key, settle: rule.Settle, counters: rule.BodyCounters, class: rule.Class, scope: scope}, cost, rule.Estimate)
+}
+
+// decide returns the rule that paces req, its key and its cost: by t's
+// Rules, or, without them, by t's own fields, which are then the one rule.
+func (t *Transport) decide(req *http.Request) (Rule, string, int, error) {
 	if t.Rules != nil {
 		rule, key, cost, err := t.Rules.decide(req)
-		if err != nil || rule.Unlimited {
-			return paced{key: key, at: t.target(key, req)}, err
-		}
-		scope := t.scope()
-		scope.refusals = scope.refusals && !rule.IgnoreRefusals
-		scope.holds = scope.holds && !rule.IgnoreHolds
-		return t.waitFor(req, paced{limiter: rule.Limiter, key: key, settle: rule.Settle, counters: rule.BodyCounters, class: rule.Class, scope: scope}, cost, rule.Estimate)
+		return *rule, key, cost, err
 	}
 	switch {
 	case t.Settle != nil && t.Estimate == nil:
-		return paced{}, errors.New("pace: Transport.Settle without an Estimate: nothing would be reserved to settle")
+		return Rule{}, "", 0, errors.New("pace: Transport.Settle without an Estimate: nothing would be reserved to settle")
 	case t.Limiter == nil:
-		return paced{}, errors.New("pace: Transport.Pool without a Limiter: a Pool's credentials are chosen by what their keys can take")
+		return Rule{}, "", 0, errors.New("pace: Transport.Pool without a Limiter: a Pool's credentials are chosen by what their keys can take")
 	case isNil(t.Limiter):
-		return paced{}, fmt.Errorf("pace: Transport.Limiter is a nil %T (did the constructor that made it fail?)", t.Limiter)
+		return Rule{}, "", 0, fmt.Errorf("pace: Transport.Limiter is a nil %T (did the constructor that made it fail?)", t.Limiter)
 	}
 	keyOf := HostKey
 	if t.Key != nil {
@@ -241,7 +246,7 @@ func (t *Transport) wait(req *http.Request) (paced, error) {
 	if t.Cost != nil && t.Estimate == nil {
 		cost = t.Cost(req)
 	}
-	return t.waitFor(req, paced{limiter: t.Limiter, key: keyOf(req), settle: t.Settle, counters: t.BodyCounters, scope: t.scope()}, cost, t.Estimate)
+	return Rule{Limiter: t.Limiter, Estimate: t.Estimate, Settle: t.Settle, BodyCounters: t.BodyCounters}, keyOf(req), cost, nil
 }
 
 // target is the target of req's wait, whose key is key: key, or the
@@ -251,11 +256,6 @@ func (t *Transport) target(key string, req *http.Request) target {
 		return target{key: key}
 	}
 	return t.Pool.target(key, req)
-}
-
-// scope is what the responses to t's requests may steer.
-func (t *Transport) scope() heedScope {
-	return heedScope{holds: !t.IgnoreHolds, counters: !t.IgnoreCounters, refusals: !t.IgnoreRefusals}
 }
 
 // waitFor waits on p's limiter for req. A limiter of a user's is waited
