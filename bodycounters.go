@@ -62,5 +62,5 @@ func (p paced) heedBody(ctx context.Context, resp *http.Response, ends usage.End
 	}
 	scope := p.scope
 	scope.refusals = false
-	p.pacer.heedWord(ctx, p.key, p.grant, headers.Word{Readings: readings, Status: resp.StatusCode, At: arrival}, scope)
+	p.pacer.heed(ctx, p.key, p.grant, headers.Word{Readings: readings, Status: resp.StatusCode, At: arrival}, scope)
 }

@@ -41,7 +41,7 @@ type Reservation struct {
 	limiter  pacer // the limiter that made it
 	key      string
 	estimate store.LimitCosts
-	ticket   ticket // what was booked, and where
+	booked   booking // what was booked, and where
 	settled  atomic.Bool
 }
 
@@ -49,11 +49,11 @@ type Reservation struct {
 func (r *Reservation) Key() string { return r.key }
 
 // Delay returns how long the reservation's caller waited for its grant.
-func (r *Reservation) Delay() time.Duration { return r.ticket.delay }
+func (r *Reservation) Delay() time.Duration { return r.booked.delay }
 
 // granted returns what the reservation booked, by which the response to
 // its request steers the key.
-func (r *Reservation) granted() grant { return grant{r.ticket} }
+func (r *Reservation) granted() grant { return grant{r.booked} }
 
 // uniform is cost under each of n limits (0 beyond them).
 func uniform(cost, n int) store.LimitCosts {

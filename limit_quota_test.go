@@ -505,7 +505,7 @@ func TestDailyOutageShare(t *testing.T) {
 	r := mustRedis(t, newTestRedis(t), Daily(1500, time.UTC), WithFleetSize(2))
 	fallback := r.outageLimiter(time.Now(), nil)
 	book := func() (time.Duration, bool) { // as the outage books (Redis.decideLocally)
-		var res localBooking
+		var res bucketsBooked
 		_, delay, ok := fallback.reserveOn(target{key: "k"}, &store.LimitCosts{1}, time.Now(), time.Hour, &res, nil)
 		return delay, ok
 	}

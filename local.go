@@ -76,10 +76,10 @@ type localKey struct {
 // listens for a success, or it was dropped, back at the configured rate.
 type rateNote struct{ listening, recovered bool }
 
-// localBooking is what a Local booked for one request: a reservation a
+// bucketsBooked is what a Local booked for one request: a reservation a
 // bucket, or none where the request was granted at once; and what it
 // booked in fixed windows, if any.
-type localBooking struct {
+type bucketsBooked struct {
 	res     [store.MaxLimits]*rate.Reservation
 	windows *windowsBooked
 }
@@ -148,7 +148,7 @@ func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
 	if loc.cap.needsSlot(ctx, key) {
 		return waitWithSlot(ctx, loc, key, cost)
 	}
-	var w localWait
+	var w localBooking
 	return loc.waitFor(ctx, target{key: key}, cost, &w)
 }
 
@@ -164,8 +164,8 @@ func (loc *Local) waitOn(ctx context.Context, at target, cost int) (grant, error
 			return grant{}, err
 		}
 	}
-	g := grant{ticket{limiter: localLimiter, local: loc}}
-	err := loc.waitFor(ctx, at, cost, &g.t.localWait)
+	g := grant{booking{limiter: localLimiter, local: loc}}
+	err := loc.waitFor(ctx, at, cost, &g.booking.localBooking)
 	return g, err
 }
 
@@ -190,7 +190,7 @@ func (loc *Local) admit(ctx context.Context, at target, cost int) (*Slot, grant,
 
 // waitFor waits as Wait does, by a caller that needs no slot, and puts
 // what it booked in w.
-func (loc *Local) waitFor(ctx context.Context, at target, cost int, w *localWait) error {
+func (loc *Local) waitFor(ctx context.Context, at target, cost int, w *localBooking) error {
 	if err := checkWait(ctx, loc.costCap, at.key, cost); err != nil || !loc.cap.rated {
 		return err
 	}
@@ -233,11 +233,11 @@ func (loc *Local) reserveFor(ctx context.Context, at target, estimate Costs) (*R
 	if err != nil {
 		return nil, err
 	}
-	r := &Reservation{limiter: loc, estimate: costs, ticket: ticket{limiter: localLimiter, local: loc}}
-	if err := loc.wait(ctx, at, &costs, true, &r.ticket.localWait); err != nil {
+	r := &Reservation{limiter: loc, estimate: costs, booked: booking{limiter: localLimiter, local: loc}}
+	if err := loc.wait(ctx, at, &costs, true, &r.booked.localBooking); err != nil {
 		return nil, err
 	}
-	r.key = r.ticket.key // at's, or the pool's key booked
+	r.key = r.booked.key // at's, or the pool's key booked
 	return r, nil
 }
 
@@ -253,7 +253,7 @@ func (loc *Local) Settle(ctx context.Context, r *Reservation, actual Costs) erro
 		return nil
 	}
 	loc.capDebts(ctx, loc.config.observer, localLimiter, r, &costs, loc.config.maxHold)
-	loc.settle(r.key, &r.ticket.localWait.res, r.estimate, costs, loc.now())
+	loc.settle(r.key, &r.booked.localBooking.buckets, r.estimate, costs, loc.now())
 	return loc.settled(ctx, loc.config.observer, localLimiter, r.key, &r.estimate, &costs, nil)
 }
 
@@ -261,7 +261,7 @@ func (loc *Local) Settle(ctx context.Context, r *Reservation, actual Costs) erro
 // booking anew after a hold that came meanwhile, or a cut of the key's
 // rate, and puts what it booked in w. reserved says it is a reservation's
 // wait.
-func (loc *Local) wait(ctx context.Context, at target, costs *store.LimitCosts, reserved bool, w *localWait) error {
+func (loc *Local) wait(ctx context.Context, at target, costs *store.LimitCosts, reserved bool, w *localBooking) error {
 	o := loc.config.observer
 	for turn := false; ; {
 		horizon := horizonOf(ctx, &loc.config, loc.limits, costs)
@@ -272,7 +272,7 @@ func (loc *Local) wait(ctx context.Context, at target, costs *store.LimitCosts, 
 		own := waitBudget(ctx, loc.config.maxWait, now)
 		w.start = now
 		var note rateNote
-		key, delay, ok := loc.reserveOn(at, costs, now, classBudget(own, horizon), &w.res, &note)
+		key, delay, ok := loc.reserveOn(at, costs, now, classBudget(own, horizon), &w.buckets, &note)
 		w.key = key
 		if note.recovered {
 			reportRate(ctx, loc.config.observer, localLimiter, key, steer.Full, 0)
@@ -281,7 +281,7 @@ func (loc *Local) wait(ctx context.Context, at target, costs *store.LimitCosts, 
 			if err := loc.deferred(ctx, loc.asked(o, localLimiter, key, costs, reserved), costs, delay-horizon, own, horizon); err != nil {
 				return err
 			}
-			turn, w.res = true, localBooking{}
+			turn, w.buckets = true, bucketsBooked{}
 			continue
 		}
 		if !ok {
@@ -303,11 +303,11 @@ func (loc *Local) wait(ctx context.Context, at target, costs *store.LimitCosts, 
 		}
 		switch err := sleepUnlessRetimed(ctx, &loc.retimes, key, delay, now.UnixMicro()); {
 		case errors.Is(err, steer.ErrRetimed):
-			loc.cancel(key, w.res, loc.now())
-			w.res = localBooking{}
+			loc.cancel(key, w.buckets, loc.now())
+			w.buckets = bucketsBooked{}
 			continue // the key's rate was cut while this caller slept
 		case err != nil:
-			loc.cancel(key, w.res, loc.now())
+			loc.cancel(key, w.buckets, loc.now())
 			e := loc.asked(o, localLimiter, key, costs, reserved)
 			e.Kind, e.Delay, e.Err = EventCancel, delay, err
 			o.emit(ctx, e)
@@ -318,7 +318,7 @@ func (loc *Local) wait(ctx context.Context, at target, costs *store.LimitCosts, 
 		}
 		// A hold came while this caller slept, and its time lies before
 		// the hold's end: it books anew, after the hold.
-		w.res = localBooking{}
+		w.buckets = bucketsBooked{}
 	}
 }
 
@@ -338,7 +338,7 @@ func (loc *Local) deferred(ctx context.Context, asked Event, costs *store.LimitC
 // for a pool, the first of its keys, asked from its first on, that can go
 // at once, else the one that can go soonest (the earlier asked on a tie;
 // see lua/pick.lua). It returns the key it booked, or would have.
-func (loc *Local) reserveOn(at target, costs *store.LimitCosts, now time.Time, budget time.Duration, b *localBooking, note *rateNote) (string, time.Duration, bool) {
+func (loc *Local) reserveOn(at target, costs *store.LimitCosts, now time.Time, budget time.Duration, b *bucketsBooked, note *rateNote) (string, time.Duration, bool) {
 	if at.pool == nil {
 		delay, ok := loc.reserve(at.key, costs, now, now, budget, b, note)
 		return at.key, delay, ok
@@ -364,7 +364,7 @@ func (loc *Local) reserveOn(at target, costs *store.LimitCosts, now time.Time, b
 // returns false with the delay. Where a request is granted at once, there
 // is no reservation to give back. note, if not nil, hears what the booking
 // found of the key's rate.
-func (loc *Local) reserve(key string, costs *store.LimitCosts, now, notBefore time.Time, budget time.Duration, b *localBooking, note *rateNote) (delay time.Duration, ok bool) {
+func (loc *Local) reserve(key string, costs *store.LimitCosts, now, notBefore time.Time, budget time.Duration, b *bucketsBooked, note *rateNote) (delay time.Duration, ok bool) {
 	shard := loc.shard(key)
 	shard.mu.Lock()
 	defer shard.mu.Unlock()
@@ -410,7 +410,7 @@ func (loc *Local) underRate(k *localKey, costs *store.LimitCosts, now, at time.T
 // book books costs under every limit of k at once, at the first time from
 // at when each has them, unless that is beyond budget from now. The caller
 // holds the shard's lock, so nobody else books on k meanwhile.
-func (k *localKey) book(costs *store.LimitCosts, now, at time.Time, budget time.Duration, b *localBooking) (delay time.Duration, ok bool) {
+func (k *localKey) book(costs *store.LimitCosts, now, at time.Time, budget time.Duration, b *bucketsBooked) (delay time.Duration, ok bool) {
 	due := at // when every limit has its cost
 	for i, lim := range k.lims {
 		if lim == nil {
@@ -466,7 +466,7 @@ func (k *localKey) allowAll(now time.Time, costs *store.LimitCosts) bool {
 
 // cancel gives back booking b of key, at now or, if that is earlier, at the
 // key's last reservation time.
-func (loc *Local) cancel(key string, b localBooking, now time.Time) {
+func (loc *Local) cancel(key string, b bucketsBooked, now time.Time) {
 	shard := loc.shard(key)
 	shard.mu.Lock()
 	defer shard.mu.Unlock()
@@ -488,7 +488,7 @@ func (loc *Local) cancel(key string, b localBooking, now time.Time) {
 // a burst at most: see capDebts), or a credit that fills the bucket at most;
 // and the windows b booked (the window of now, when it booked none) with it,
 // never below zero.
-func (loc *Local) settle(key string, b *localBooking, estimate, actual store.LimitCosts, now time.Time) {
+func (loc *Local) settle(key string, b *bucketsBooked, estimate, actual store.LimitCosts, now time.Time) {
 	shard := loc.shard(key)
 	shard.mu.Lock()
 	defer shard.mu.Unlock()
@@ -612,21 +612,19 @@ func (loc *Local) unsettled(ctx context.Context, res *Reservation) {
 // whose Cost is larger.
 func (loc *Local) MaxCost() int { return loc.costCap }
 
-// heedWord implements pacer.
-func (loc *Local) heedWord(ctx context.Context, key string, g grant, w headers.Word, h heedScope) {
-	if loc.config.dryRun {
-		return // see WithDryRun
-	}
-	loc.heed(context.WithoutCancel(ctx), key, g.t, w, h)
-}
-
 // longestHold implements pacer.
 func (loc *Local) longestHold() time.Duration { return loc.config.maxHold }
 
-// heed applies w: the holds, then a refusal that neither explains
-// to the key's rate, or a success it listens for (see internal/steer). Local
-// is not steered by counters.
-func (loc *Local) heed(ctx context.Context, key string, t ticket, w headers.Word, o heedScope) {
+// heed implements pacer: it applies w, what the response to the request
+// granted as g said, past ctx's end: the holds, then a refusal that
+// neither explains to the key's rate, or a success it listens for (see
+// internal/steer). Local is not steered by counters. A dry run heeds
+// nothing.
+func (loc *Local) heed(ctx context.Context, key string, g grant, w headers.Word, o heedScope) {
+	if loc.config.dryRun {
+		return // see WithDryRun
+	}
+	ctx, t := context.WithoutCancel(ctx), g.booking
 	for _, h := range w.Holds {
 		loc.Hold(ctx, key, h)
 	}

@@ -16,7 +16,7 @@ import (
 // nothing).
 func localWindowDelay(loc *Local, key string) time.Duration {
 	costs, now := uniform(1, store.MaxLimits), loc.now()
-	delay, _ := loc.reserve(key, &costs, now, now, 0, &localBooking{}, nil)
+	delay, _ := loc.reserve(key, &costs, now, now, 0, &bucketsBooked{}, nil)
 	return delay
 }
 

@@ -12,7 +12,7 @@ import (
 // one question per request and hands it the answer. It takes the request's
 // slot under a cap in flight (TakeSlot), waits for its grant (waitGrant)
 // or reserves its estimated costs (Reserve), heeds what the response says
-// of the key (heedWord: holds, counters, refusals), and settles the
+// of the key (heed: holds, counters, refusals), and settles the
 // reservation once the body ends (Settle). The protocol is unexported: a
 // Limiter of a user's (a decorator, a test's fake) is waited on, and no
 // more. A decorator that had to forward six interfaces to be steered was
@@ -37,11 +37,11 @@ type pacer interface {
 	admit(ctx context.Context, at target, cost int) (*Slot, grant, error)
 	// reserveFor reserves as Reserve does, on at (see target).
 	reserveFor(ctx context.Context, at target, estimate Costs) (*Reservation, error)
-	// heedWord applies w, what the response to the request granted as g
-	// said of key (see Transport.heed), as far as h allows: its holds, its
+	// heed applies w, what the response to the request granted as g
+	// said of key (see paced.heed), as far as h allows: its holds, its
 	// counters, a refusal without a word. It runs past ctx's end; failures
 	// reach the limiter's observer.
-	heedWord(ctx context.Context, key string, g grant, w headers.Word, h heedScope)
+	heed(ctx context.Context, key string, g grant, w headers.Word, h heedScope)
 	// longestHold is the longest hold the limiter sets (WithMaxHold).
 	longestHold() time.Duration
 	// unsettled tells the observer that res will not be settled: its
@@ -80,7 +80,7 @@ func limiterType(l Limiter) string {
 // A grant is what a pacer granted one wait (waitGrant), or one reservation
 // (Reservation.granted): the booking that a response to its request
 // steers. The zero grant is a wait no limiter booked.
-type grant struct{ t ticket }
+type grant struct{ booking }
 
 // heedScope says what a response may steer.
 type heedScope struct {

@@ -76,7 +76,7 @@ func (p *Pool) Wait(ctx context.Context, l Limiter, key string, cost int) (Crede
 	if err != nil {
 		return Credential{}, err
 	}
-	return p.credential(at, g.t.key), nil
+	return p.credential(at, g.booking.key), nil
 }
 
 // A Credential is one of a Pool's: its Name keys its quota and names it

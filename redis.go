@@ -228,7 +228,7 @@ func (r *Redis) reserveFor(ctx context.Context, at target, estimate Costs) (*Res
 	if err != nil {
 		return nil, err
 	}
-	return &Reservation{limiter: r, key: t.key, estimate: costs, ticket: t}, nil // t.key: at's, or the pool's key booked
+	return &Reservation{limiter: r, key: t.key, estimate: costs, booked: t}, nil // t.key: at's, or the pool's key booked
 }
 
 // request is one wait: what its booking needs, the horizon of its class (0
@@ -243,7 +243,7 @@ type request struct {
 // wait books the wait of q and sleeps until it is due, booking anew after a
 // hold that replaced its time meanwhile, or a retime that voided its
 // booking, and returns what it booked.
-func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
+func (r *Redis) wait(ctx context.Context, q request) (booking, error) {
 	r.listen()
 	for turn := false; ; {
 		qt := atTurn(q, turn)
@@ -256,9 +256,9 @@ func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 		var late *DeadlineError
 		switch {
 		case r.config.dryRun && errors.As(err, &late):
-			return ticket{limiter: redisLimiter, localWait: localWait{key: q.Key}}, nil // refused, as the event says
+			return booking{limiter: redisLimiter, localBooking: localBooking{key: q.Key}}, nil // refused, as the event says
 		case err != nil:
-			return ticket{}, err
+			return booking{}, err
 		}
 		q.Key = t.key // on a pool, the key booked
 		e := r.asked(q, t.limiter)
@@ -270,14 +270,14 @@ func (r *Redis) wait(ctx context.Context, q request) (ticket, error) {
 		switch err := r.sleep(ctx, q.Key, t); {
 		case errors.Is(err, steer.ErrRetimed):
 			if t.local != nil {
-				t.local.cancel(q.Key, t.res, r.now())
+				t.local.cancel(q.Key, t.buckets, r.now())
 			}
 			if errors.Is(err, steer.ErrRecut) {
-				r.refund(ctx, q.Key, t.booking) // a failure reaches the observer
+				r.refund(ctx, q.Key, t.redis) // a failure reaches the observer
 			}
 			continue // the key's pace changed while this caller slept
 		case err != nil:
-			return ticket{}, r.giveBack(ctx, q, t, err)
+			return booking{}, r.giveBack(ctx, q, t, err)
 		}
 		if t.delay <= 0 || !r.replacedByHold(ctx, q.Key, t) { // a caller that did not sleep missed no hold
 			if t.limiter == localLimiter {
@@ -295,30 +295,31 @@ func (r *Redis) listen() { r.listenOnce.Do(r.subscribe) }
 
 // sleep sleeps for t's delay, unless ctx ends first, or, for a booking in
 // Redis, the key is retimed meanwhile (steer.ErrRetimed, or steer.ErrRecut).
-func (r *Redis) sleep(ctx context.Context, key string, t ticket) error {
-	if !t.booking.Granted {
+func (r *Redis) sleep(ctx context.Context, key string, t booking) error {
+	if !t.redis.Granted {
 		return sleep(ctx, key, t.delay)
 	}
-	return sleepUnlessRetimed(ctx, &r.retimes, key, t.delay, t.booking.Now)
+	return sleepUnlessRetimed(ctx, &r.retimes, key, t.delay, t.redis.Now)
 }
 
-// A ticket is a wait that a limiter granted: how long it is, who decided
-// it, and what to give back should its caller stop waiting.
-type ticket struct {
+// A booking is what one wait took of a key's schedule: how long the wait
+// is, who decided it (Redis, a Local, or no one), and what to give back
+// should its caller stop waiting.
+type booking struct {
 	limiter string        // "redis", "local" or "open"
 	cause   error         // why Redis did not decide, if it did not
-	booking store.Booking // Redis's booking, when its Granted
+	redis   store.Booking // Redis's booking, when its Granted
 	local   *Local        // the local limiter that booked the wait too, or nil
-	localWait
+	localBooking
 }
 
-// localWait is what a wait booked that a Local, alone, fills in: a
-// Local's Wait needs no more (nor to clear the rest of a ticket).
-type localWait struct {
+// localBooking is what a wait booked that a Local, alone, fills in: a
+// Local's Wait needs no more (nor to clear the rest of a booking).
+type localBooking struct {
 	key       string // the key booked: on a pool, the one that could go soonest
 	delay     time.Duration
 	start     time.Time // when the decision began, by the limiter's clock
-	res       localBooking
+	buckets   bucketsBooked
 	listening bool // the key's rate listens for a success (see internal/steer)
 }
 
@@ -371,14 +372,14 @@ func (r *Redis) deferred(ctx context.Context, q request, earliest time.Duration)
 	return deferred(ctx, r.config.observer, r.asked(q, redisLimiter), retry)
 }
 
-// giveBack returns what ticket t booked, for a caller whose wait ended
+// giveBack returns what booking t took, for a caller whose wait ended
 // early with err, and returns err with anything that went wrong.
-func (r *Redis) giveBack(ctx context.Context, q request, t ticket, err error) error {
+func (r *Redis) giveBack(ctx context.Context, q request, t booking, err error) error {
 	if t.local != nil {
-		t.local.cancel(q.Key, t.res, r.now())
+		t.local.cancel(q.Key, t.buckets, r.now())
 	}
-	if t.booking.Granted {
-		err = errors.Join(err, r.refund(ctx, q.Key, t.booking))
+	if t.redis.Granted {
+		err = errors.Join(err, r.refund(ctx, q.Key, t.redis))
 	}
 	e := r.asked(q, t.limiter)
 	e.Kind, e.Delay, e.Err = EventCancel, t.delay, err
@@ -414,12 +415,12 @@ func (r *Redis) Settle(ctx context.Context, res *Reservation, actual Costs) erro
 		return nil
 	}
 	r.capDebts(ctx, r.config.observer, redisLimiter, res, &costs, r.config.maxHold)
-	t := res.ticket
-	if t.booking.Granted {
+	t := res.booked
+	if t.redis.Granted {
 		err = r.settleShared(ctx, res, costs)
 	}
 	if t.local != nil {
-		t.local.settle(res.key, &t.res, res.estimate, costs, r.now())
+		t.local.settle(res.key, &t.buckets, res.estimate, costs, r.now())
 	}
 	if t.limiter == localLimiter {
 		r.failover.Owe(res.key, costs, res.estimate)
@@ -431,11 +432,11 @@ func (r *Redis) Settle(ctx context.Context, res *Reservation, actual Costs) erro
 // away, on the outage's local limiter instead.
 func (r *Redis) settleShared(ctx context.Context, res *Reservation, actual store.LimitCosts) error {
 	return r.shared(ctx, res.key, true, func() error {
-		_, _, err := r.store.Settle(ctx, res.key, res.ticket.booking, actual)
+		_, _, err := r.store.Settle(ctx, res.key, res.booked.redis, actual)
 		return err
 	}, func(local *Local) error {
-		if local != nil && local != res.ticket.local {
-			local.settle(res.key, &localBooking{}, res.estimate, actual, r.now())
+		if local != nil && local != res.booked.local {
+			local.settle(res.key, &bucketsBooked{}, res.estimate, actual, r.now())
 		}
 		return fmt.Errorf("pace: key %s: the settlement is kept by this process alone: %w", store.QuoteKey(res.key), ErrUnavailable)
 	})

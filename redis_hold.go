@@ -42,18 +42,18 @@ func holdLocally(ctx context.Context, local *Local, key string, h headers.Hold) 
 	return local.Hold(ctx, key, h)
 }
 
-// replacedByHold reports whether a hold replaced the time of ticket t while
+// replacedByHold reports whether a hold replaced the time of booking t while
 // its caller slept (for t's delay, not 0). A caller booked before the hold
 // channel's subscription last stood may have missed the hold's message, and
 // reads the key's hold from Redis.
-func (r *Redis) replacedByHold(ctx context.Context, key string, t ticket) bool {
+func (r *Redis) replacedByHold(ctx context.Context, key string, t booking) bool {
 	if t.local != nil && t.local.heldPast(key, t.start.Add(t.delay)) {
 		return true
 	}
-	if !t.booking.Granted {
+	if !t.redis.Granted {
 		return false
 	}
-	due := t.booking.Due()
+	due := t.redis.Due()
 	if r.held.before(key, due) {
 		return true
 	}

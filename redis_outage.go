@@ -55,7 +55,7 @@ var ErrUnavailable = errors.New("pace: Redis unavailable")
 // id: one that Redis made, whose answer was lost, is found, not made twice.
 // A caller that leaves after its call expired gives back what that call
 // may have booked.
-func (r *Redis) decideAsking(ctx context.Context, q request) (ticket, error) {
+func (r *Redis) decideAsking(ctx context.Context, q request) (booking, error) {
 	q.Call = r.store.NewCall()
 	for {
 		t, err := r.decide(ctx, q, r.now())
@@ -66,7 +66,7 @@ func (r *Redis) decideAsking(ctx context.Context, q request) (ticket, error) {
 			if store.IsExpiry(err) {
 				r.forget(context.WithoutCancel(ctx), q.Request)
 			}
-			return ticket{}, fmt.Errorf("pace: key %s: %w", store.QuoteKey(q.Key), context.Cause(ctx))
+			return booking{}, fmt.Errorf("pace: key %s: %w", store.QuoteKey(q.Key), context.Cause(ctx))
 		}
 	}
 }
@@ -74,7 +74,7 @@ func (r *Redis) decideAsking(ctx context.Context, q request) (ticket, error) {
 // decide books the wait of a request that begins at now, by Redis or,
 // while the failover says so, without it. It does not sleep. A wait beyond
 // the horizon of the request's class is a *deferral.
-func (r *Redis) decide(ctx context.Context, q request, now time.Time) (ticket, error) {
+func (r *Redis) decide(ctx context.Context, q request, now time.Time) (booking, error) {
 	q.own = waitBudget(ctx, r.config.maxWait, now)
 	budget := classBudget(q.own, q.horizon)
 	route, local, cause := r.failover.Route(now)
@@ -87,24 +87,24 @@ func (r *Redis) decide(ctx context.Context, q request, now time.Time) (ticket, e
 	// While returning, the outage's share decides first, and Redis books the
 	// request for the time it will go: booked sooner, its tokens would seem
 	// spent before they are, and be granted again once the share lifts.
-	var first ticket
+	var first booking
 	if local != nil {
 		var err error
 		if first, err = r.decideLocally(ctx, q, local, now, budget); err != nil {
-			return ticket{}, err
+			return booking{}, err
 		}
 		q.Key, q.Pool = first.key, nil // Redis books the key the share chose
 	}
 	t, err := r.decideShared(ctx, q, now, budget, route, first)
 	if first.local != nil && (err != nil || t.local != first.local) {
-		first.local.cancel(q.Key, first.res, r.now()) // refused, or decided by the next outage
+		first.local.cancel(q.Key, first.buckets, r.now()) // refused, or decided by the next outage
 	}
 	return t, err
 }
 
 // decideShared books the request in Redis, not before the local time of
 // first (the outage's share, while returning; else none).
-func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budget time.Duration, route outage.Route, first ticket) (ticket, error) {
+func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budget time.Duration, route outage.Route, first booking) (booking, error) {
 	q.Probe = route == outage.ViaProbe
 	b, err := r.store.Reserve(ctx, q.Request, budget, first.delay)
 	if err == nil {
@@ -115,47 +115,47 @@ func (r *Redis) decideShared(ctx context.Context, q request, now time.Time, budg
 		return r.decideWithout(ctx, q, local, err, budget)
 	}
 	if err != nil {
-		return ticket{}, err
+		return booking{}, err
 	}
 	r.beat(ctx, b.Now, now)
 	if b.SlotBusy {
-		return ticket{}, errSlotBusy
+		return booking{}, errSlotBusy
 	}
 	if b.Recovered {
 		reportRate(ctx, r.config.observer, redisLimiter, q.Key, steer.Full, 0)
 	}
 	r.mismatch(ctx, q.Key, b)
 	if !b.Granted {
-		return ticket{}, r.refuse(ctx, q, redisLimiter, b.Delay, budget)
+		return booking{}, r.refuse(ctx, q, redisLimiter, b.Delay, budget)
 	}
 	return r.pass(ctx, q, now, b, first)
 }
 
-// pass returns the ticket of Redis's booking b for a request that began at
+// pass returns the booking of what Redis booked, b, for a request that began at
 // start, which first, the outage's share, may have decided already. When
 // the failover gates a grant no share decided (an answer that arrived once
 // an outage had begun, or the probe), the outage's local limiter books the
 // wait too, at or after its time; if that would pass the caller's budget,
 // b is given back and the wait refused.
-func (r *Redis) pass(ctx context.Context, q request, start time.Time, b store.Booking, first ticket) (ticket, error) {
+func (r *Redis) pass(ctx context.Context, q request, start time.Time, b store.Booking, first booking) (booking, error) {
 	now := r.now()
 	// The reply came after the decision, so its arrival plus the delay is no
 	// earlier than its time itself.
 	due := now.Add(b.Delay)
 	gate := r.failover.Granted(q.Key, due, now, first.local != nil)
 	if first.local != nil {
-		first.limiter, first.delay, first.booking, first.listening = redisLimiter, b.Delay, b, b.Listening
+		first.limiter, first.delay, first.redis, first.listening = redisLimiter, b.Delay, b, b.Listening
 		return first, nil
 	}
-	t := ticket{limiter: redisLimiter, booking: b, local: gate, localWait: localWait{key: q.Key, delay: b.Delay, start: start, listening: b.Listening}}
+	t := booking{limiter: redisLimiter, redis: b, local: gate, localBooking: localBooking{key: q.Key, delay: b.Delay, start: start, listening: b.Listening}}
 	if gate == nil {
 		return t, nil
 	}
 	budget := waitBudget(ctx, r.config.maxWait, now)
-	delay, ok := t.local.reserve(q.Key, &q.Costs, now, due, budget, &t.res, nil)
+	delay, ok := t.local.reserve(q.Key, &q.Costs, now, due, budget, &t.buckets, nil)
 	if !ok {
 		err := refuse(ctx, r.config.observer, r.asked(q, redisLimiter), delay, budget)
-		return ticket{}, errors.Join(err, r.refund(ctx, q.Key, b))
+		return booking{}, errors.Join(err, r.refund(ctx, q.Key, b))
 	}
 	t.delay = delay
 	return t, nil
@@ -177,13 +177,13 @@ var errUnconfirmed = errors.New("pace: a Redis call failed; no outage confirmed"
 
 // decideWithout decides a request by the failure policy while Redis is
 // away; local is the outage's local limiter, cause the failure.
-func (r *Redis) decideWithout(ctx context.Context, q request, local *Local, cause error, budget time.Duration) (ticket, error) {
+func (r *Redis) decideWithout(ctx context.Context, q request, local *Local, cause error, budget time.Duration) (booking, error) {
 	now := r.now()
 	switch r.config.policy {
 	case FailOpen:
-		return ticket{limiter: openLimiter, cause: cause, localWait: localWait{key: q.Key, start: now}}, nil
+		return booking{limiter: openLimiter, cause: cause, localBooking: localBooking{key: q.Key, start: now}}, nil
 	case FailClosed:
-		return ticket{}, r.unavailable(ctx, q.Key, q.Costs[0], cause)
+		return booking{}, r.unavailable(ctx, q.Key, q.Costs[0], cause)
 	}
 	t, err := r.decideLocally(ctx, q, local, now, budget)
 	t.cause = cause // the observer hears why Redis did not decide
@@ -232,12 +232,12 @@ func (e *unavailableError) Unwrap() []error {
 }
 
 // decideLocally books the wait on local, the outage's local limiter.
-func (r *Redis) decideLocally(ctx context.Context, q request, local *Local, now time.Time, budget time.Duration) (ticket, error) {
-	t := ticket{limiter: localLimiter, local: local, localWait: localWait{start: now}}
-	key, delay, ok := local.reserveOn(target{key: q.Key, pool: q.Pool, first: q.First}, &q.Costs, now, budget, &t.res, nil)
+func (r *Redis) decideLocally(ctx context.Context, q request, local *Local, now time.Time, budget time.Duration) (booking, error) {
+	t := booking{limiter: localLimiter, local: local, localBooking: localBooking{start: now}}
+	key, delay, ok := local.reserveOn(target{key: q.Key, pool: q.Pool, first: q.First}, &q.Costs, now, budget, &t.buckets, nil)
 	q.Key, t.key = key, key
 	if !ok {
-		return ticket{}, r.refuse(ctx, q, localLimiter, delay, budget)
+		return booking{}, r.refuse(ctx, q, localLimiter, delay, budget)
 	}
 	t.delay = delay
 	return t, nil

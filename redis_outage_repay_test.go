@@ -107,7 +107,7 @@ func TestLoneOutageRepays(t *testing.T) {
 				mu.Lock()
 				if time.Since(start) < run {
 					grants++
-					if g.t.limiter == "local" {
+					if g.booking.limiter == "local" {
 						if local++; local == tenLocal {
 							close(wentLocal)
 						}

@@ -197,7 +197,7 @@ func TestSlowerRedisAfterAnOutage(t *testing.T) {
 	}{
 		{"rate", PerSecond(100), func(r *Redis) (string, error) {
 			g, err := r.waitGrant(ctx, "k", 1)
-			return g.t.limiter, err
+			return g.booking.limiter, err
 		}, false},
 		{"cap in flight", Concurrent(4), func(r *Redis) (string, error) {
 			s, err := r.TakeSlot(ctx, "k")

@@ -274,7 +274,7 @@ func newFailoverTestOn(t *testing.T, l Limit, fleetSize int, clock *fakeClock, n
 
 // decide decides one request for key, whose caller may wait budget (0:
 // no deadline), without sleeping.
-func (f *failoverTest) decide(key string, budget time.Duration) (ticket, error) {
+func (f *failoverTest) decide(key string, budget time.Duration) (booking, error) {
 	ctx := context.Background()
 	if budget > 0 {
 		var cancel context.CancelFunc
@@ -284,8 +284,8 @@ func (f *failoverTest) decide(key string, budget time.Duration) (ticket, error) 
 	return f.r.decideAsking(ctx, request{Request: store.Request{Key: key, Costs: uniform(1, store.MaxLimits)}})
 }
 
-// grant decides a request that must be granted, and returns its ticket.
-func (f *failoverTest) grant(key string, budget time.Duration) ticket {
+// grant decides a request that must be granted, and returns its booking.
+func (f *failoverTest) grant(key string, budget time.Duration) booking {
 	f.t.Helper()
 	tk, err := f.decide(key, budget)
 	if err != nil {
@@ -296,7 +296,7 @@ func (f *failoverTest) grant(key string, budget time.Duration) ticket {
 
 // fail makes Redis fail, and decides one request, which the outage then
 // decides.
-func (f *failoverTest) fail() ticket {
+func (f *failoverTest) fail() booking {
 	f.t.Helper()
 	f.store.down = errConnRefused
 	tk := f.grant("trigger", 0)
@@ -461,8 +461,8 @@ func TestFailover(t *testing.T) {
 			if schedule() != before || f.store.reserves != calls {
 				f.t.Errorf("the refused wait left Redis's schedule at %d (was %d), after %d calls: it was charged", schedule(), before, f.store.reserves-calls)
 			}
-			if tk := f.grant("hot", 0); tk.limiter != "redis" || tk.booking.Delay != tk.delay || tk.delay < time.Second {
-				f.t.Errorf("the hot key without a deadline: %q, local delay %v, Redis's %v; want Redis to book it for its local time, over a second ahead", tk.limiter, tk.delay, tk.booking.Delay)
+			if tk := f.grant("hot", 0); tk.limiter != "redis" || tk.redis.Delay != tk.delay || tk.delay < time.Second {
+				f.t.Errorf("the hot key without a deadline: %q, local delay %v, Redis's %v; want Redis to book it for its local time, over a second ahead", tk.limiter, tk.delay, tk.redis.Delay)
 			}
 		}},
 		{"an answer that arrives after the outage began is counted locally too", tenPerSecond, 1, func(f *failoverTest) {
@@ -502,7 +502,7 @@ func TestFailover(t *testing.T) {
 		{"a failure while returning begins a new outage after what Redis booked", hundredPerSecond, 2, func(f *failoverTest) {
 			f.fail()
 			f.recover()
-			var last ticket
+			var last booking
 			for range 15 { // booked 200 ms ahead by the share, in Redis too
 				last = f.grant("k", 0)
 			}

@@ -308,7 +308,7 @@ func checkOutageShare(t *testing.T, run time.Duration, client func() *redis.Clie
 					}
 					mu.Lock()
 					grants = append(grants, time.Now())
-					if g.t.limiter == "local" {
+					if g.booking.limiter == "local" {
 						local++
 					}
 					mu.Unlock()

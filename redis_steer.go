@@ -62,7 +62,7 @@ func (r *Redis) Sync(ctx context.Context, res *Reservation, readings []headers.R
 	if res == nil || res.limiter != r {
 		return &requestError{"pace: Sync: a reservation this limiter did not make"}
 	}
-	return r.sync(ctx, res.key, res.ticket.booking, readings, refused, r.now())
+	return r.sync(ctx, res.key, res.booked.redis, readings, refused, r.now())
 }
 
 // sync steers key by the readings of the response to the request booked as
@@ -141,37 +141,35 @@ func plainSteers(steers []steering) []store.Steer {
 	return plain
 }
 
-// heedWord implements pacer.
-func (r *Redis) heedWord(ctx context.Context, key string, g grant, w headers.Word, h heedScope) {
-	if r.config.dryRun {
-		return // see WithDryRun
-	}
-	r.heed(context.WithoutCancel(ctx), key, g.t, w, h)
-}
-
 // longestHold implements pacer.
 func (r *Redis) longestHold() time.Duration { return r.config.maxHold }
 
-// heed applies w: the holds first, since a hold takes the key's
-// next reading afresh, then the counters (see Sync), then, for a request
-// Redis booked, a refusal that neither explains to the key's rate, or a
-// success it listens for (see internal/steer).
-func (r *Redis) heed(ctx context.Context, key string, t ticket, w headers.Word, o heedScope) {
+// heed implements pacer: it applies w, what the response to the request
+// granted as g said, past ctx's end: the holds first, since a hold takes
+// the key's next reading afresh, then the counters (see Sync), then, for a
+// request Redis booked, a refusal that neither explains to the key's rate,
+// or a success it listens for (see internal/steer). A dry run heeds
+// nothing.
+func (r *Redis) heed(ctx context.Context, key string, g grant, w headers.Word, o heedScope) {
+	if r.config.dryRun {
+		return // see WithDryRun
+	}
+	ctx, t := context.WithoutCancel(ctx), g.booking
 	for _, h := range w.Holds {
 		r.Hold(ctx, key, h)
 	}
 	if o.counters && len(w.Readings) > 0 {
-		r.sync(ctx, key, t.booking, w.Readings, w.Refused, w.At)
+		r.sync(ctx, key, t.redis, w.Readings, w.Refused, w.At)
 	}
 	served := !w.Refused && t.listening
-	if !o.refusals || !t.booking.Granted || (!served && (!w.Refused || r.namedLimits.explains(w))) {
+	if !o.refusals || !t.redis.Granted || (!served && (!w.Refused || r.namedLimits.explains(w))) {
 		return
 	}
 	r.shared(ctx, key, false, func() error { // away, the outage's pacing has no rate of the key's
-		if served && !r.retimes.News(key, t.booking.Now, r.now()) {
+		if served && !r.retimes.News(key, t.redis.Now, r.now()) {
 			return nil
 		}
-		share, _, err := r.store.Refused(ctx, key, t.booking, served, r.holdChannel())
+		share, _, err := r.store.Refused(ctx, key, t.redis, served, r.holdChannel())
 		if share > 0 {
 			reportRate(ctx, r.config.observer, redisLimiter, key, share, w.Status)
 		}

@@ -85,7 +85,7 @@ func TestSyncTransitions(t *testing.T) {
 	f := newFailoverTest(t, PerSecond(100).WithBurst(10), 1)
 	ctx := context.Background()
 	first, second := f.grant("k", 0), f.grant("k", 0)
-	if err := f.r.sync(ctx, "k", second.booking, refillReading(0, time.Second), false, f.clock.Now()); err != nil {
+	if err := f.r.sync(ctx, "k", second.redis, refillReading(0, time.Second), false, f.clock.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if f.store.syncs != 1 || f.log.count(EventReading) != 1 || f.store.model.steers["k"] == nil {
@@ -97,7 +97,7 @@ func TestSyncTransitions(t *testing.T) {
 	// arrivals, and what others may spend in 50 ms before their rate is
 	// estimated (5): 10 ms x (1 + 1 + 1 + 5).
 	f.checkDelay("after a reading of none left", f.grant("k", 0).delay, 80*time.Millisecond, 80*time.Millisecond)
-	if err := f.r.sync(ctx, "k", first.booking, refillReading(9, time.Second), false, f.clock.Now()); err != nil {
+	if err := f.r.sync(ctx, "k", first.redis, refillReading(9, time.Second), false, f.clock.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if f.store.syncs != 1 {
@@ -107,7 +107,7 @@ func TestSyncTransitions(t *testing.T) {
 	f.clock.Advance(steer.SyncEvery)
 	third, fresh := f.grant("k", 0), f.grant("k", 0) // decided before the failure
 	f.store.down = errConnRefused
-	if err := f.r.sync(ctx, "k", fresh.booking, refillReading(5, time.Second), false, f.clock.Now()); !errors.Is(err, errConnRefused) {
+	if err := f.r.sync(ctx, "k", fresh.redis, refillReading(5, time.Second), false, f.clock.Now()); !errors.Is(err, errConnRefused) {
 		t.Fatalf("sync against a failed Redis: %v, want the failure", err)
 	}
 	if e, ok := f.log.last(EventFallback); ok {
@@ -118,7 +118,7 @@ func TestSyncTransitions(t *testing.T) {
 	if _, ok := f.log.last(EventFallback); !ok || local.limiter != "local" || f.store.reserves != reserves+2 {
 		t.Fatalf("after the failed sync, the next request: decided by %q after %d calls; want local, the outage confirmed by two calls begun after the sync's failure", local.limiter, f.store.reserves-reserves)
 	}
-	for _, b := range []store.Booking{third.booking, local.booking} {
+	for _, b := range []store.Booking{third.redis, local.redis} {
 		f.clock.Advance(steer.SyncEvery)
 		if err := f.r.sync(ctx, "k", b, refillReading(5, time.Second), false, f.clock.Now()); err != nil || f.store.syncs != syncs {
 			t.Fatalf("sync during the outage: %v, %d store calls; want none", err, f.store.syncs-syncs)
@@ -127,7 +127,7 @@ func TestSyncTransitions(t *testing.T) {
 
 	f.recover()
 	f.clock.Advance(steer.SyncEvery)
-	if err := f.r.sync(ctx, "k", f.grant("k", 0).booking, refillReading(8, time.Second), false, f.clock.Now()); err != nil || f.log.count(EventReading) != 2 {
+	if err := f.r.sync(ctx, "k", f.grant("k", 0).redis, refillReading(8, time.Second), false, f.clock.Now()); err != nil || f.log.count(EventReading) != 2 {
 		t.Fatalf("sync after the outage: %v, %d EventReadings; want a second one", err, f.log.count(EventReading))
 	}
 }

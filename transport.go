@@ -282,7 +282,7 @@ func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(
 		var err error
 		p.slot, p.grant, err = p.pacer.admit(ctx, p.at, cost)
 		if p.at.pool != nil {
-			p.key = p.grant.t.key
+			p.key = p.grant.booking.key
 		}
 		return p, err
 	}
@@ -337,7 +337,7 @@ func (p paced) heed(ctx context.Context, resp *http.Response, sent, arrival time
 		w.Holds = rejected(resp.StatusCode) // a Pool's credential the upstream rejects
 	}
 	repeats.lengthen(p.key, &w, sent, p.pacer.longestHold())
-	p.pacer.heedWord(ctx, p.key, p.grant, w, p.scope)
+	p.pacer.heed(ctx, p.key, p.grant, w, p.scope)
 }
 
 // bodyWait is how long a Transport waits for the start of a refusal's body
@@ -362,7 +362,7 @@ func (p paced) heedLate(ctx context.Context, resp *http.Response, body *startRea
 		return
 	}
 	repeats.lengthen(p.key, &w, sent, p.pacer.longestHold())
-	p.pacer.heedWord(ctx, p.key, p.grant, w, heedScope{holds: true}) // its holds alone: the refusal was heeded
+	p.pacer.heed(ctx, p.key, p.grant, w, heedScope{holds: true}) // its holds alone: the refusal was heeded
 }
 
 // CloseIdleConnections closes the idle connections of Base, if it has such a
