@@ -22,7 +22,7 @@ import (
 // life for a lease and is never closed, unless the caller said it always
 // closes it (WithBodyAlwaysClosed). An upgraded connection's body (a
 // 101's: a WebSocket) stays writable, and holds the slot until it closes.
-func (p paced) endingBody(ctx context.Context, resp *http.Response, arrival time.Time) io.ReadCloser {
+func (p pacing) endingBody(ctx context.Context, resp *http.Response, arrival time.Time) io.ReadCloser {
 	b := &endingBody{body: resp.Body, slot: p.slot, length: resp.ContentLength}
 	settles, reads := p.res != nil && p.settle != nil, p.readsBody()
 	if settles || reads {
@@ -39,7 +39,7 @@ func (p paced) endingBody(ctx context.Context, resp *http.Response, arrival time
 		b.atEnd = func(ends usage.Ends) {
 			if settles {
 				if actual, ok := p.settle(resp, ends); ok {
-					p.pacer.Settle(ctx, p.res, actual) // a failure reaches the Limiter's observer
+					p.backend.Settle(ctx, p.res, actual) // a failure reaches the Limiter's observer
 				}
 			}
 			if reads {
@@ -60,11 +60,11 @@ func (p paced) endingBody(ctx context.Context, resp *http.Response, arrival time
 // a body collected before it ended (never read to its end, never closed)
 // leaves the reservation at its estimate, which the observer hears as a
 // settlement that failed, with the key.
-func (p paced) collected(ctx context.Context) func(ended *atomic.Bool) {
-	res, pacer := p.res, p.pacer
+func (p pacing) collected(ctx context.Context) func(ended *atomic.Bool) {
+	res, backend := p.res, p.backend
 	return func(ended *atomic.Bool) {
 		if !ended.Load() {
-			pacer.unsettled(ctx, res)
+			backend.unsettled(ctx, res)
 		}
 	}
 }

@@ -21,7 +21,7 @@ import (
 var hourlyTokens = AllOf(PerSecond(100).Named("requests"), Per(1000, time.Hour).WithBurst(1000).Named("tokens"))
 
 // tokensUsed returns about how many tokens key has used on lim.
-func tokensUsed(t *testing.T, lim pacer, key string) int {
+func tokensUsed(t *testing.T, lim backend, key string) int {
 	t.Helper()
 	return int((tokensDue(t, lim, key, 1000) + 1800*time.Millisecond) / (3600 * time.Millisecond))
 }
@@ -52,7 +52,7 @@ func streamServer(t *testing.T, next <-chan struct{}) *httptest.Server {
 
 // settlingClient is a client whose Transport reserves 400 tokens a request
 // on lim and settles them by OpenAIUsage.
-func settlingClient(lim pacer) *http.Client {
+func settlingClient(lim backend) *http.Client {
 	return &http.Client{Transport: &Transport{Limiter: lim, Key: func(*http.Request) string { return "llm" },
 		Estimate: func(*http.Request) Costs { return Costs{"tokens": 400} }, Settle: OpenAIUsage("tokens")}}
 }

@@ -55,12 +55,12 @@ func secondsOf(s float64) time.Duration {
 // heedBody hands the counters that resp's body (its ends) states to p's
 // limiter, as of arrival, when the headers came. The refusals' loop heard
 // the response already.
-func (p paced) heedBody(ctx context.Context, resp *http.Response, ends usage.Ends, arrival time.Time) {
+func (p pacing) heedBody(ctx context.Context, resp *http.Response, ends usage.Ends, arrival time.Time) {
 	readings := p.counters(resp, ends)
 	if len(readings) == 0 {
 		return
 	}
 	scope := p.scope
 	scope.refusals = false
-	p.pacer.heed(ctx, p.key, p.grant, headers.Word{Readings: readings, Status: resp.StatusCode, At: arrival}, scope)
+	p.backend.heed(ctx, p.key, p.grant, headers.Word{Readings: readings, Status: resp.StatusCode, At: arrival}, scope)
 }

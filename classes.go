@@ -184,9 +184,9 @@ func (l *deferLines) lineUp(key string, now time.Time, earliest, turn time.Durat
 	return retry
 }
 
-// deferred tells o that a request of ctx's class, for cost units of key,
+// sleepDeferred tells o that a request of ctx's class, for cost units of key,
 // was kept out of the schedule, and waits retry before it books.
-func deferred(ctx context.Context, o Observer, e Event, retry time.Duration) error {
+func sleepDeferred(ctx context.Context, o Observer, e Event, retry time.Duration) error {
 	e.Kind, e.Delay, e.Reason = EventClass, retry, classOf(ctx).String()
 	o.emit(ctx, e)
 	return sleep(ctx, e.Key, retry)

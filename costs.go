@@ -38,7 +38,7 @@ type Costs map[string]int
 // tokens cannot stall a key for years. A reservation is settled once:
 // settling it again does nothing. One never settled stays at its estimate.
 type Reservation struct {
-	limiter  pacer // the limiter that made it
+	limiter  backend // the limiter that made it
 	key      string
 	estimate store.LimitCosts
 	booked   booking // what was booked, and where
@@ -118,7 +118,7 @@ func (n namedLimits) settled(ctx context.Context, o Observer, limiter, key strin
 // settleFailed tells o that limiter's settlement of r failed before it
 // began (err), and returns err. The estimate is named only for a
 // reservation that limiter made.
-func (n namedLimits) settleFailed(ctx context.Context, o Observer, name string, limiter pacer, r *Reservation, err error) error {
+func (n namedLimits) settleFailed(ctx context.Context, o Observer, name string, limiter backend, r *Reservation, err error) error {
 	if r == nil || r.limiter != limiter {
 		return n.settled(ctx, o, name, "", nil, nil, err)
 	}
@@ -181,7 +181,7 @@ func (n namedLimits) checkReserve(ctx context.Context, key string, estimate Cost
 
 // checkSettle reports a settlement that cannot be made: of a reservation
 // that limiter did not make, or with a bad actual cost.
-func (n namedLimits) checkSettle(limiter pacer, r *Reservation, actual Costs) (store.LimitCosts, error) {
+func (n namedLimits) checkSettle(limiter backend, r *Reservation, actual Costs) (store.LimitCosts, error) {
 	if r == nil || r.limiter != limiter {
 		return store.LimitCosts{}, &requestError{"pace: Settle: a reservation this limiter did not make"}
 	}

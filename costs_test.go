@@ -22,7 +22,7 @@ var llmQuota = AllOf(PerSecond(100).Named("requests"), PerSecond(1000).WithBurst
 // lim, from the refusal of a wait under a budget of nothing (a deadline,
 // however short, may pass before the call on a loaded machine), which
 // books nothing.
-func tokensDue(t *testing.T, lim pacer, key string, tokens int) time.Duration {
+func tokensDue(t *testing.T, lim backend, key string, tokens int) time.Duration {
 	t.Helper()
 	_, err := lim.Reserve(WithWaitBudget(context.Background(), 0), key, Costs{"tokens": tokens})
 	var de *DeadlineError
@@ -41,7 +41,7 @@ func tokensDue(t *testing.T, lim pacer, key string, tokens int) time.Duration {
 func TestSettle(t *testing.T) {
 	ctx := context.Background()
 	log := &eventLog{}
-	for name, lim := range map[string]pacer{
+	for name, lim := range map[string]backend{
 		"redis": mustRedis(t, newTestRedis(t), llmQuota, WithFleetSize(1), WithObserver(log.observe)),
 		"local": mustLocal(t, llmQuota, WithObserver(log.observe)),
 	} {
@@ -169,13 +169,13 @@ func TestCostsBadInput(t *testing.T) {
 	c := newTestRedis(t)
 	redisLim := mustRedis(t, c, llmQuota)
 	localLim := mustLocal(t, llmQuota)
-	for name, lim := range map[string]pacer{"redis": redisLim, "local": localLim} {
+	for name, lim := range map[string]backend{"redis": redisLim, "local": localLim} {
 		t.Run(name, func(t *testing.T) {
 			good, err := lim.Reserve(ctx, "k", Costs{"tokens": 10})
 			if err != nil {
 				t.Fatal(err)
 			}
-			other, err := map[string]pacer{"redis": localLim, "local": redisLim}[name].Reserve(ctx, "k", Costs{"tokens": 10})
+			other, err := map[string]backend{"redis": localLim, "local": redisLim}[name].Reserve(ctx, "k", Costs{"tokens": 10})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -223,9 +223,9 @@ func TestSettlementBounded(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
 	daily := AllOf(PerSecond(100).Named("requests"), Per(1e6, 24*time.Hour).Named("tokens"))
-	for name, newLimiter := range map[string]func(Option) pacer{
-		"redis": func(o Option) pacer { return mustRedis(t, c, daily, o) },
-		"local": func(o Option) pacer { return mustLocal(t, daily, o) },
+	for name, newLimiter := range map[string]func(Option) backend{
+		"redis": func(o Option) backend { return mustRedis(t, c, daily, o) },
+		"local": func(o Option) backend { return mustLocal(t, daily, o) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			log := &eventLog{}
@@ -281,11 +281,11 @@ func TestSettlementBounded(t *testing.T) {
 func TestSettlementEvents(t *testing.T) {
 	ctx := context.Background()
 	srv := streamServer(t, closedChan())
-	for name, newLim := range map[string]func(*testing.T, Observer) pacer{
-		"redis": func(t *testing.T, o Observer) pacer {
+	for name, newLim := range map[string]func(*testing.T, Observer) backend{
+		"redis": func(t *testing.T, o Observer) backend {
 			return mustRedis(t, newTestRedis(t), llmQuota, WithFleetSize(1), WithObserver(o))
 		},
-		"local": func(t *testing.T, o Observer) pacer { return mustLocal(t, llmQuota, WithObserver(o)) },
+		"local": func(t *testing.T, o Observer) backend { return mustLocal(t, llmQuota, WithObserver(o)) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			log := &eventLog{}

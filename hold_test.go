@@ -57,9 +57,9 @@ func FuzzParseHoldMessage(f *testing.F) {
 func TestHoldStopsSleepers(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
-	for name, newLimiter := range map[string]func(Observer) pacer{
-		"redis": func(o Observer) pacer { return mustRedis(t, c, PerSecond(20).WithBurst(1), WithObserver(o)) },
-		"local": func(o Observer) pacer { return mustLocal(t, PerSecond(20).WithBurst(1), WithObserver(o)) },
+	for name, newLimiter := range map[string]func(Observer) backend{
+		"redis": func(o Observer) backend { return mustRedis(t, c, PerSecond(20).WithBurst(1), WithObserver(o)) },
+		"local": func(o Observer) backend { return mustLocal(t, PerSecond(20).WithBurst(1), WithObserver(o)) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			booked := make(chan time.Duration, 8)
@@ -101,9 +101,9 @@ func TestHoldStopsSleepers(t *testing.T) {
 func TestHoldPausesKey(t *testing.T) {
 	ctx := context.Background()
 	c := newTestRedis(t)
-	for name, newLimiter := range map[string]func(Observer) pacer{
-		"redis": func(o Observer) pacer { return mustRedis(t, c, PerSecond(100).WithBurst(5), WithObserver(o)) },
-		"local": func(o Observer) pacer { return mustLocal(t, PerSecond(100).WithBurst(5), WithObserver(o)) },
+	for name, newLimiter := range map[string]func(Observer) backend{
+		"redis": func(o Observer) backend { return mustRedis(t, c, PerSecond(100).WithBurst(5), WithObserver(o)) },
+		"local": func(o Observer) backend { return mustLocal(t, PerSecond(100).WithBurst(5), WithObserver(o)) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			log := &eventLog{}

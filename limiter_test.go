@@ -156,7 +156,7 @@ func TestBadHolds(t *testing.T) {
 	ctx := context.Background()
 	limit := PerSecond(100).WithBurst(10) // 10 ms a token
 	log := &eventLog{}
-	limiters := map[string]pacer{"redis": mustRedis(t, newTestRedis(t), limit, WithObserver(log.observe), WithMaxHold(time.Minute)),
+	limiters := map[string]backend{"redis": mustRedis(t, newTestRedis(t), limit, WithObserver(log.observe), WithMaxHold(time.Minute)),
 		"local": mustLocal(t, limit, WithObserver(log.observe), WithMaxHold(time.Minute))}
 	for lname, lim := range limiters {
 		t.Run(lname+"/a century and a day", func(t *testing.T) {

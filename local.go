@@ -152,7 +152,7 @@ func (loc *Local) Wait(ctx context.Context, key string, cost int) error {
 	return loc.waitFor(ctx, target{key: key}, cost, &w)
 }
 
-// waitGrant implements pacer.
+// waitGrant implements backend.
 func (loc *Local) waitGrant(ctx context.Context, key string, cost int) (grant, error) {
 	return loc.waitOn(ctx, target{key: key}, cost)
 }
@@ -178,7 +178,7 @@ func (loc *Local) checkCap(ctx context.Context, at target) error {
 	return loc.cap.check(ctx, at.key)
 }
 
-// admit implements pacer: under a cap in flight, a slot of key's cap, in
+// admit implements backend: under a cap in flight, a slot of key's cap, in
 // line if it must, then the wait; else the wait alone.
 func (loc *Local) admit(ctx context.Context, at target, cost int) (*Slot, grant, error) {
 	if loc.cap.capped && at.pool == nil {
@@ -224,7 +224,7 @@ func (loc *Local) Reserve(ctx context.Context, key string, estimate Costs) (*Res
 	return loc.reserveFor(ctx, target{key: key}, estimate)
 }
 
-// reserveFor implements pacer.
+// reserveFor implements backend.
 func (loc *Local) reserveFor(ctx context.Context, at target, estimate Costs) (*Reservation, error) {
 	costs, err := loc.checkReserve(ctx, at.key, estimate)
 	if err == nil && loc.cap.capped {
@@ -278,7 +278,7 @@ func (loc *Local) wait(ctx context.Context, at target, costs *store.LimitCosts, 
 			reportRate(ctx, loc.config.observer, localLimiter, key, steer.Full, 0)
 		}
 		if !ok && defers(delay, own, horizon) {
-			if err := loc.deferred(ctx, loc.asked(o, localLimiter, key, costs, reserved), costs, delay-horizon, own, horizon); err != nil {
+			if err := loc.deferInLine(ctx, loc.asked(o, localLimiter, key, costs, reserved), costs, delay-horizon, own, horizon); err != nil {
 				return err
 			}
 			turn, w.buckets = true, bucketsBooked{}
@@ -322,16 +322,16 @@ func (loc *Local) wait(ctx context.Context, at target, costs *store.LimitCosts, 
 	}
 }
 
-// deferred waits for the turn of a request (asked) its class kept out of
+// deferInLine waits for the turn of a request (asked) its class kept out of
 // its key's schedule, whose wait comes within its horizon after earliest,
-// at the end of the key's line (see Redis.deferred). A turn past the
+// at the end of the key's line (see Redis.deferInLine). A turn past the
 // caller's budget (own) is refused at once.
-func (loc *Local) deferred(ctx context.Context, asked Event, costs *store.LimitCosts, earliest, own, horizon time.Duration) error {
+func (loc *Local) deferInLine(ctx context.Context, asked Event, costs *store.LimitCosts, earliest, own, horizon time.Duration) error {
 	retry := loc.lines.lineUp(asked.Key, loc.now(), earliest, refillOf(loc.limits, costs))
 	if retry+horizon > own {
 		return refuse(ctx, loc.config.observer, asked, retry+horizon, own)
 	}
-	return deferred(ctx, loc.config.observer, asked, retry)
+	return sleepDeferred(ctx, loc.config.observer, asked, retry)
 }
 
 // reserveOn books costs, as reserve does from now, on at: its key, or,
@@ -602,7 +602,7 @@ func (loc *Local) Allow(ctx context.Context, key string, cost int) (bool, error)
 	return allow(ctx, loc, key, cost)
 }
 
-// unsettled implements pacer.
+// unsettled implements backend.
 func (loc *Local) unsettled(ctx context.Context, res *Reservation) {
 	loc.settleFailed(ctx, loc.config.observer, localLimiter, loc, res, errBodyCollected)
 }
@@ -612,10 +612,10 @@ func (loc *Local) unsettled(ctx context.Context, res *Reservation) {
 // whose Cost is larger.
 func (loc *Local) MaxCost() int { return loc.costCap }
 
-// longestHold implements pacer.
+// longestHold implements backend.
 func (loc *Local) longestHold() time.Duration { return loc.config.maxHold }
 
-// heed implements pacer: it applies w, what the response to the request
+// heed implements backend: it applies w, what the response to the request
 // granted as g said, past ctx's end: the holds, then a refusal that
 // neither explains to the key's rate, or a success it listens for (see
 // internal/steer). Local is not steered by counters. A dry run heeds

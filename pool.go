@@ -67,12 +67,12 @@ func (p *Pool) Wait(ctx context.Context, l Limiter, key string, cost int) (Crede
 	if err := p.checked(); err != nil {
 		return Credential{}, err
 	}
-	pacer, ok := ownPacer(l)
+	backend, ok := backendOf(l)
 	if !ok || isNil(l) {
 		return Credential{}, fmt.Errorf("pace: Pool.Wait: key %s: a Pool needs a limiter that chooses, Local or Redis, not a %s", store.QuoteKey(key), limiterType(l))
 	}
 	at := p.target(key, nil)
-	_, g, err := pacer.admit(ctx, at, cost)
+	_, g, err := backend.admit(ctx, at, cost)
 	if err != nil {
 		return Credential{}, err
 	}

@@ -16,7 +16,7 @@ import (
 )
 
 // startRead is a response body whose start a Transport reads to hear what
-// it says (see paced.heed): that start, then the rest, as they came. The
+// it says (see pacing.heed): that start, then the rest, as they came. The
 // start is read on a goroutine of its own, so that a body that trickles
 // does not hold the status (see within); reads wait for it. held says the
 // start asked for a hold, which NewRetryClient's policy heeds.
@@ -61,7 +61,7 @@ func readStart(resp *http.Response, give func()) *startRead {
 
 // within reports whether the start has been read within d: a refusal's
 // body comes with its status, or it is heard once it comes (see
-// paced.heed), and the status goes on meanwhile.
+// pacing.heed), and the status goes on meanwhile.
 func (b *startRead) within(d time.Duration) bool {
 	select {
 	case <-b.done:

@@ -155,7 +155,7 @@ func (r *Redis) Wait(ctx context.Context, key string, cost int) error {
 	return err
 }
 
-// waitGrant implements pacer.
+// waitGrant implements backend.
 func (r *Redis) waitGrant(ctx context.Context, key string, cost int) (grant, error) {
 	return r.waitOn(ctx, target{key: key}, cost)
 }
@@ -179,7 +179,7 @@ func (r *Redis) waitOn(ctx context.Context, at target, cost int) (grant, error) 
 	return grant{t}, err
 }
 
-// admit implements pacer: under a cap in flight, a slot and the wait
+// admit implements backend: under a cap in flight, a slot and the wait
 // (admitCapped); else the wait alone.
 func (r *Redis) admit(ctx context.Context, at target, cost int) (*Slot, grant, error) {
 	if r.cap.capped && at.pool == nil {
@@ -211,7 +211,7 @@ func (r *Redis) Reserve(ctx context.Context, key string, estimate Costs) (*Reser
 	return r.reserveFor(ctx, target{key: key}, estimate)
 }
 
-// reserveFor implements pacer.
+// reserveFor implements backend.
 func (r *Redis) reserveFor(ctx context.Context, at target, estimate Costs) (*Reservation, error) {
 	costs, err := r.checkReserve(ctx, at.key, estimate)
 	switch {
@@ -249,7 +249,7 @@ func (r *Redis) wait(ctx context.Context, q request) (booking, error) {
 		qt := atTurn(q, turn)
 		t, err := r.decideAsking(ctx, qt)
 		if d, ok := asDeferral(err); ok {
-			if err, turn = r.deferred(ctx, qt, d.delay-qt.horizon), true; err == nil {
+			if err, turn = r.deferInLine(ctx, qt, d.delay-qt.horizon), true; err == nil {
 				continue // its turn has come
 			}
 		}
@@ -349,14 +349,14 @@ func atTurn(q request, turn bool) request {
 	return q
 }
 
-// deferred waits for the turn of a request q its class kept out of the
+// deferInLine waits for the turn of a request q its class kept out of the
 // schedule, whose wait comes within its horizon after earliest: in the
 // line of the key's deferred requests (see lua/line.lua), or, while Redis
 // is away, at earliest. A request whose turn came, but found the schedule
 // beyond its horizon still, lines up again: every booking of the class is
 // a turn of the line, which so spaces them. A turn past the caller's budget
 // is refused at once.
-func (r *Redis) deferred(ctx context.Context, q request, earliest time.Duration) error {
+func (r *Redis) deferInLine(ctx context.Context, q request, earliest time.Duration) error {
 	retry := earliest
 	refill := refillOf(r.limits, &q.Costs)
 	r.shared(ctx, q.Key, false, func() error { // a line that fails is a courtesy lost
@@ -369,7 +369,7 @@ func (r *Redis) deferred(ctx context.Context, q request, earliest time.Duration)
 	if own := waitBudget(ctx, r.config.maxWait, r.now()); retry+q.horizon > own {
 		return refuse(ctx, r.config.observer, r.asked(q, redisLimiter), retry+q.horizon, own)
 	}
-	return deferred(ctx, r.config.observer, r.asked(q, redisLimiter), retry)
+	return sleepDeferred(ctx, r.config.observer, r.asked(q, redisLimiter), retry)
 }
 
 // giveBack returns what booking t took, for a caller whose wait ended
@@ -464,7 +464,7 @@ func (r *Redis) Allow(ctx context.Context, key string, cost int) (bool, error) {
 	return allow(ctx, r, key, cost)
 }
 
-// unsettled implements pacer.
+// unsettled implements backend.
 func (r *Redis) unsettled(ctx context.Context, res *Reservation) {
 	r.settleFailed(ctx, r.config.observer, redisLimiter, r, res, errBodyCollected)
 }

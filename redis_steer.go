@@ -141,10 +141,10 @@ func plainSteers(steers []steering) []store.Steer {
 	return plain
 }
 
-// longestHold implements pacer.
+// longestHold implements backend.
 func (r *Redis) longestHold() time.Duration { return r.config.maxHold }
 
-// heed implements pacer: it applies w, what the response to the request
+// heed implements backend: it applies w, what the response to the request
 // granted as g said, past ctx's end: the holds first, since a hold takes
 // the key's next reading afresh, then the counters (see Sync), then, for a
 // request Redis booked, a refusal that neither explains to the key's rate,

@@ -53,7 +53,7 @@ func retryPolicy(ctx context.Context, resp *http.Response, err error) (bool, err
 }
 
 // holds reports whether resp asked for a hold of its key: in its headers,
-// or in the start of its body, which the Transport read (see paced.heed).
+// or in the start of its body, which the Transport read (see pacing.heed).
 func holds(resp *http.Response) bool {
 	if _, held := headers.ParseHold(resp, time.Now(), DefaultMaxHold); held {
 		return true

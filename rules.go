@@ -137,7 +137,7 @@ func checkRule(r Rule) error {
 	case !validHeaderName(r.CostHeader):
 		return fmt.Errorf("pace: rule %q: CostHeader %q is not a header name", r.Name, r.CostHeader)
 	}
-	p, ours := ownPacer(r.Limiter)
+	p, ours := backendOf(r.Limiter)
 	if r.Estimate != nil && !ours {
 		return fmt.Errorf("pace: rule %q has an Estimate, and its Limiter is not one that reserves, Local or Redis: a %s", r.Name, limiterType(r.Limiter))
 	}

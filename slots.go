@@ -231,7 +231,7 @@ func (c *slotCap) needsSlot(ctx context.Context, key string) bool {
 
 // waitWithSlot is Wait on a capped quota for a caller that holds no slot
 // of key: it takes one, waits for cost under the rates, and frees it.
-func waitWithSlot(ctx context.Context, l pacer, key string, cost int) error {
+func waitWithSlot(ctx context.Context, l backend, key string, cost int) error {
 	if err := checkWait(ctx, l.MaxCost(), key, cost); err != nil {
 		return err
 	}
@@ -253,10 +253,10 @@ func holdingSlot(ctx context.Context, key string) context.Context {
 }
 
 // acquire takes a slot of key from l, when its quota has a cap, then waits
-// for cost under its rate limits (see pacer.admit); if that fails, the
+// for cost under its rate limits (see backend.admit); if that fails, the
 // slot goes back. Without a cap, the slot is one whose Release does
 // nothing.
-func acquire(ctx context.Context, l pacer, key string, cost int) (*Slot, error) {
+func acquire(ctx context.Context, l backend, key string, cost int) (*Slot, error) {
 	slot, _, err := l.admit(ctx, target{key: key}, cost)
 	if err == nil && slot == nil {
 		slot = &Slot{key: key}
@@ -267,7 +267,7 @@ func acquire(ctx context.Context, l pacer, key string, cost int) (*Slot, error) 
 // slotThenWait takes a slot of key from l, when its quota has a cap, in line
 // if it must, then waits for cost under its rate limits, and returns both;
 // if the wait fails, the slot goes back.
-func slotThenWait(ctx context.Context, l pacer, key string, cost int) (*Slot, grant, error) {
+func slotThenWait(ctx context.Context, l backend, key string, cost int) (*Slot, grant, error) {
 	slot, err := l.TakeSlot(ctx, key)
 	if err != nil {
 		return nil, grant{}, err

@@ -17,7 +17,7 @@ import (
 
 // slotters returns a Local and a Redis limiter (on a real redis-server) of
 // quota q, by name.
-func slotters(t *testing.T, q Quota, opts ...Option) map[string]pacer {
+func slotters(t *testing.T, q Quota, opts ...Option) map[string]backend {
 	t.Helper()
 	loc, err := NewLocal(q, opts...)
 	if err != nil {
@@ -33,7 +33,7 @@ func slotters(t *testing.T, q Quota, opts ...Option) map[string]pacer {
 			t.Errorf("the Redis limiter fell back at %v: %v", since, cause)
 		}
 	})
-	return map[string]pacer{"local": loc, "redis": r}
+	return map[string]backend{"local": loc, "redis": r}
 }
 
 // TestSlotsCapInFlight: 20 goroutines through a cap of 3 never hold more
@@ -128,7 +128,7 @@ func TestSlotsWithRates(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
 			checkWaitTakesASlot(t, l)
-			if _, err := l.(pacer).Reserve(ctx, "k", nil); err == nil || !errorHas(err, "4 in flight") {
+			if _, err := l.(backend).Reserve(ctx, "k", nil); err == nil || !errorHas(err, "4 in flight") {
 				t.Errorf("Reserve on a capped quota: %v, want an error naming the cap", err)
 			}
 			start := time.Now()
@@ -235,7 +235,7 @@ func TestSlotsBadInput(t *testing.T) {
 // checkWaitTakesASlot: Wait on l's quota, capped at 4 in flight, waits in
 // line while the 4 slots are held (here past its 200 ms), and once one is
 // free, is granted and frees it again.
-func checkWaitTakesASlot(t *testing.T, l pacer) {
+func checkWaitTakesASlot(t *testing.T, l backend) {
 	t.Helper()
 	ctx := context.Background()
 	var held []*Slot
@@ -268,7 +268,7 @@ func checkWaitTakesASlot(t *testing.T, l pacer) {
 }
 
 // waitInLine waits until n requests are in key's line at l.
-func waitInLine(t *testing.T, l pacer, key string, n int) {
+func waitInLine(t *testing.T, l backend, key string, n int) {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 		if inLine(t, l, key) == n {
@@ -279,7 +279,7 @@ func waitInLine(t *testing.T, l pacer, key string, n int) {
 }
 
 // inLine counts the requests in key's line at l.
-func inLine(t *testing.T, l pacer, key string) int {
+func inLine(t *testing.T, l backend, key string) int {
 	switch l := l.(type) {
 	case *Local:
 		l.slots.mu.Lock()

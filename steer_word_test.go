@@ -290,7 +290,7 @@ func TestResourcesHoldWhatMapsToThem(t *testing.T) {
 func TestHoldKeepsTheBurst(t *testing.T) {
 	besideOthers(t)
 	ctx := context.Background()
-	for name, lim := range map[string]pacer{
+	for name, lim := range map[string]backend{
 		"redis": mustRedis(t, newTestRedis(t), PerHour(5000), sharedOnly),
 		"local": mustLocal(t, PerHour(5000)),
 	} {

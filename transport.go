@@ -185,15 +185,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-// paced is how a Transport paced one request: by which limiter (nil when
+// pacing is how a Transport paced one request: by which limiter (nil when
 // none paces it), under which key, and, for a request whose costs are
 // estimated, its reservation and the Settler of its response. On a limiter
-// of pace's own (pacer), grant is what the request booked, scope what its
+// of pace's own (a backend), grant is what the request booked, scope what its
 // response may steer, and, under a cap in flight, slot is the request's,
 // until its response ends.
-type paced struct {
+type pacing struct {
 	limiter  Limiter
-	pacer    pacer // limiter, when it is pace's own
+	backend  backend // limiter, when it is pace's own
 	key      string
 	at       target // what the wait booked on: key, or a Pool's keys (key is then the one booked)
 	res      *Reservation
@@ -206,21 +206,21 @@ type paced struct {
 }
 
 // wait waits for the request's turn, and returns how it was paced.
-func (t *Transport) wait(req *http.Request) (paced, error) {
+func (t *Transport) wait(req *http.Request) (pacing, error) {
 	if req.URL == nil {
-		return paced{}, errors.New("pace: request has no URL")
+		return pacing{}, errors.New("pace: request has no URL")
 	}
 	if t.Pool != nil {
 		if err := t.Pool.checked(); err != nil {
-			return paced{}, err
+			return pacing{}, err
 		}
 	}
 	rule, key, cost, err := t.decide(req)
 	if err != nil || rule.Unlimited {
-		return paced{key: key, at: t.target(key, req)}, err
+		return pacing{key: key, at: t.target(key, req)}, err
 	}
 	scope := heedScope{holds: !t.IgnoreHolds && !rule.IgnoreHolds, counters: !t.IgnoreCounters, refusals: !t.IgnoreRefusals && !rule.IgnoreRefusals}
-	return t.waitFor(req, paced{limiter: rule.Limiter, key: key, settle: rule.Settle, counters: rule.BodyCounters, class: rule.Class, scope: scope}, cost, rule.Estimate)
+	return t.waitFor(req, pacing{limiter: rule.Limiter, key: key, settle: rule.Settle, counters: rule.BodyCounters, class: rule.Class, scope: scope}, cost, rule.Estimate)
 }
 
 // decide returns the rule that paces req, its key and its cost: by t's
@@ -262,14 +262,14 @@ func (t *Transport) target(key string, req *http.Request) target {
 // on for cost. One of pace's own is asked for a slot, when its quota caps
 // requests in flight, then for cost under every rate limit, or, with an
 // estimate, for a reservation of the estimated costs.
-func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(*http.Request) Costs) (paced, error) {
+func (t *Transport) waitFor(req *http.Request, p pacing, cost int, estimate func(*http.Request) Costs) (pacing, error) {
 	ctx := req.Context()
 	if _, set := ctx.Value(classKey{}).(Class); !set && p.class != ClassDefault {
 		ctx = WithClass(ctx, p.class)
 	}
 	var ours bool
 	p.at = t.target(p.key, req)
-	if p.pacer, ours = ownPacer(p.limiter); !ours {
+	if p.backend, ours = backendOf(p.limiter); !ours {
 		switch {
 		case estimate != nil:
 			return p, fmt.Errorf("pace: key %s: an Estimate needs a limiter that reserves, Local or Redis, not a %s", store.QuoteKey(p.key), limiterType(p.limiter))
@@ -280,7 +280,7 @@ func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(
 	}
 	if estimate == nil {
 		var err error
-		p.slot, p.grant, err = p.pacer.admit(ctx, p.at, cost)
+		p.slot, p.grant, err = p.backend.admit(ctx, p.at, cost)
 		if p.at.pool != nil {
 			p.key = p.grant.booking.key
 		}
@@ -289,7 +289,7 @@ func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(
 	var slot *Slot
 	var err error
 	if p.at.pool == nil { // a pool's cap is refused by its reservation
-		if slot, err = p.pacer.TakeSlot(ctx, p.key); err != nil {
+		if slot, err = p.backend.TakeSlot(ctx, p.key); err != nil {
 			return p, err
 		}
 	}
@@ -300,7 +300,7 @@ func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(
 			p.slot.Release() // the reservation failed, or Estimate panicked
 		}
 	}()
-	if p.res, err = p.pacer.reserveFor(ctx, p.at, estimate(req)); err == nil {
+	if p.res, err = p.backend.reserveFor(ctx, p.at, estimate(req)); err == nil {
 		p.grant, p.key = p.res.granted(), p.res.key
 	}
 	waited = err == nil
@@ -316,11 +316,11 @@ func (t *Transport) waitFor(req *http.Request, p paced, cost int, estimate func(
 // (headers.HearBody), and passed on whole. It runs past the request's
 // context: the response has been counted already. Failures reach the
 // limiter's observer.
-func (p paced) heed(ctx context.Context, resp *http.Response, sent, arrival time.Time, repeats *repeatedHolds) {
-	if p.pacer == nil {
+func (p pacing) heed(ctx context.Context, resp *http.Response, sent, arrival time.Time, repeats *repeatedHolds) {
+	if p.backend == nil {
 		return
 	}
-	w := headers.Hear(resp, arrival, p.pacer.longestHold())
+	w := headers.Hear(resp, arrival, p.backend.longestHold())
 	if !p.scope.holds {
 		w.Holds = nil // see Transport.IgnoreHolds
 	} else if headers.Refuses(resp) && len(w.Holds) == 0 && resp.Body != nil {
@@ -336,8 +336,8 @@ func (p paced) heed(ctx context.Context, resp *http.Response, sent, arrival time
 	if p.scope.holds && len(p.at.pool) > 1 && len(w.Holds) == 0 {
 		w.Holds = rejected(resp.StatusCode) // a Pool's credential the upstream rejects
 	}
-	repeats.lengthen(p.key, &w, sent, p.pacer.longestHold())
-	p.pacer.heed(ctx, p.key, p.grant, w, p.scope)
+	repeats.lengthen(p.key, &w, sent, p.backend.longestHold())
+	p.backend.heed(ctx, p.key, p.grant, w, p.scope)
 }
 
 // bodyWait is how long a Transport waits for the start of a refusal's body
@@ -347,22 +347,22 @@ const bodyWait = 100 * time.Millisecond
 
 // hearBody adds to w what the start of resp's body, read as body, asks
 // for.
-func (p paced) hearBody(w *headers.Word, resp *http.Response, body *startRead) {
-	headers.HearBody(w, decoded(body.start, resp.Header.Get("Content-Encoding")), p.pacer.longestHold())
+func (p pacing) hearBody(w *headers.Word, resp *http.Response, body *startRead) {
+	headers.HearBody(w, decoded(body.start, resp.Header.Get("Content-Encoding")), p.backend.longestHold())
 	body.held.Store(len(w.Holds) > 0)
 }
 
 // heedLate applies the holds that the start of resp's body asks for once it
 // has come (or the body failed, or was closed), after the response went on
 // without them.
-func (p paced) heedLate(ctx context.Context, resp *http.Response, body *startRead, sent time.Time, repeats *repeatedHolds) {
+func (p pacing) heedLate(ctx context.Context, resp *http.Response, body *startRead, sent time.Time, repeats *repeatedHolds) {
 	<-body.done
 	w := headers.Word{Status: resp.StatusCode, At: time.Now()}
 	if p.hearBody(&w, resp, body); len(w.Holds) == 0 {
 		return
 	}
-	repeats.lengthen(p.key, &w, sent, p.pacer.longestHold())
-	p.pacer.heed(ctx, p.key, p.grant, w, heedScope{holds: true}) // its holds alone: the refusal was heeded
+	repeats.lengthen(p.key, &w, sent, p.backend.longestHold())
+	p.backend.heed(ctx, p.key, p.grant, w, heedScope{holds: true}) // its holds alone: the refusal was heeded
 }
 
 // CloseIdleConnections closes the idle connections of Base, if it has such a
@@ -426,6 +426,6 @@ func isNil(l Limiter) bool {
 
 // readsBody reports whether p's response body says the key's counters,
 // which p's limiter is to hear.
-func (p paced) readsBody() bool {
-	return p.counters != nil && p.pacer != nil && p.scope.counters
+func (p pacing) readsBody() bool {
+	return p.counters != nil && p.backend != nil && p.scope.counters
 }

@@ -8,7 +8,7 @@ import (
 	"github.com/fleetpace/pace/headers"
 )
 
-// A pacer is a limiter of pace's own, Local or Redis: the Transport asks it
+// A backend is a limiter of pace's own, Local or Redis: the Transport asks it
 // one question per request and hands it the answer. It takes the request's
 // slot under a cap in flight (TakeSlot), waits for its grant (waitGrant)
 // or reserves its estimated costs (Reserve), heeds what the response says
@@ -19,7 +19,7 @@ import (
 // the widest seam of the package, and every new thing a response could say
 // widened it; an Observer sees every decision without standing between
 // the Transport and its limiter.
-type pacer interface {
+type backend interface {
 	Limiter
 	Acquire(ctx context.Context, key string, cost int) (*Slot, error)
 	TakeSlot(ctx context.Context, key string) (*Slot, error)
@@ -38,7 +38,7 @@ type pacer interface {
 	// reserveFor reserves as Reserve does, on at (see target).
 	reserveFor(ctx context.Context, at target, estimate Costs) (*Reservation, error)
 	// heed applies w, what the response to the request granted as g
-	// said of key (see paced.heed), as far as h allows: its holds, its
+	// said of key (see pacing.heed), as far as h allows: its holds, its
 	// counters, a refusal without a word. It runs past ctx's end; failures
 	// reach the limiter's observer.
 	heed(ctx context.Context, key string, g grant, w headers.Word, h heedScope)
@@ -50,15 +50,15 @@ type pacer interface {
 }
 
 var (
-	_ pacer = (*Redis)(nil)
-	_ pacer = (*Local)(nil)
+	_ backend = (*Redis)(nil)
+	_ backend = (*Local)(nil)
 )
 
-// ownPacer returns l as a pacer when l is pace's own limiter itself. A
+// backendOf returns l as a backend when l is pace's own limiter itself. A
 // type of a user's that embeds *Redis or *Local (a decorator, the Go way)
-// has the pacer's methods too, promoted; taken for pace's own, its Wait
+// has the backend's methods too, promoted; taken for pace's own, its Wait
 // would never be called. It is a Limiter of the user's, waited on.
-func ownPacer(l Limiter) (pacer, bool) {
+func backendOf(l Limiter) (backend, bool) {
 	switch p := l.(type) {
 	case *Redis:
 		return p, true
@@ -71,13 +71,13 @@ func ownPacer(l Limiter) (pacer, bool) {
 // limiterType names l's type in an error that says it is not pace's own
 // limiter, and, for a decorator that embeds one, what to pass instead.
 func limiterType(l Limiter) string {
-	if _, embeds := l.(pacer); embeds {
+	if _, embeds := l.(backend); embeds {
 		return fmt.Sprintf("%T, which embeds one but is a Limiter of yours, waited on and no more (pass the limiter it embeds)", l)
 	}
 	return fmt.Sprintf("%T", l)
 }
 
-// A grant is what a pacer granted one wait (waitGrant), or one reservation
+// A grant is what a backend granted one wait (waitGrant), or one reservation
 // (Reservation.granted): the booking that a response to its request
 // steers. The zero grant is a wait no limiter booked.
 type grant struct{ booking }
