@@ -240,11 +240,11 @@ func (l Limit) asBucket() Limit {
 	return Limit{count: l.count / 2, period: l.period, burst: max(l.burst/2, 1)}
 }
 
-// outageShare is what one of n processes keeps of l alone while Redis is
+// fallbackShare is what one of n processes keeps of l alone while Redis is
 // away: a fixed or calendar window as itself, at 1/n of its count (1 at
 // least), counted from the outage on (Local keeps them); a bucket, or a
 // sliding window as a bucket that never allows more, at its share.
-func (l Limit) outageShare(n int) Limit {
+func (l Limit) fallbackShare(n int) Limit {
 	if l.kind == fixedWindow {
 		l.count = max(math.Floor(l.count/float64(n)), 1)
 		l.burst = int(l.count)

@@ -487,7 +487,7 @@ func TestQuotaHoldAndFallback(t *testing.T) {
 
 	quota := mustRedis(t, newTestRedis(t), AllOf(PerSecond(10), Window(100, time.Minute), PerHour(10000).WithBurst(5),
 		FixedWindow(101, time.Minute), Daily(1500, time.UTC), Monthly(1, time.UTC)), WithFleetSize(2))
-	fallback := quota.outageLimiter(time.Now(), nil)
+	fallback := quota.fallbackLimiter(time.Now(), nil)
 	want := []Limit{PerSecond(5).WithBurst(5), Per(25, time.Minute).WithBurst(25), Per(5000, time.Hour).WithBurst(2),
 		FixedWindow(50, time.Minute), Daily(750, time.UTC), Monthly(1, time.UTC)}
 	if !slices.Equal(fallback.limits, want) || !slices.Equal(fallback.names, quota.names) {
@@ -503,7 +503,7 @@ func TestQuotaHoldAndFallback(t *testing.T) {
 // for tomorrow, in the zone's midnight.
 func TestDailyOutageShare(t *testing.T) {
 	r := mustRedis(t, newTestRedis(t), Daily(1500, time.UTC), WithFleetSize(2))
-	fallback := r.outageLimiter(time.Now(), nil)
+	fallback := r.fallbackLimiter(time.Now(), nil)
 	book := func() (time.Duration, bool) { // as the outage books (Redis.decideLocally)
 		var res bucketsBooked
 		_, delay, ok := fallback.reserveOn(target{key: "k"}, &store.LimitCosts{1}, time.Now(), time.Hour, &res, nil)

@@ -642,13 +642,13 @@ func (loc *Local) heed(ctx context.Context, key string, g grant, w headers.Word,
 		return
 	}
 	cut, wake := k.rate.Refused(now.UnixMicro(), t.start.UnixMicro(), loc.openBurst)
-	share := k.rate.Bottom()
+	fraction := k.rate.Bottom()
 	shard.mu.Unlock()
 	if wake {
 		loc.retimes.Add(key, now.UnixMicro(), true, now) // its sleepers book anew
 	}
 	if cut {
-		reportRate(ctx, loc.config.observer, localLimiter, key, share, w.Status)
+		reportRate(ctx, loc.config.observer, localLimiter, key, fraction, w.Status)
 	}
 }
 

@@ -29,7 +29,7 @@ type Event struct {
 	Delay   time.Duration // the wait booked, refused or cut short; how long Redis was away; how long a hold lasts
 	Err     error         // why: the refusal, the cancellation, or the Redis failure
 	Reason  string        // for holds: the upstream's status and header, such as "429 Retry-After: 2"
-	Rate    float64       // for EventRate: the share of its configured rate the key now goes at, from 0.01 to 1
+	Rate    float64       // for EventRate: the fraction of its configured rate the key now goes at, from 0.01 to 1
 	// Costs, for the events of a reservation (wait, refuse, cancel,
 	// class), are its estimated costs under each limit, by name; for
 	// EventSettle, the actual costs as settled. Nil for other events.

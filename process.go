@@ -25,7 +25,7 @@ import (
 type Process struct {
 	member     string
 	limiterIDs atomic.Uint64
-	outages    outageShares
+	fallbacks  fallbacks
 
 	mu     sync.Mutex
 	jitter *rand.Rand // spreads the cool-downs of the process's limiters
@@ -47,7 +47,7 @@ func NewProcess() *Process {
 func NewNamedProcess(name string) *Process {
 	h := fnv.New64a()
 	h.Write([]byte(name))
-	return &Process{member: name, outages: outageShares{by: make(map[string]*outageShare)},
+	return &Process{member: name, fallbacks: fallbacks{by: make(map[string]*fallback)},
 		jitter: rand.New(rand.NewPCG(h.Sum64(), 0))}
 }
 

@@ -26,7 +26,7 @@ func TestProcessIsAValue(t *testing.T) {
 		t.Errorf("limiter ids %q and %q; want two of process a", a1.id, a2.id)
 	}
 	now := a1.now()
-	shared, again, other := a1.outageLimiter(now, nil), a2.outageLimiter(now, nil), b1.outageLimiter(now, nil)
+	shared, again, other := a1.fallbackLimiter(now, nil), a2.fallbackLimiter(now, nil), b1.fallbackLimiter(now, nil)
 	if shared != again || shared == other {
 		t.Error("outage limiters: want one for process a's two limiters, another for process b's")
 	}

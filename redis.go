@@ -40,16 +40,16 @@ import (
 // A Redis is safe for concurrent use. Create it with NewRedis.
 type Redis struct {
 	namedLimits
-	id       string // names this limiter's requests in Redis (see Process.newLimiterID)
-	shareKey string // names its fleet and quota among the process's outage limiters
-	client   redis.Scripter
-	costCap  int // the smallest burst or window count of the limits: the most a request may cost under every limit
-	config   redisConfig
-	now      func() time.Time // time.Now, or a test's clock
-	calls    *store.Caller
-	store    sharedStore
-	failover *outage.Failover[*Local]
-	fleet    *fleet
+	id          string // names this limiter's requests in Redis (see Process.newLimiterID)
+	fallbackKey string // names its fleet and quota among the process's outage limiters
+	client      redis.Scripter
+	costCap     int // the smallest burst or window count of the limits: the most a request may cost under every limit
+	config      redisConfig
+	now         func() time.Time // time.Now, or a test's clock
+	calls       *store.Caller
+	store       sharedStore
+	failover    *outage.Failover[*Local]
+	fleet       *fleet
 
 	cap           slotCap        // the quota's cap in flight, if any
 	slotCap       *store.SlotCap // the cap, as its calls to Redis name it
@@ -77,7 +77,7 @@ type sharedStore interface {
 	Slots(ctx context.Context, key string, c store.SlotCall) (store.SlotsReply, error)
 	Line(ctx context.Context, key string, earliest, turn time.Duration) (time.Duration, error)
 	HeldUntil(ctx context.Context, key string) (int64, error)
-	Refused(ctx context.Context, key string, b store.Booking, served bool, channel string) (share, now int64, err error)
+	Refused(ctx context.Context, key string, b store.Booking, served bool, channel string) (fraction, now int64, err error)
 	Repay(ctx context.Context, key string, debt store.LimitCosts) (took store.LimitCosts, err error)
 	Check(ctx context.Context) (now int64, err error)
 	Announce(ctx context.Context, key string) error
@@ -97,7 +97,7 @@ func NewRedis(client redis.Scripter, q Quota, opts ...Option) (*Redis, error) {
 		return nil, err
 	}
 	r.client = client
-	r.shareKey = shareKey(client, r.config.prefix, r.config.fleetName, r.limits)
+	r.fallbackKey = fallbackKey(client, r.config.prefix, r.config.fleetName, r.limits)
 	r.calls = store.NewCaller(client, r.config.callTimeout)
 	r.failover.CountAnswers(&r.calls.Answers)
 	r.store = store.New(r.calls, r.config.prefix, r.id, storeLimits(r.limits, r.now))
@@ -133,11 +133,11 @@ func newRedis(q Quota, now func() time.Time, opts ...Option) (*Redis, error) {
 		PacesLocally: r.config.policy == FallbackLocal,
 		MinCooldown:  r.config.minCooldown,
 		MaxCooldown:  r.config.maxCooldown,
-		NewLocal:     r.outageLimiter,
-		Release:      r.releaseOutage,
+		NewLocal:     r.fallbackLimiter,
+		Release:      r.releaseFallback,
 		Jitter:       r.config.process.draw,
 	})
-	r.shareKey = r.id // a test's fakes: its own
+	r.fallbackKey = r.id // a test's fakes: its own
 	return r, nil
 }
 

@@ -359,22 +359,22 @@ func (r *Redis) repay(ctx context.Context, owed map[string]store.LimitCosts) {
 // in the process, however many limiters book it. Limiters of the same
 // quota on different Redis servers (or prefixes, or fleets) do not.
 
-// outageShares are the outage limiters in use in a process, by fleet and
+// fallbacks are the outage limiters in use in a process, by fleet and
 // quota (Redis.shareKey).
-type outageShares struct {
+type fallbacks struct {
 	sync.Mutex
-	by map[string]*outageShare
+	by map[string]*fallback
 }
 
-type outageShare struct {
+type fallback struct {
 	local *Local
 	users int
 }
 
-// shareKey names the fleet and quota of a limiter on client among this
+// fallbackKey names the fleet and quota of a limiter on client among this
 // process's outage limiters: by the Redis the client reaches, when it says,
 // the prefix, the fleet's name, and the limits.
-func shareKey(client redis.Scripter, prefix, fleetName string, limits []Limit) string {
+func fallbackKey(client redis.Scripter, prefix, fleetName string, limits []Limit) string {
 	var where any = fmt.Sprintf("%p", client)
 	switch c := client.(type) {
 	case *redis.Client: // a Sentinel failover client's Addr names no server: one per process
@@ -389,46 +389,46 @@ func shareKey(client redis.Scripter, prefix, fleetName string, limits []Limit) s
 	return fmt.Sprintf("%v %q %q %v", where, prefix, fleetName, stored)
 }
 
-// outageLimiter returns the local limiter for an outage of r that begins at
+// fallbackLimiter returns the local limiter for an outage of r that begins at
 // since: the one this process's other limiters of r's fleet and quota use,
 // if one is in an outage, with floors added; else a new one, under each
-// limit this process's share of it (Limit.outageShare: a fixed or calendar
+// limit this process's share of it (Limit.fallbackShare: a fixed or calendar
 // window its share of the count, from the outage on; a sliding window taken
 // as a bucket that never allows more), each key's buckets empty at since, or at its time in floors
 // (the end of what Redis had booked of the key, or of its hold) if that is
 // later, since Redis may have granted the whole burst and booked callers who
 // still wait.
-func (r *Redis) outageLimiter(since time.Time, floors map[string]time.Time) *Local {
-	inUse := &r.config.process.outages
+func (r *Redis) fallbackLimiter(since time.Time, floors map[string]time.Time) *Local {
+	inUse := &r.config.process.fallbacks
 	inUse.Lock()
 	defer inUse.Unlock()
-	if s := inUse.by[r.shareKey]; s != nil {
+	if s := inUse.by[r.fallbackKey]; s != nil {
 		s.users++
 		s.local.addFloors(floors)
 		return s.local
 	}
 	var shares []Limit
 	for _, l := range r.limits {
-		shares = append(shares, l.outageShare(r.fleet.Size()))
+		shares = append(shares, l.fallbackShare(r.fleet.Size()))
 	}
 	named := newNamedLimits(shares)
 	named.names = r.names // the quota's: the shares' texts differ
 	loc := newLocal(named, r.config.commonConfig, r.now)
 	loc.emptyAt = since
 	loc.floors.Store(&floors)
-	inUse.by[r.shareKey] = &outageShare{local: loc, users: 1}
+	inUse.by[r.fallbackKey] = &fallback{local: loc, users: 1}
 	return loc
 }
 
-// releaseOutage lets go of loc, an outage limiter of r's: the last of its
+// releaseFallback lets go of loc, an outage limiter of r's: the last of its
 // users forgets it.
-func (r *Redis) releaseOutage(loc *Local) {
-	inUse := &r.config.process.outages
+func (r *Redis) releaseFallback(loc *Local) {
+	inUse := &r.config.process.fallbacks
 	inUse.Lock()
 	defer inUse.Unlock()
-	if s := inUse.by[r.shareKey]; s != nil && s.local == loc {
+	if s := inUse.by[r.fallbackKey]; s != nil && s.local == loc {
 		if s.users--; s.users == 0 {
-			delete(inUse.by, r.shareKey)
+			delete(inUse.by, r.fallbackKey)
 		}
 	}
 }

@@ -194,7 +194,7 @@ func TestFleetCountsProcesses(t *testing.T) {
 	if n := other.fleet.Size(); n != 1 {
 		t.Errorf("another fleet's member counts %d, want 1", n)
 	}
-	fallback := members[0].outageLimiter(time.Now(), nil)
+	fallback := members[0].fallbackLimiter(time.Now(), nil)
 	if got, want := fallback.limits[0], PerSecond(100).WithBurst(10); got != want {
 		t.Errorf("fallback limit %v, want a third of the limit, %v", got, want)
 	}
@@ -219,7 +219,7 @@ func TestFleetCountsProcesses(t *testing.T) {
 			t.Errorf("limiter %d of one process counts a fleet of %d, want 1", i, n)
 		}
 	}
-	if got := limiters[2].outageLimiter(time.Now(), nil).limits[0]; got != PerSecond(30) {
+	if got := limiters[2].fallbackLimiter(time.Now(), nil).limits[0]; got != PerSecond(30) {
 		t.Errorf("a process alone falls back to %v, want its whole limit", got)
 	}
 }

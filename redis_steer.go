@@ -169,9 +169,9 @@ func (r *Redis) heed(ctx context.Context, key string, g grant, w headers.Word, o
 		if served && !r.retimes.News(key, t.redis.Now, r.now()) {
 			return nil
 		}
-		share, _, err := r.store.Refused(ctx, key, t.redis, served, r.holdChannel())
-		if share > 0 {
-			reportRate(ctx, r.config.observer, redisLimiter, key, share, w.Status)
+		fraction, _, err := r.store.Refused(ctx, key, t.redis, served, r.holdChannel())
+		if fraction > 0 {
+			reportRate(ctx, r.config.observer, redisLimiter, key, fraction, w.Status)
 		}
 		return err
 	}, nil)

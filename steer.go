@@ -57,15 +57,15 @@ func (n namedLimits) holds(h headers.Hold) bool {
 }
 
 // reportRate tells o that limiter cut key's rate, after the refusal the
-// response's status says, to share, or that it is back at its configured
-// rate (share steer.Full).
-func reportRate(ctx context.Context, o Observer, limiter, key string, share int64, status int) {
+// response's status says, to fraction (of steer.Full), or that it is back
+// at its configured rate (fraction steer.Full).
+func reportRate(ctx context.Context, o Observer, limiter, key string, fraction int64, status int) {
 	reason := "recovered"
-	if share < steer.Full {
+	if fraction < steer.Full {
 		reason = strconv.Itoa(status) + " that no counters explain"
 	}
-	e := Event{Kind: EventRate, Limiter: limiter, Key: key, Rate: float64(share) / steer.Full, Reason: reason}
-	if share < steer.Full {
+	e := Event{Kind: EventRate, Limiter: limiter, Key: key, Rate: float64(fraction) / steer.Full, Reason: reason}
+	if fraction < steer.Full {
 		e.Delay = steer.Period
 	}
 	o.emit(ctx, e)
