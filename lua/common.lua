@@ -282,3 +282,21 @@ local function bucket_finish(tat, steer, a, b, cost, due, free)
   if steer or not free or cost == 0 then return base + cost * i end
   return emptied(base + cost * i, i, b, due)
 end
+
+-- book_bucket writes the bucket at KEYS[i], read as stored and steer, with
+-- finish, its TAT after cost units of interval a booked at due (known: the
+-- units the fleet is known to spend, see known), and returns a steered
+-- bucket's count of units booked after it (0 for one not steered). While
+-- the TAT of a bucket not steered stays within one second, the expiry
+-- stands, and KEEPTTL spares Redis the cost of setting it anew on every
+-- booking.
+local function book_bucket(i, stored, steer, a, finish, cost, known_units, due)
+  if not steer and stored and stored - stored % 1000000 == finish - finish % 1000000 then
+    redis.call('SET', KEYS[i], string.format('%d', finish), 'KEEPTTL')
+    return 0
+  end
+  local booked = count_booked(steer, cost)
+  move_ceiling(steer, a, known_units, due)
+  write_bucket(KEYS[i], finish, steer)
+  return booked
+end

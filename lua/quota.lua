@@ -139,16 +139,7 @@ end
 for i = 1, n do
   local a = as[i]
   if kinds[i] == 1 then
-    local finish = reply[3 + i]
-    -- KEEPTTL while the TAT stays within one second, as in reserve.lua.
-    local second = finish - finish % 1000000
-    if not steers[i] and stored[i] and stored[i] - stored[i] % 1000000 == second then
-      redis.call('SET', KEYS[i], string.format('%d', finish), 'KEEPTTL')
-    else
-      reply[3 + n + i] = count_booked(steers[i], costs[i])
-      move_ceiling(steers[i], a, known(tonumber(ARGV[4 * n + 4]), i, costs[i]), due)
-      write_bucket(KEYS[i], finish, steers[i])
-    end
+    reply[3 + n + i] = book_bucket(i, stored[i], steers[i], a, reply[3 + i], costs[i], known(tonumber(ARGV[4 * n + 4]), i, costs[i]), due)
   elseif kinds[i] == 2 then
     for j = 1, costs[i] do
       redis.call('ZADD', KEYS[i], due, ARGV[3] .. ':' .. j)
