@@ -130,3 +130,50 @@ func TestAnnounceRebooksTheQueue(t *testing.T) {
 		t.Errorf("%d of 100 granted, %d in the second after the announcement, the last %v after it; want all, 45 to b + r t + 1 = 56, and within 2 s (80 at 50/s: 1.6 s)", len(grants), n, last)
 	}
 }
+
+// TestLimitsReadWhileTheyDiffer: a fleet whose processes agree reads the
+// limits' record once in half a second a key and process, not at every
+// booking (one GET a booking, the bucket's); once another limit is
+// announced for the key, every booking reads it, and keeps the stricter.
+func TestLimitsReadWhileTheyDiffer(t *testing.T) {
+	ctx := context.Background()
+	c := newTestRedis(t)
+	own := mustRedis(t, c, PerSecond(1e5).WithBurst(1000), WithFleetSize(1), sharedOnly)
+	gets := func(t *testing.T, n int) (int64, time.Duration) {
+		t.Helper()
+		if err := c.ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		for range n {
+			if err := own.Wait(ctx, "k", 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		elapsed := time.Since(start)
+		stats, err := redistest.CommandStats(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return stats["get"].Calls, elapsed
+	}
+	const n = 200
+	got, elapsed := gets(t, n)
+	announces := 1 + int64(elapsed/(500*time.Millisecond))
+	t.Logf("agreeing: %d bookings in %v, %d GETs", n, elapsed, got)
+	if got > n+announces {
+		t.Errorf("agreeing: %d GETs for %d bookings in %v, want at most one a booking and %d for the limits", got, n, elapsed, announces)
+	}
+	other := mustRedis(t, c, PerSecond(5e4).WithBurst(500), WithFleetSize(1), sharedOnly)
+	if err := other.Announce(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if differ, err := c.Exists(ctx, "pace:{k}#differ").Result(); err != nil || differ != 1 {
+		t.Fatalf("after another limit's announcement, the key's #differ: %d, %v; want it there", differ, err)
+	}
+	got, elapsed = gets(t, n)
+	t.Logf("disagreeing: %d bookings in %v, %d GETs", n, elapsed, got)
+	if got < 2*n {
+		t.Errorf("disagreeing: %d GETs for %d bookings, want the limits read at each (%d at least)", got, n, 2*n)
+	}
+}

@@ -5,10 +5,11 @@
 -- before it book anew.
 --
 -- KEYS[1]  the limits the fleet paces the key at
--- KEYS[2]  the key's bucket (see reserve.lua)
+-- KEYS[2]  there while they differ
+-- KEYS[3]  the key's bucket (see reserve.lua)
 -- ARGV[3]  ARGV[1] and ARGV[2] as the record writes them, "A B "
 --
 -- Returns the TIME it used, in microseconds.
 agree(1, tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3])
-if displaced then drop_queue(2, 1) end
+if displaced then drop_queue(3, 1) end
 return now

@@ -5,9 +5,12 @@
 -- (OA OB; 0 0 when none), each standing until its UNTIL. The key books
 -- at the strictest standing, whichever process books it, until all agree:
 -- a limit lowered by one process holds for the fleet, and a limit raised
--- waits for the last process of the old one. A limit stands 2 s after its
--- last booking, and is written again once less than 1 s is left: a fleet
--- that agrees writes the key once a second. A stricter limit that takes
+-- waits for the last process of the old one. A process's bookings of the
+-- key announce its limit, the first in each half second (and Announce); a
+-- limit stands 2 s after its last announcement, and is written again once
+-- less than 1 s is left: a fleet that agrees writes the key once a second,
+-- and its other bookings do not read it. While another limit stands too,
+-- KEYS[r + 1] is there, and every booking reads the limits. A stricter limit that takes
 -- the place of one standing (displaced) voids the bookings due after now
 -- (see drop_queue): their callers, asleep in any process, book anew, at
 -- the stricter limit.
@@ -107,6 +110,9 @@ local function agree(r, a, b, own)
   if oa == sa and ob == sb then oa, ob, ou = 0, 0, 0 end
   if changed then
     redis.call('SET', KEYS[r], string.format('%d %d %d %d %d %d', sa, sb, su, oa, ob, ou), 'PXAT', ms_expiry(math.max(su, ou)))
+    if ou > now then
+      redis.call('SET', KEYS[r + 1], '1', 'PXAT', ms_expiry(ou))
+    end
   end
   if sa == a and sb == b then
     return sa, sb, oa, ob

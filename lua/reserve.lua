@@ -14,7 +14,9 @@
 --          a round after its cut
 -- KEYS[4]  the limits the fleet paces the key at (see limits.lua): the
 --          bucket's interval and burst are the strictest standing there
--- KEYS[5]  the record of the call (see record.lua)
+-- KEYS[5]  there while the fleet paces the key at different limits (see
+--          limits.lua)
+-- KEYS[6]  the record of the call (see record.lua)
 -- ARGV[1]  interval: microseconds one token adds to the schedule
 -- ARGV[2]  burst: how many tokens the bucket holds
 -- ARGV[3]  cost: how many tokens the caller wants
@@ -24,6 +26,7 @@
 -- ARGV[6]  1 when cost is a reservation's estimate (see estimated in
 --          common.lua), else 0
 -- ARGV[7]  interval and burst as the limits' record writes them, "A B "
+-- ARGV[8]  1 when the booking announces the limit (see limits.lua), else 0
 --
 -- Returns {granted (1 or 0), delay, now, finish, booked, listening,
 -- recovered, other interval, other burst}: the wait in microseconds, the
@@ -34,15 +37,18 @@
 -- configured one, and the limit another process paces the key at (0 0 when
 -- all agree: see limits.lua). All are whole numbers, which Redis replies
 -- exactly.
--- The hold, the rate after refusals and the record are seldom there: they
--- are read only when one is.
-local seldom = any_exists(2, 3, 5)
-local again = seldom and recorded(5)
+-- The hold, the rate after refusals, the limits' disagreement and the
+-- record are seldom there: they are read only when one is. The limits are
+-- read when the booking announces its own, or while they disagree.
+local seldom = redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[5], KEYS[6]) > 0
+local again = seldom and recorded(6)
 if again then return again end
 local a, b, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local other_a, other_b
-a, b, other_a, other_b = agree(4, a, b, ARGV[7])
-if displaced then drop_queue(1, 4) end
+local other_a, other_b = 0, 0
+if ARGV[8] == '1' or (seldom and redis.call('EXISTS', KEYS[5]) == 1) then
+  a, b, other_a, other_b = agree(4, a, b, ARGV[7])
+  if displaced then drop_queue(1, 4) end
+end
 local arrival = now + tonumber(ARGV[5])
 local stored, steer = read_bucket(1)
 local held = seldom and time(2, read(2, 'GET')) or nil
@@ -74,7 +80,7 @@ if steer then -- the upstream's counters steer it: the general way
   end
   local booked = book_bucket(1, stored, steer, a, finish, cost, known(tonumber(ARGV[6]), 1, cost), due)
   book(due)
-  return record(5, {1, due - now, now, finish, booked, listening, recovered, other_a, other_b})
+  return record(6, {1, due - now, now, finish, booked, listening, recovered, other_a, other_b})
 end
 
 -- A bucket not steered, as bucket_allow and bucket_finish book it, in
@@ -90,4 +96,4 @@ if delay > tonumber(ARGV[4]) then
 end
 book_bucket(1, stored, nil, a, finish, cost, 0, now + delay)
 book(now + delay)
-return record(5, {1, delay, now, finish, 0, listening, recovered, other_a, other_b})
+return record(6, {1, delay, now, finish, 0, listening, recovered, other_a, other_b})

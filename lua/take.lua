@@ -5,11 +5,12 @@
 --
 -- KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]  the cap's holders, line
 --          and waiters (see slots.lua)
+-- ARGV[#ARGV - 3]  the size of the booking's reply
 -- ARGV[#ARGV - 2]  the request's id, unique to it
 -- ARGV[#ARGV - 1]  the cap: how many may hold a slot at once
 -- ARGV[#ARGV]      the lease, in microseconds
 --
--- Both are taken off before the booking reads its own keys and arguments.
+-- These are taken off before the booking reads its own keys and arguments.
 -- The slot goes to the request if the cap has a free slot, counting the
 -- holders whose lease lapsed, and nobody is in line (or the request holds
 -- it already: a call asked again; the waiters are those in line, so the
@@ -19,6 +20,7 @@
 -- with -1 as its first item: the request goes in line (slots.lua), whose
 -- call purges the lapsed leases, reports them and hands their slots on.
 local take_holders, take_line, take_waiters = #KEYS - 2, #KEYS - 1, #KEYS
+local take_size = tonumber(ARGV[#ARGV - 3])
 local take_id, take_cap, take_lease = ARGV[#ARGV - 2], tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])
 local take_held = read(take_holders, 'ZCARD')
 local take_free = read(take_line, 'ZCARD') == 0 and
@@ -28,9 +30,10 @@ for _ = 1, 3 do
   KEYS[#KEYS] = nil
   ARGV[#ARGV] = nil
 end
+ARGV[#ARGV] = nil
 if not take_free then
   local busy = {-1, 0, now}
-  for _ = 1, 2 * (#KEYS - 3) + 2 do busy[#busy + 1] = 0 end
+  for _ = 4, take_size do busy[#busy + 1] = 0 end
   return busy
 end
 

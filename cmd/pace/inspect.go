@@ -288,6 +288,9 @@ func plan(ctx context.Context, pipe redis.Pipeliner, p *part, typ string, known 
 	case strings.HasPrefix(suffix, layout.LimitsSuffix):
 		p.kind, want = "limits", "string"
 		finish = readString(ctx, pipe, p, func(text string) string { return limitsState(text, now) })
+	case strings.HasPrefix(suffix, layout.DifferSuffix):
+		p.kind, want = "limits differ", "string"
+		finish = readString(ctx, pipe, p, func(string) string { return "the fleet paces the key at different limits: every booking reads them" })
 	case strings.HasPrefix(suffix, layout.RateSuffix):
 		p.kind, want = "rate after refusals", "string"
 		finish = readString(ctx, pipe, p, func(text string) string { return rateState(text, now) })

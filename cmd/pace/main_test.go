@@ -103,6 +103,7 @@ func TestInspect(t *testing.T) {
 		"pace:{api}", "bucket", "schedule booked until in ", // a minute ahead when booked
 		"pace:{held}#hold", "held until in 2", // 30 s, less the time since
 		"pace:{deploy}#limits", "the fleet paces it at one every 1m0s, burst 1 (it lapses in ", "another process asks one every 1s, burst 1", "they disagree",
+		"pace:{deploy}#differ", "the fleet paces the key at different limits",
 		"pace:{refused}#rate", "cut to 50.0% of the configured rate", "what the upstream was found to accept",
 		"pace:{search}:5/m sliding", "sliding window", "3 grants kept, the oldest",
 		"pace:{tts}#slots:4 in flight", `slots of "4 in flight"`, "1 held, leases end in ",

@@ -94,7 +94,11 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 	}
 	script, args, at := reserveScript, []any(nil), 4 // at: the budget's place among args
 	if s.oneBucket {
-		args = []any{s.limitArgs[1], s.limitArgs[2], q.Costs[0], budgetArg, notBefore.Microseconds(), int64(q.Estimated), s.ownLimit}
+		announce := int64(1) // a pool's bookings announce each time
+		if q.Pool == nil && !s.announcer.due(q.Key) {
+			announce = 0
+		}
+		args = []any{s.limitArgs[1], s.limitArgs[2], q.Costs[0], budgetArg, notBefore.Microseconds(), int64(q.Estimated), s.ownLimit, announce}
 	}
 	keys, id := s.bookedKeys(q, call)
 	if !s.oneBucket {
@@ -104,11 +108,16 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 		}
 		args = append(args, int64(q.Estimated))
 	}
+	size := 5 + 2*n // the reply's
+	if s.oneBucket {
+		size += 2 // the other limit (see lua/limits.lua)
+	}
 	switch {
 	case q.Take.Cap != nil:
-		script, keys, args = s.withTake(script, keys, args, q.Key, q.Take)
+		script, keys, args = s.withTake(script, keys, args, q.Key, q.Take, size)
 	case q.Pool != nil:
 		script, args = s.withPick(script, args, len(q.Pool), q.First, at, 5+2*n)
+		size++
 	}
 	var cmd *redis.Cmd
 	if q.Probe {
@@ -117,13 +126,6 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 		cmd = s.calls.Run(ctx, script, keys, args...)
 	}
 	var reply [8 + 2*MaxLimits]int64
-	size := 5 + 2*n
-	if s.oneBucket {
-		size += 2 // the other limit (see lua/limits.lua)
-	}
-	if q.Pool != nil {
-		size++
-	}
 	err := int64Reply(cmd, reply[:size])
 	if err == nil && q.Take.Cap != nil && reply[0] == -1 {
 		return Booking{SlotBusy: true, Now: reply[2]}, nil
@@ -217,14 +219,14 @@ func (s *Store) lateTake(ctx context.Context, q Request) func(*redis.Cmd) {
 }
 
 // withTake returns the booking script that takes slot with the booking,
-// with its keys and arguments.
-func (s *Store) withTake(script *script, keys []string, args []any, key string, slot SlotTake) (*script, []string, []any) {
+// with its keys and arguments; size is the size of the booking's reply.
+func (s *Store) withTake(script *script, keys []string, args []any, key string, slot SlotTake, size int) (*script, []string, []any) {
 	take := reserveTakeScript
 	if script == quotaScript {
 		take = quotaTakeScript
 	}
 	keys = append(keys, s.tagged(key, slot.Cap.suffixes)...)
-	return take, keys, append(args, slot.ID, slot.Cap.args[0], slot.Cap.args[1])
+	return take, keys, append(args, size, slot.ID, slot.Cap.args[0], slot.Cap.args[1])
 }
 
 // NewCall returns the number of a new booking's call: with the member, its

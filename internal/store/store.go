@@ -24,14 +24,15 @@ type Store struct {
 	calls      *Caller
 	prefix     string
 	limits     []Limit
-	suffixes   []string // each limit's key is prefix{key} and its suffix
-	gapped     []string // each limit's suffix, then its gaps key's
-	booked     []string // the suffixes of the keys a booking reads: its limits', its hold's, its rate's, and, for one bucket, the limits the fleet paces it at
-	limitArgs  []any    // each limit's kind, span and count, boxed once
-	oneBucket  bool     // the quota is one bucket: reserve.lua, not quota.lua
-	ownLimit   any      // for one bucket, its interval and burst as lua/limits.lua records them, "A B "
-	sliding    bool     // some limit is a sliding window, whose grants need ids
-	member     string   // names this limiter's grants in sliding windows
+	suffixes   []string  // each limit's key is prefix{key} and its suffix
+	gapped     []string  // each limit's suffix, then its gaps key's
+	booked     []string  // the suffixes of the keys a booking reads: its limits', its hold's, its rate's, and, for one bucket, the limits the fleet paces it at and whether they differ
+	limitArgs  []any     // each limit's kind, span and count, boxed once
+	oneBucket  bool      // the quota is one bucket: reserve.lua, not quota.lua
+	ownLimit   any       // for one bucket, its interval and burst as lua/limits.lua records them, "A B "
+	announcer  announcer // for one bucket, which bookings announce its limit
+	sliding    bool      // some limit is a sliding window, whose grants need ids
+	member     string    // names this limiter's grants in sliding windows
 	requestIDs atomic.Uint64
 }
 
@@ -71,8 +72,9 @@ func New(calls *Caller, prefix, member string, limits []Limit) *Store {
 	s.booked = append(slices.Clone(s.suffixes), HoldSuffix, RateSuffix)
 	s.oneBucket = len(limits) == 1 && limits[0].Kind == Bucket
 	if s.oneBucket {
-		s.booked = append(s.booked, LimitsSuffix) // see lua/limits.lua
+		s.booked = append(s.booked, LimitsSuffix, DifferSuffix) // see lua/limits.lua
 		s.ownLimit = fmt.Sprintf("%d %d ", limits[0].Span, limits[0].Count)
+		s.announcer = newAnnouncer()
 	}
 	return s
 }
@@ -100,6 +102,7 @@ const (
 	SettledSuffix   = "#settled:" // the mark of a reservation settled
 	RateSuffix      = "#rate"     // the key's rate after refusals
 	LimitsSuffix    = "#limits"   // the limits the fleet paces a one-bucket key at (see lua/limits.lua)
+	DifferSuffix    = "#differ"   // there while the fleet paces a one-bucket key at different limits
 	CallSuffix      = "#call:"    // the record of a booking's call
 	SlotsSuffix     = "#slots:"   // the holders of a cap's slots
 	LineSuffix      = "#line:"    // its line of waiters
@@ -188,7 +191,7 @@ func (s *Store) Announce(ctx context.Context, key string) error {
 	if !s.oneBucket {
 		return nil
 	}
-	keys := []string{s.prefix + "{" + key + "}" + LimitsSuffix, s.prefix + "{" + key + "}"}
+	keys := []string{s.prefix + "{" + key + "}" + LimitsSuffix, s.prefix + "{" + key + "}" + DifferSuffix, s.prefix + "{" + key + "}"}
 	if err := s.calls.Run(ctx, announceScript, keys, s.limitArgs[1], s.limitArgs[2], s.ownLimit).Err(); err != nil {
 		return s.fail(key, "announce", keys, err)
 	}
