@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fleetpace/pace/headers"
+	"github.com/fleetpace/pace/internal/store"
 )
 
 // A backend is a limiter of pace's own, Local or Redis: the Transport asks it
@@ -93,4 +94,34 @@ type heedScope struct {
 	// refusals: a refusal that the counters do not explain cuts the
 	// key's rate (see Transport.IgnoreRefusals).
 	refusals bool
+}
+
+// A target is what a wait books on: key; or, for a pool, whichever of
+// its keys can go soonest, each asked from pool[first] on (key is then
+// pool[first]).
+type target struct {
+	key   string
+	pool  []string
+	first int
+}
+
+// A booking is what one wait took of a key's schedule: how long the wait
+// is, who decided it (Redis, a Local, or no one), and what to give back
+// should its caller stop waiting.
+type booking struct {
+	limiter string        // "redis", "local" or "open"
+	cause   error         // why Redis did not decide, if it did not
+	redis   store.Booking // Redis's booking, when its Granted
+	local   *Local        // the local limiter that booked the wait too, or nil
+	localBooking
+}
+
+// localBooking is what a wait booked that a Local, alone, fills in: a
+// Local's Wait needs no more (nor to clear the rest of a booking).
+type localBooking struct {
+	key       string // the key booked: on a pool, the one that could go soonest
+	delay     time.Duration
+	start     time.Time // when the decision began, by the limiter's clock
+	buckets   bucketsBooked
+	listening bool // the key's rate listens for a success (see internal/steer)
 }

@@ -175,15 +175,6 @@ func rejected(status int) []headers.Hold {
 	return []headers.Hold{{For: time.Second, Reason: strconv.Itoa(status) + " rejects the credential", Repeats: true}}
 }
 
-// A target is what a wait books on: key; or, for a pool, whichever of
-// its keys can go soonest, each asked from pool[first] on (key is then
-// pool[first]).
-type target struct {
-	key   string
-	pool  []string
-	first int
-}
-
 // target returns the target of req, whose key is key: each credential's
 // key, asked from the one of req's affinity, or the next in turn.
 func (p *Pool) target(key string, req *http.Request) target {

@@ -302,27 +302,6 @@ func (r *Redis) sleep(ctx context.Context, key string, t booking) error {
 	return sleepUnlessRetimed(ctx, &r.retimes, key, t.delay, t.redis.Now)
 }
 
-// A booking is what one wait took of a key's schedule: how long the wait
-// is, who decided it (Redis, a Local, or no one), and what to give back
-// should its caller stop waiting.
-type booking struct {
-	limiter string        // "redis", "local" or "open"
-	cause   error         // why Redis did not decide, if it did not
-	redis   store.Booking // Redis's booking, when its Granted
-	local   *Local        // the local limiter that booked the wait too, or nil
-	localBooking
-}
-
-// localBooking is what a wait booked that a Local, alone, fills in: a
-// Local's Wait needs no more (nor to clear the rest of a booking).
-type localBooking struct {
-	key       string // the key booked: on a pool, the one that could go soonest
-	delay     time.Duration
-	start     time.Time // when the decision began, by the limiter's clock
-	buckets   bucketsBooked
-	listening bool // the key's rate listens for a success (see internal/steer)
-}
-
 // refuse refuses q's wait of delay, beyond budget, as limiter decided: a
 // *deferral when it is beyond the horizon of q's class only.
 func (r *Redis) refuse(ctx context.Context, q request, limiter string, delay, budget time.Duration) error {
