@@ -44,8 +44,10 @@ const (
 )
 
 func main() {
+	testing.Init()
 	out := flag.String("o", "BENCHMARKS.md", "the file to write")
 	flag.Parse()
+	flag.Set("test.benchtime", "300ms") // a round's measure of one decision: see decisionCosts
 	if err := run(*out); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -267,15 +269,83 @@ func newUpstream() *upstream {
 
 func (u *upstream) close() { u.server.Close() }
 
-// decisionCost measures one decision when tokens are available, serial and
-// from 32 goroutines, and Redis's own time per decision.
-func decisionCost(c contender, redisAddr string) (serial, parallel time.Duration, allocs int64, redisMicros float64) {
-	if c.decide == nil {
-		return 0, 0, 0, 0
-	}
+// rounds is how many times each contender's decision is measured: the
+// contenders in turn, the order rotating, so that the machine's drift
+// (a VM's Redis time moves by a third from one minute to the next) weighs
+// on all alike.
+const rounds = 7
+
+// decisionCosts are the contenders' decisions when tokens are available:
+// serial, from 32 goroutines, and Redis's own time, each the median of
+// its rounds.
+type decisionCosts struct {
+	serial, parallel []time.Duration
+	allocs           []int64
+	redisMicros      []float64
+	// ratios are each round's figures of a contender over the first's
+	// (pace over redis_rate), by contender, then serial, parallel, Redis.
+	ratios [][3][]float64
+}
+
+// measureDecisions measures the decisions of cs, those that have one, in
+// rounds, against cs[base]'s in each round.
+func measureDecisions(cs []contender, redisAddr string, base int) decisionCosts {
+	n := len(cs)
+	d := decisionCosts{serial: make([]time.Duration, n), parallel: make([]time.Duration, n), allocs: make([]int64, n),
+		redisMicros: make([]float64, n), ratios: make([][3][]float64, n)}
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, PoolSize: 32, ContextTimeoutEnabled: true})
 	defer rdb.Close()
-	decide := c.decide(rdb)
+	decides := make([]func(context.Context) error, n)
+	for i, c := range cs {
+		if c.decide != nil {
+			decides[i] = c.decide(rdb)
+		}
+	}
+	var runs [][rounds][3]float64 = make([][rounds][3]float64, n)
+	for r := range rounds {
+		for k := range n {
+			i := (k + r) % n
+			if decides[i] == nil {
+				continue
+			}
+			s, p, allocs := decisionCost(decides[i])
+			runs[i][r] = [3]float64{float64(s), float64(p), redisTime(rdb, decides[i])}
+			d.allocs[i] = allocs
+		}
+	}
+	for i := range n {
+		if decides[i] == nil {
+			continue
+		}
+		for m := range 3 {
+			var own, ratio []float64
+			for r := range rounds {
+				own = append(own, runs[i][r][m])
+				ratio = append(ratio, runs[i][r][m]/runs[base][r][m])
+			}
+			d.ratios[i][m] = ratio
+			switch m {
+			case 0:
+				d.serial[i] = time.Duration(median(own))
+			case 1:
+				d.parallel[i] = time.Duration(median(own))
+			case 2:
+				d.redisMicros[i] = median(own)
+			}
+		}
+	}
+	return d
+}
+
+// median is the median of xs, which it sorts.
+func median(xs []float64) float64 {
+	slices.Sort(xs)
+	return xs[len(xs)/2]
+}
+
+// decisionCost measures decide when tokens are available, serial and from
+// 32 goroutines, and the allocations of one.
+func decisionCost(decide func(context.Context) error) (serial, parallel time.Duration, allocs int64) {
 	ctx := context.Background()
 	s := testing.Benchmark(func(b *testing.B) {
 		b.ReportAllocs()
@@ -291,15 +361,16 @@ func decisionCost(c contender, redisAddr string) (serial, parallel time.Duration
 			}
 		})
 	})
-	return time.Duration(s.NsPerOp()), time.Duration(p.NsPerOp()), s.AllocsPerOp(), redisTime(ctx, rdb, decide)
+	return time.Duration(s.NsPerOp()), time.Duration(p.NsPerOp()), s.AllocsPerOp()
 }
 
 // redisTime is Redis's own time per decision of decide, in microseconds,
-// from INFO commandstats over 20,000 decisions in a row: its script calls'
+// from INFO commandstats over 5,000 decisions in a row: its script calls'
 // (whose commands Redis counts again under their own names), or, for a
 // limiter that runs no script, all its commands'.
-func redisTime(ctx context.Context, rdb *redis.Client, decide func(context.Context) error) float64 {
-	const decisions = 20_000
+func redisTime(rdb *redis.Client, decide func(context.Context) error) float64 {
+	const decisions = 5_000
+	ctx := context.Background()
 	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
 		return 0
 	}
@@ -355,9 +426,12 @@ func run(out string) error {
 	var table strings.Builder
 	fmt.Fprintf(&table, "| | decision, serial | decision, 32 goroutines | Redis's time per decision | allocs/decision | Redis calls per grant | wait p50 | wait p99 | utilisation, 8 of 8 busy | utilisation, 2 of 8 busy | 429s |\n")
 	fmt.Fprintf(&table, "|---|---|---|---|---|---|---|---|---|---|---|\n")
-	for _, c := range contenders() {
+	cs := contenders()
+	fmt.Fprintf(os.Stderr, "decisions, %d rounds\n", rounds)
+	decisions := measureDecisions(cs, addr, 1)
+	for i, c := range cs {
 		fmt.Fprintf(os.Stderr, "%s\n", c.name)
-		serial, parallel, allocs, redisMicros := decisionCost(c, addr)
+		serial, parallel, allocs, redisMicros := decisions.serial[i], decisions.parallel[i], decisions.allocs[i], decisions.redisMicros[i]
 		full := saturate(c, addr, workers)
 		two := saturate(c, addr, 2)
 		cost := func(d time.Duration) string {
@@ -390,15 +464,34 @@ split gives each worker %d/s. Redis calls count every round trip a limiter
 makes (a command, or a pipeline), pace's heartbeats and each worker's last wait
 (refused, as it would end after the scenario) included; not the handshake of a
 new connection. Redis's time per decision is its own (INFO commandstats) over
-20,000 decisions in a row: a script's calls, or all the commands of a limiter
-that runs none.
+5,000 decisions in a row: a script's calls, or all the commands of a limiter
+that runs none. Each decision's figures are the median of %d rounds, the
+limiters measured in turn in each, the order rotating.
 
 %s
+%s
+
 Machine: %s, %d CPUs (GOMAXPROCS %d), %s, %s.
 
 Command: `+"`make bench`"+` (runs `+"`go run .`"+` in bench/, and the testing.B benchmarks of the
 core package).
-`, limitRate, limitBurst, scenario, workers, time.Second*workers/limitRate, limitRate/workers,
-		table.String(), host, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), strings.TrimSpace(string(redisVersion)))
+`, limitRate, limitBurst, scenario, workers, time.Second*workers/limitRate, limitRate/workers, rounds,
+		table.String(), againstBase(decisions, cs), host, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), strings.TrimSpace(string(redisVersion)))
 	return os.WriteFile(out, []byte(doc), 0o644)
+}
+
+// againstBase says pace's decision over redis_rate's, round by round.
+func againstBase(d decisionCosts, cs []contender) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s's decision over %s's, in the same rounds (the median, and the least and the most of the %d):", cs[0].name, strings.Fields(cs[1].name)[0], rounds)
+	for m, what := range []string{"serial", "from 32 goroutines", "Redis's time"} {
+		ratios := d.ratios[0][m]
+		mid := median(ratios) // sorts them
+		sep := ","
+		if m == 2 {
+			sep = "."
+		}
+		fmt.Fprintf(&b, " %s %.2fx (%.2f to %.2f)%s", what, mid, ratios[0], ratios[len(ratios)-1], sep)
+	}
+	return b.String()
 }
