@@ -86,11 +86,12 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 			budget := []time.Duration{MaxDelay, 0, time.Duration(rng.IntN(20_000)) * time.Microsecond}[rng.IntN(3)]
 			notBefore := []time.Duration{0, 0, time.Duration(rng.IntN(5_000)) * time.Microsecond}[rng.IntN(3)]
 			estimated := store.LimitSet(rng.IntN(1 << len(r.limits)))
-			b, err := storeOf(r).Reserve(ctx, store.Request{Key: key, Costs: lc, Settled: true, Estimated: estimated}, budget, notBefore)
+			again := rng.IntN(4) == 0
+			b, err := storeOf(r).Reserve(ctx, store.Request{Key: key, Costs: lc, Settled: true, Estimated: estimated, Again: again}, budget, notBefore)
 			if err != nil {
 				t.Fatalf("step %d: %v", step, err)
 			}
-			want := model.reserve(key, storeOf(r).Keys(key, false), modelLimits(r), costs, estimated, budget.Microseconds(), notBefore.Microseconds(), b.ID, b.Now)
+			want := model.reserve(key, storeOf(r).Keys(key, false), modelLimits(r), costs, estimated, again, budget.Microseconds(), notBefore.Microseconds(), b.ID, b.Now)
 			n := len(r.limits)
 			if b.Granted != want.granted || b.Delay.Microseconds() != want.delay || !slices.Equal(b.Finishes[:n], want.finishes) || !slices.Equal(b.Booked[:n], want.booked) ||
 				b.Listening != want.listening || b.Recovered != want.recovered {

@@ -72,9 +72,11 @@ type localKey struct {
 	rate steer.Rate // after refusals the upstream gave without saying why
 }
 
-// rateNote is what a booking found of its key's rate after refusals: it
-// listens for a success, or it was dropped, back at the configured rate.
-type rateNote struct{ listening, recovered bool }
+// rateNote is what a booking tells its key's rate after refusals, and
+// what it found of it: again, the request is booked anew (see
+// steer.Rate.Book); it listens for a success, or it was dropped, back at
+// the configured rate.
+type rateNote struct{ again, listening, recovered bool }
 
 // bucketsBooked is what a Local booked for one request: a reservation a
 // bucket, or none where the request was granted at once; and what it
@@ -263,7 +265,7 @@ func (loc *Local) Settle(ctx context.Context, r *Reservation, actual Costs) erro
 // wait.
 func (loc *Local) wait(ctx context.Context, at target, costs *store.LimitCosts, reserved bool, w *localBooking) error {
 	o := loc.config.observer
-	for turn := false; ; {
+	for turn, again := false, false; ; {
 		horizon := horizonOf(ctx, &loc.config, loc.limits, costs)
 		if turn {
 			horizon *= 2 // see Class
@@ -271,7 +273,7 @@ func (loc *Local) wait(ctx context.Context, at target, costs *store.LimitCosts, 
 		now := loc.now()
 		own := waitBudget(ctx, loc.config.maxWait, now)
 		w.start = now
-		var note rateNote
+		note := rateNote{again: again}
 		key, delay, ok := loc.reserveOn(at, costs, now, classBudget(own, horizon), &w.buckets, &note)
 		w.key = key
 		if note.recovered {
@@ -304,7 +306,7 @@ func (loc *Local) wait(ctx context.Context, at target, costs *store.LimitCosts, 
 		switch err := sleepUnlessRetimed(ctx, &loc.retimes, key, delay, now.UnixMicro()); {
 		case errors.Is(err, steer.ErrRetimed):
 			loc.cancel(key, w.buckets, loc.now())
-			w.buckets = bucketsBooked{}
+			w.buckets, again = bucketsBooked{}, false // the cut took its booking as gone: counted anew
 			continue // the key's rate was cut while this caller slept
 		case err != nil:
 			loc.cancel(key, w.buckets, loc.now())
@@ -318,7 +320,7 @@ func (loc *Local) wait(ctx context.Context, at target, costs *store.LimitCosts, 
 		}
 		// A hold came while this caller slept, and its time lies before
 		// the hold's end: it books anew, after the hold.
-		w.buckets = bucketsBooked{}
+		w.buckets, again = bucketsBooked{}, true
 	}
 }
 
@@ -390,7 +392,7 @@ func (loc *Local) reserve(key string, costs *store.LimitCosts, now, notBefore ti
 		delay, ok = k.book(costs, now, at, budget, b)
 	}
 	if ok && unit > 0 {
-		k.rate.Book(now.UnixMicro(), now.Add(delay).UnixMicro(), unit)
+		k.rate.Book(now.UnixMicro(), now.Add(delay).UnixMicro(), unit, note != nil && note.again)
 	}
 	return delay, ok
 }

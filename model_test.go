@@ -34,8 +34,9 @@ func newBucketModel() *bucketModel {
 // the script replies: whether it was granted, its delay, the bucket's TAT
 // after it (finishes[0]), the steered bucket's count of units booked (else
 // 0), and whether the key's rate listens for a success, or was dropped.
-// cost is a reservation's estimate when estimated.
-func (m *bucketModel) reserve(key string, interval, burst, cost, budget, notBefore, now int64, estimated bool) store.Booking {
+// cost is a reservation's estimate when estimated; again, the request is
+// booked anew.
+func (m *bucketModel) reserve(key string, interval, burst, cost, budget, notBefore, now int64, estimated, again bool) store.Booking {
 	s, arrival := m.steers[key], max(now+notBefore, m.holds[key])
 	var b store.Booking
 	rate, unit := m.keyRate(key, now, &b), cost*s.interval(interval)
@@ -46,7 +47,7 @@ func (m *bucketModel) reserve(key string, interval, burst, cost, budget, notBefo
 	if due-now > budget {
 		return b
 	}
-	rate.Book(now, due, unit)
+	rate.Book(now, due, unit, again)
 	b.Granted, b.Booked[0] = true, m.book(key, interval, b.Finishes[0], cost, known(estimated, cost), due, now)
 	return b
 }
@@ -215,7 +216,7 @@ func TestModelKeepsTheBound(t *testing.T) {
 			cost := rng.Int64N(burst) + 1
 			budget := []int64{math.MaxInt64, 0, rng.Int64N(10 * interval), rng.Int64N(10 * interval)}[rng.IntN(4)]
 			notBefore := []int64{0, 0, rng.Int64N(3 * interval)}[rng.IntN(3)]
-			if b := m.reserve("k", interval, burst, cost, budget, notBefore, now, false); b.Granted {
+			if b := m.reserve("k", interval, burst, cost, budget, notBefore, now, false, false); b.Granted {
 				grants = append(grants, grant{now + b.Delay.Microseconds(), cost, b.Finishes[0]})
 			}
 		case op < 8 && len(grants) > 0:
@@ -274,7 +275,7 @@ type quotaReply struct {
 // bucket's TAT after it, each steered bucket's count of units booked (else
 // 0), and whether the key's rate listens for a success, or was dropped.
 // The costs under the limits in estimated are a reservation's estimates.
-func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs []int64, estimated store.LimitSet, budget, notBefore int64, id string, now int64) quotaReply {
+func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs []int64, estimated store.LimitSet, again bool, budget, notBefore int64, id string, now int64) quotaReply {
 	due := max(now+notBefore, m.buckets.holds[key])
 	var b store.Booking
 	rate := m.buckets.keyRate(key, now, &b)
@@ -327,7 +328,7 @@ func (m *quotaModel) reserve(key string, keys []string, limits [][3]int64, costs
 	if due-now > budget {
 		return reply
 	}
-	rate.Book(now, due, unit)
+	rate.Book(now, due, unit, again)
 	for i, l := range limits {
 		switch l[0] {
 		case 1:

@@ -272,7 +272,10 @@ func (r *Redis) wait(ctx context.Context, q request) (booking, error) {
 			if t.local != nil {
 				t.local.cancel(q.Key, t.buckets, r.now())
 			}
-			if errors.Is(err, steer.ErrRecut) {
+			// A cut of the key's rate took its bookings as gone: counted
+			// anew (see steer.Rate.Refused). Another retime did not.
+			q.Again = !errors.Is(err, steer.ErrRecut)
+			if !q.Again {
 				r.refund(ctx, q.Key, t.redis) // a failure reaches the observer
 			}
 			continue // the key's pace changed while this caller slept
@@ -287,6 +290,7 @@ func (r *Redis) wait(ctx context.Context, q request) (booking, error) {
 		}
 		// The upstream asked the fleet to hold off while this caller
 		// slept: its time belongs to a schedule the hold replaced.
+		q.Again = true
 	}
 }
 

@@ -75,7 +75,7 @@ func (s *fakeStore) Reserve(_ context.Context, q store.Request, budget, notBefor
 	if due, ok := s.records[q.Call]; ok && q.Call != 0 {
 		b.Delay, recorded = store.Microseconds(max(due-now, 0)), true
 	} else {
-		b = s.model.reserve(key, s.interval, s.burst, int64(costs[0]), budget.Microseconds(), notBefore.Microseconds(), now, has(q.Estimated, 0))
+		b = s.model.reserve(key, s.interval, s.burst, int64(costs[0]), budget.Microseconds(), notBefore.Microseconds(), now, has(q.Estimated, 0), q.Again)
 	}
 	if b.Granted && b.Delay > 0 && !recorded {
 		s.records[q.Call] = b.Due()

@@ -177,6 +177,7 @@ func (m *modelCheck) reserve(step int) {
 	if m.rng.IntN(2) == 0 {
 		q.Estimated = 1
 	}
+	q.Again = m.rng.IntN(4) == 0
 	m.reserveWith(step, q, budget, notBefore)
 }
 
@@ -189,7 +190,7 @@ func (m *modelCheck) reserveWith(step int, q store.Request, budget, notBefore ti
 	}
 	now := m.now(step, b.Now)
 	steer := m.model.steers[key]
-	want := m.model.reserve(key, a, burst, cost, budget.Microseconds(), notBefore.Microseconds(), now, has(q.Estimated, 0))
+	want := m.model.reserve(key, a, burst, cost, budget.Microseconds(), notBefore.Microseconds(), now, has(q.Estimated, 0), q.Again)
 	if b.Granted != want.Granted || b.Delay != want.Delay || b.Finishes[0] != want.Finishes[0] || b.Booked[0] != want.Booked[0] ||
 		b.Listening != want.Listening || b.Recovered != want.Recovered {
 		m.t.Fatalf("step %d: reserve(%s, cost %d, budget %v, not before %v) at %d: script granted=%v delay=%v finish=%d booked=%d listening=%v recovered=%v, model %v %v %d %d %v %v",

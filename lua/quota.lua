@@ -23,6 +23,8 @@
 --           see window_at) and count; then the request's cost under it
 -- ARGV[4n+4]  the limits whose costs are a reservation's estimates (see
 --           estimated in common.lua)
+-- ARGV[4n+5]  1 when the request is booked anew, its booking displaced by
+--           a hold or a retime (see rate_book), else 0
 --
 -- All times are integer microseconds of Redis's clock. Returns {granted (1
 -- or 0), delay, now, finish_1, ..., finish_n, booked_1, ..., booked_n,
@@ -133,7 +135,7 @@ end
 
 reply[1] = 1
 if rate then
-  rate_book(rate, due, unit or 0)
+  rate_book(rate, due, unit or 0, ARGV[4 * n + 5] == '1')
   write_rate(KEYS[n + 2], rate)
 end
 for i = 1, n do

@@ -94,10 +94,12 @@ local function rate_allow(r, at, unit)
 end
 
 -- rate_book books a request that takes unit µs at due in r's bucket, and
--- counts it.
-local function rate_book(r, due, unit)
+-- counts it, unless again: a request booked anew, whose booking a hold or
+-- a retime displaced, is one request, which its first booking counted.
+local function rate_book(r, due, unit, again)
   if unit <= 0 then return end
-  r.booked, r.step = r.booked + 1, rate_interval(unit, rate_share(r, now))
+  if not again then r.booked = r.booked + 1 end
+  r.step = rate_interval(unit, rate_share(r, now))
   r.tat = math.max(r.tat, due) + r.step
 end
 

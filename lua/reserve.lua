@@ -27,6 +27,8 @@
 --          common.lua), else 0
 -- ARGV[7]  interval and burst as the limits' record writes them, "A B "
 -- ARGV[8]  1 when the booking announces the limit (see limits.lua), else 0
+-- ARGV[9]  1 when the request is booked anew, its booking displaced by a
+--          hold or a retime (see rate_book), else 0
 --
 -- Returns {granted (1 or 0), delay, now, finish, booked, listening,
 -- recovered, other interval, other burst}: the wait in microseconds, the
@@ -67,7 +69,7 @@ end
 -- book notes the booking at due in the key's rate, if any.
 local function book(due)
   if rate then
-    rate_book(rate, due, unit)
+    rate_book(rate, due, unit, ARGV[9] == '1')
     write_rate(KEYS[3], rate)
   end
 end

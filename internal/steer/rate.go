@@ -151,12 +151,16 @@ func (k *Rate) Allow(now, at, unit int64) int64 {
 }
 
 // Book books a request that takes unit µs, booked at now, at due, and
-// counts it.
-func (k *Rate) Book(now, due, unit int64) {
+// counts it, unless again: a request booked anew, whose booking a hold or
+// a retime displaced, is one request, which its first booking counted.
+func (k *Rate) Book(now, due, unit int64, again bool) {
 	if !k.on || unit <= 0 {
 		return
 	}
-	k.booked, k.step = k.booked+1, interval(unit, k.Share(now))
+	if !again {
+		k.booked++
+	}
+	k.step = interval(unit, k.Share(now))
 	k.tat = max(k.tat, due) + k.step
 }
 

@@ -148,7 +148,7 @@ func TestKeyRate(t *testing.T) {
 // gap apart, each due when booked.
 func book(k *Rate, at, n, gap int64) {
 	for i := range n {
-		k.Book(at+i*gap, at+i*gap, 1000)
+		k.Book(at+i*gap, at+i*gap, 1000, false)
 	}
 }
 
@@ -184,7 +184,7 @@ func TestKeyRateBucket(t *testing.T) {
 			}
 			for i := range int64(40) {
 				due := k.Allow(tc.now, tc.now, 1000)
-				k.Book(tc.now, due, 1000)
+				k.Book(tc.now, due, 1000, false)
 				want := tc.now + tc.first + max(i-tc.burst+1, 0)*2000
 				if d := due - want; d < -2 || d > 2 { // the share's rounding
 					t.Fatalf("request %d went at +%d µs, want +%d", i, due-tc.now, want-tc.now)
@@ -194,5 +194,30 @@ func TestKeyRateBucket(t *testing.T) {
 				t.Errorf("a request that costs nothing waits until +%d µs, want none", got-tc.now)
 			}
 		})
+	}
+}
+
+// TestRequestBookedAnewCountsOnce: a request a hold or a retime displaced
+// books anew, and the rate weighs a refusal by the requests gone, not by
+// their bookings: ten requests booked twice weigh a refusal as ten (1/11),
+// where twenty requests weigh it as twenty (1/21).
+func TestRequestBookedAnewCountsOnce(t *testing.T) {
+	bottom := func(again bool) int64 {
+		var k Rate
+		k.Refused(0, 0, 0) // opens the rate
+		book(&k, 1000, 10, 10_000)
+		for i := range int64(10) {
+			k.Book(200_000+i*10_000, 200_000+i*10_000, 1000, again)
+		}
+		if cut, _ := k.Refused(400_000, 390_000, 0); !cut {
+			t.Fatalf("again=%v: the refusal cut nothing", again)
+		}
+		return k.Bottom()
+	}
+	if got, want := bottom(true), int64(Full-Full/11); got != want {
+		t.Errorf("ten requests, each booked anew: the refusal left %d, want %d (a weight of 1/11)", got, want)
+	}
+	if got, want := bottom(false), int64(Full-Full/21); got != want {
+		t.Errorf("twenty requests: the refusal left %d, want %d (a weight of 1/21)", got, want)
 	}
 }

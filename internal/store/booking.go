@@ -14,10 +14,11 @@ import (
 // each limit, whether it will be settled and which of its costs are
 // estimates, whether it is the failover's probe, whose call may answer
 // late (see Caller.RunLong), the number of its booking's call (see
-// Reserve; 0 for a new one), and the slot it takes with its booking, if
-// any. A request of a pool names its keys instead of Key (see
-// lua/pick.lua): it is booked on the one that can go soonest, asked from
-// Pool[First] on.
+// Reserve; 0 for a new one), the slot it takes with its booking, if any,
+// and whether it is booked anew, its booking displaced by a hold or a
+// retime (its key's rate counts it once: see lua/rate.lua). A request of a
+// pool names its keys instead of Key (see lua/pick.lua): it is booked on
+// the one that can go soonest, asked from Pool[First] on.
 type Request struct {
 	Key       string
 	Costs     LimitCosts
@@ -28,6 +29,7 @@ type Request struct {
 	Take      SlotTake
 	Pool      []string
 	First     int
+	Again     bool
 }
 
 // SlotTake is the slot of a cap of requests in flight that a booking
@@ -94,19 +96,16 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 	}
 	script, args, at := reserveScript, []any(nil), 4 // at: the budget's place among args
 	if s.oneBucket {
-		announce := int64(1) // a pool's bookings announce each time
-		if q.Pool == nil && !s.announcer.due(q.Key) {
-			announce = 0
-		}
-		args = []any{s.limitArgs[1], s.limitArgs[2], q.Costs[0], budgetArg, notBefore.Microseconds(), int64(q.Estimated), s.ownLimit, announce}
+		announce := q.Pool != nil || s.announcer.due(q.Key) // a pool's bookings announce each time
+		args = []any{s.limitArgs[1], s.limitArgs[2], q.Costs[0], budgetArg, notBefore.Microseconds(), int64(q.Estimated), s.ownLimit, flag(announce), flag(q.Again)}
 	}
 	keys, id := s.bookedKeys(q, call)
 	if !s.oneBucket {
-		script, args, at = quotaScript, append(make([]any, 0, 4+4*n), budgetArg, notBefore.Microseconds(), id), 1
+		script, args, at = quotaScript, append(make([]any, 0, 5+4*n), budgetArg, notBefore.Microseconds(), id), 1
 		for i := range n {
 			args = append(args, s.limitArgs[3*i], s.span(i), s.limitArgs[3*i+2], q.Costs[i])
 		}
-		args = append(args, int64(q.Estimated))
+		args = append(args, int64(q.Estimated), flag(q.Again))
 	}
 	size := 5 + 2*n // the reply's
 	if s.oneBucket {
