@@ -306,8 +306,10 @@ func (loc *Local) wait(ctx context.Context, at target, costs *store.LimitCosts, 
 		switch err := sleepUnlessRetimed(ctx, &loc.retimes, key, delay, now.UnixMicro()); {
 		case errors.Is(err, steer.ErrRetimed):
 			loc.cancel(key, w.buckets, loc.now())
-			w.buckets, again = bucketsBooked{}, false // the cut took its booking as gone: counted anew
-			continue // the key's rate was cut while this caller slept
+			// The key's rate was cut while this caller slept, which took
+			// its booking as gone: it is counted anew.
+			w.buckets, again = bucketsBooked{}, false
+			continue
 		case err != nil:
 			loc.cancel(key, w.buckets, loc.now())
 			e := loc.asked(o, localLimiter, key, costs, reserved)
