@@ -99,7 +99,8 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 		announce := q.Pool != nil || s.announcer.due(q.Key) // a pool's bookings announce each time
 		args = []any{s.limitArgs[1], s.limitArgs[2], q.Costs[0], budgetArg, notBefore.Microseconds(), int64(q.Estimated), s.ownLimit, flag(announce), flag(q.Again)}
 	}
-	keys, id := s.bookedKeys(q, call)
+	k, id := s.bookedKeys(q, call)
+	keys := k.names
 	if !s.oneBucket {
 		script, args, at = quotaScript, append(make([]any, 0, 5+4*n), budgetArg, notBefore.Microseconds(), id), 1
 		for i := range n {
@@ -114,15 +115,16 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 	switch {
 	case q.Take.Cap != nil:
 		script, keys, args = s.withTake(script, keys, args, q.Key, q.Take, size)
+		k.names = keys
 	case q.Pool != nil:
 		script, args = s.withPick(script, args, len(q.Pool), q.First, at, 5+2*n)
 		size++
 	}
 	var cmd *redis.Cmd
 	if q.Probe {
-		cmd = s.calls.RunLong(ctx, s.lateTake(ctx, q), script, keys, args...)
+		cmd = s.calls.RunLong(ctx, s.lateTake(ctx, q), script, k, args...)
 	} else {
-		cmd = s.calls.Run(ctx, script, keys, args...)
+		cmd = s.calls.RunKeys(ctx, script, k, args...)
 	}
 	var reply [8 + 2*MaxLimits]int64
 	err := int64Reply(cmd, reply[:size])
@@ -175,16 +177,36 @@ func (q Request) keyOf(keys []string, err error) string {
 
 // bookedKeys returns the keys of q's booking (see bookingKeys) and its
 // call's record, for each key of its pool in turn, and the booking's id.
-func (s *Store) bookedKeys(q Request, call uint64) (keys []string, id string) {
+// The keys of the key booked last are kept, boxed: a booking of the same
+// key again boxes its record's name alone.
+func (s *Store) bookedKeys(q Request, call uint64) (keys keyArgs, id string) {
 	if q.Pool == nil {
-		return s.recorded(s.bookingKeys(q.Key), q.Key, call)
+		last := s.lastBooked.Load()
+		if last == nil || last.key != q.Key {
+			names := s.bookingKeys(q.Key)
+			boxed := make([]any, len(names))
+			for i, name := range names {
+				boxed[i] = name
+			}
+			last = &bookedKey{key: q.Key, keys: keyArgs{names: names, boxed: boxed}}
+			s.lastBooked.Store(last)
+		}
+		n := len(last.keys.names)
+		names, id := s.recorded(last.keys.names[:n:n], q.Key, call)
+		return keyArgs{names: names, boxed: last.keys.boxed}, id
 	}
 	for _, key := range q.Pool {
 		var own []string
 		own, id = s.recorded(s.bookingKeys(key), key, call)
-		keys = append(keys, own...)
+		keys.names = append(keys.names, own...)
 	}
 	return keys, id
+}
+
+// bookedKey is the key a Store booked last, and its booking's keys.
+type bookedKey struct {
+	key  string
+	keys keyArgs
 }
 
 // recorded returns keys, key's booking keys, with the record of call

@@ -177,6 +177,12 @@ func isRedisError(err error) bool {
 
 // Run runs script with the call's timeout.
 func (c *Caller) Run(ctx context.Context, script *script, keys []string, args ...any) *redis.Cmd {
+	return c.RunKeys(ctx, script, keyArgs{names: keys}, args...)
+}
+
+// RunKeys runs script, on keys some of which a caller keeps boxed, with
+// the call's timeout.
+func (c *Caller) RunKeys(ctx context.Context, script *script, keys keyArgs, args ...any) *redis.Cmd {
 	start := time.Now()
 	cctx, d := c.context(ctx, start)
 	var cmd *redis.Cmd
@@ -205,10 +211,10 @@ func (c *Caller) Run(ctx context.Context, script *script, keys []string, args ..
 // Redis) as long as its caller lets it.
 func (c *Caller) RunWithin(ctx context.Context, script *script, keys []string, args ...any) *redis.Cmd {
 	if !c.guarded {
-		return c.fn.run(ctx, c.client, script, keys, args...)
+		return c.fn.run(ctx, c.client, script, keyArgs{names: keys}, args...)
 	}
 	done := make(chan *redis.Cmd, 1)
-	go func() { done <- c.fn.run(ctx, c.client, script, keys, args...) }()
+	go func() { done <- c.fn.run(ctx, c.client, script, keyArgs{names: keys}, args...) }()
 	select {
 	case cmd := <-done:
 		return cmd
@@ -226,7 +232,7 @@ func (c *Caller) RunWithin(ctx context.Context, script *script, keys []string, a
 // late answer is not the caller's: late, unless nil, is called with it, to
 // undo what the script did. The failover's probe runs so, once a
 // cool-down.
-func (c *Caller) RunLong(ctx context.Context, late func(*redis.Cmd), script *script, keys []string, args ...any) *redis.Cmd {
+func (c *Caller) RunLong(ctx context.Context, late func(*redis.Cmd), script *script, keys keyArgs, args ...any) *redis.Cmd {
 	start := time.Now()
 	timeout, backoff := c.trips.timeout()
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(MaxCallTimeout, timeout+timeout/4))

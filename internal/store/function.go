@@ -22,8 +22,17 @@ type script struct {
 	// SHA-1 of all its code: one name, one code), so that the libraries of
 	// a rolling deploy's two versions stand side by side; "" for a script
 	// that runs by EVALSHA alone.
-	fn  string
-	lib string // the library's code, loaded when Redis has no fn
+	fn    string
+	fnArg any    // fn, boxed once as a call's argument
+	lib   string // the library's code, loaded when Redis has no fn
+}
+
+// keyArgs are a call's keys: their names, and the first of them boxed as a
+// call's arguments (none, or all), which a caller that books one key again
+// and again keeps, so that a call boxes no name it boxed before.
+type keyArgs struct {
+	names []string
+	boxed []any
 }
 
 // newFunction is the script of name whose prelude is the text helpers
@@ -47,7 +56,7 @@ func newFunction(name, helpers, body string) *script {
 		"  now = clock[1] * 1000000 + clock[2]\n" +
 		"  return body()\n" +
 		"end)\n"
-	return &script{eval: redis.NewScript(text), fn: fn, lib: lib}
+	return &script{eval: redis.NewScript(text), fn: fn, fnArg: fn, lib: lib}
 }
 
 // clockLines are the lines of lua/common.lua that read Redis's clock, at
@@ -57,7 +66,7 @@ const clockLines = "local clock = redis.call('TIME')\nlocal now = clock[1] * 100
 // functionCaller is a client that calls Redis Functions: go-redis's
 // Client, ClusterClient and Ring.
 type functionCaller interface {
-	FCall(ctx context.Context, function string, keys []string, args ...any) *redis.Cmd
+	Process(ctx context.Context, cmd redis.Cmder) error
 	FunctionLoad(ctx context.Context, code string) *redis.StringCmd
 }
 
@@ -72,18 +81,18 @@ type functions struct {
 // has not got it (a new version, a Redis restarted empty); by EVALSHA from
 // the first answer that says Redis will not run it (no FCALL, a library
 // refused, an ACL), which a server that serves scripts alone gives.
-func (f *functions) run(ctx context.Context, client redis.Scripter, s *script, keys []string, args ...any) *redis.Cmd {
+func (f *functions) run(ctx context.Context, client redis.Scripter, s *script, keys keyArgs, args ...any) *redis.Cmd {
 	if f.client == nil || s.fn == "" || f.absent.Load() {
-		return s.eval.Run(ctx, client, keys, args...)
+		return s.eval.Run(ctx, client, keys.names, args...)
 	}
-	cmd := f.client.FCall(ctx, s.fn, keys, args...)
+	cmd := f.fcall(ctx, s, keys, args)
 	err := cmd.Err()
 	if err == nil || !isRedisError(err) || !unrun(err) {
 		return cmd
 	}
 	if strings.Contains(err.Error(), "Function not found") {
 		if err = f.load(ctx, s.lib); err == nil {
-			return f.client.FCall(ctx, s.fn, keys, args...)
+			return f.fcall(ctx, s, keys, args)
 		}
 		if !isRedisError(err) || !unrun(err) { // a Redis away, out of memory, loading...
 			cmd.SetErr(err)
@@ -91,7 +100,24 @@ func (f *functions) run(ctx context.Context, client redis.Scripter, s *script, k
 		}
 	}
 	f.absent.Store(true)
-	return s.eval.Run(ctx, client, keys, args...)
+	return s.eval.Run(ctx, client, keys.names, args...)
+}
+
+// fcall calls s's function on keys with args: go-redis's FCall, with the
+// names a caller keeps boxed not boxed again.
+func (f *functions) fcall(ctx context.Context, s *script, keys keyArgs, args []any) *redis.Cmd {
+	call := make([]any, 0, 3+len(keys.names)+len(args))
+	call = append(call, "fcall", s.fnArg, len(keys.names))
+	call = append(call, keys.boxed...)
+	for _, name := range keys.names[len(keys.boxed):] {
+		call = append(call, name)
+	}
+	cmd := redis.NewCmd(ctx, append(call, args...)...)
+	if len(keys.names) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	_ = f.client.Process(ctx, cmd)
+	return cmd
 }
 
 // load loads lib on every server that may run its function: on each

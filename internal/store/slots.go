@@ -48,7 +48,7 @@ func (s *Store) Slots(ctx context.Context, key string, c SlotCall) (SlotsReply, 
 	args := []any{c.Op, c.ID, c.Cap.args[0], c.Cap.args[1], c.Cap.args[2], key}
 	var cmd *redis.Cmd
 	if c.Probe {
-		cmd = s.calls.RunLong(ctx, func(*redis.Cmd) { s.leave(ctx, keys, args) }, slotsScript, keys, args...)
+		cmd = s.calls.RunLong(ctx, func(*redis.Cmd) { s.leave(ctx, keys, args) }, slotsScript, keyArgs{names: keys}, args...)
 	} else {
 		cmd = s.calls.Run(ctx, slotsScript, keys, args...)
 	}

@@ -31,8 +31,9 @@ type Store struct {
 	oneBucket  bool      // the quota is one bucket: reserve.lua, not quota.lua
 	ownLimit   any       // for one bucket, its interval and burst as lua/limits.lua records them, "A B "
 	announcer  announcer // for one bucket, which bookings announce its limit
-	sliding    bool      // some limit is a sliding window, whose grants need ids
-	member     string    // names this limiter's grants in sliding windows
+	lastBooked atomic.Pointer[bookedKey]
+	sliding    bool   // some limit is a sliding window, whose grants need ids
+	member     string // names this limiter's grants in sliding windows
 	requestIDs atomic.Uint64
 }
 
