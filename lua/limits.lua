@@ -110,9 +110,9 @@ local function agree(r, a, b, own)
   if oa == sa and ob == sb then oa, ob, ou = 0, 0, 0 end
   if changed then
     redis.call('SET', KEYS[r], string.format('%d %d %d %d %d %d', sa, sb, su, oa, ob, ou), 'PXAT', ms_expiry(math.max(su, ou)))
-    if ou > now then
-      redis.call('SET', KEYS[r + 1], '1', 'PXAT', ms_expiry(ou))
-    end
+  end
+  if ou > now then -- another stands: every booking reads the limits until it lapses
+    redis.call('SET', KEYS[r + 1], '1', 'PXAT', ms_expiry(ou))
   end
   if sa == a and sb == b then
     return sa, sb, oa, ob
