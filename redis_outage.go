@@ -271,6 +271,9 @@ func (r *Redis) outcome(ctx context.Context, call redisCall, err error) (away bo
 	began, down, local := r.failover.Fail(r.now(), outage.Failure{Began: call.began, Probe: probe, Failures: call.failures + 1, Err: err}, r.callTimeout())
 	switch {
 	case began:
+		if r.calls != nil {
+			r.calls.Abandon() // the requests asking Redis now go by the outage's pacing
+		}
 		r.config.observer.emit(ctx, Event{Kind: EventFallback, Limiter: redisLimiter, Key: call.key, Cost: call.cost, Err: err, Reason: r.neverAnswered()})
 	case probe:
 		r.config.observer.emit(ctx, Event{Kind: EventProbe, Limiter: redisLimiter, Key: call.key, Cost: call.cost, Err: err})

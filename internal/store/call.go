@@ -56,6 +56,17 @@ func NewCaller(client redis.Scripter, floor time.Duration) *Caller {
 	return c
 }
 
+// Abandon ends the calls under way, each with its expiry: an outage is
+// confirmed, and whatever they answer now would come too late to decide
+// by (a call given a second of timeout just before Redis froze would hold
+// its caller that second more, while the outage paces the others). The
+// next call sets a deadline of its own. A probe's call (RunLong) goes on.
+func (c *Caller) Abandon() {
+	if d := c.deadline.Swap(nil); d != nil {
+		d.cancel()
+	}
+}
+
 // Timeout is the timeout of a call that begins now, as the round trips
 // set it.
 func (c *Caller) Timeout() time.Duration {

@@ -1,8 +1,13 @@
 package store
 
 import (
+	"context"
+	"io"
+	"net"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // TestRoundTripsSetTheTimeout: the call timeout from the round trips
@@ -82,5 +87,45 @@ func expire(r *roundTrips, n int) {
 	_, backoff := r.timeout()
 	for range n {
 		r.expired(backoff)
+	}
+}
+
+// TestAbandonEndsTheCallsUnderWay: a call to a Redis that never answers,
+// on a client that ignores context deadlines (go-redis's defaults: the
+// caller guards the call), ends when the caller abandons the calls under
+// way, not at its timeout of a second.
+func TestAbandonEndsTheCallsUnderWay(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() { // accepts, reads, never answers
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go io.Copy(io.Discard, conn)
+		}
+	}()
+	client := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1})
+	defer client.Close()
+	c := NewCaller(client, time.Second)
+	done := make(chan time.Time)
+	go func() {
+		c.Run(context.Background(), checkScript, nil)
+		done <- time.Now()
+	}()
+	time.Sleep(100 * time.Millisecond) // the call under way
+	abandoned := time.Now()
+	c.Abandon()
+	select {
+	case ended := <-done:
+		if took := ended.Sub(abandoned); took > 500*time.Millisecond {
+			t.Errorf("the call ended %v after it was abandoned, want at once", took)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the call did not end")
 	}
 }
