@@ -304,7 +304,10 @@ func TestInspectFindsRulesAndResets(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	c := srv.Client(t)
-	r, err := pace.NewRedis(c, pace.AllOf(pace.PerSecond(100).Named("requests"), pace.PerSecond(1000).WithBurst(1000).Named("tokens")), pace.WithFleetSize(1))
+	// Slow limits: a unit takes seconds to refill, so that no key is full
+	// again, and gone, before the test has looked at it (at 1000/s, a key
+	// booked in a second's last milliseconds expired with that second).
+	r, err := pace.NewRedis(c, pace.AllOf(pace.PerMinute(6).Named("requests"), pace.PerMinute(60).WithBurst(1000).Named("tokens")), pace.WithFleetSize(1))
 	if err != nil {
 		t.Fatal(err)
 	}
