@@ -197,9 +197,12 @@ func (c *Caller) RunKeys(ctx context.Context, script *script, keys keyArgs, args
 	start := time.Now()
 	cctx, d := c.context(ctx, start)
 	var cmd *redis.Cmd
-	if !c.guarded {
+	if !c.guarded && d.backoff == 0 {
 		cmd = c.fn.run(cctx, c.client, script, keys, args...)
 	} else {
+		// Guarded: a client that ignores context deadlines; or, after an
+		// expiry, a call that an outage's beginning may abandon (go-redis
+		// reads on past a cancelled context until its deadline).
 		done := make(chan *redis.Cmd, 1)
 		go func() { done <- c.fn.run(cctx, c.client, script, keys, args...) }()
 		select {

@@ -90,10 +90,11 @@ func expire(r *roundTrips, n int) {
 	}
 }
 
-// TestAbandonEndsTheCallsUnderWay: a call to a Redis that never answers,
-// on a client that ignores context deadlines (go-redis's defaults: the
-// caller guards the call), ends when the caller abandons the calls under
-// way, not at its timeout of a second.
+// TestAbandonEndsTheCallsUnderWay: a call to a Redis that never answers
+// ends when the caller abandons the calls under way, not at its timeout of
+// a second: on a client that ignores context deadlines (go-redis's
+// defaults, whose calls the caller guards), and on one that applies them,
+// once a call has expired (go-redis reads on past a cancelled context).
 func TestAbandonEndsTheCallsUnderWay(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -109,23 +110,28 @@ func TestAbandonEndsTheCallsUnderWay(t *testing.T) {
 			go io.Copy(io.Discard, conn)
 		}
 	}()
-	client := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1})
-	defer client.Close()
-	c := NewCaller(client, time.Second)
-	done := make(chan time.Time)
-	go func() {
-		c.Run(context.Background(), checkScript, nil)
-		done <- time.Now()
-	}()
-	time.Sleep(100 * time.Millisecond) // the call under way
-	abandoned := time.Now()
-	c.Abandon()
-	select {
-	case ended := <-done:
-		if took := ended.Sub(abandoned); took > 500*time.Millisecond {
-			t.Errorf("the call ended %v after it was abandoned, want at once", took)
+	for _, deadlines := range []bool{false, true} {
+		client := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1, ContextTimeoutEnabled: deadlines})
+		defer client.Close()
+		c := NewCaller(client, 50*time.Millisecond)
+		if deadlines {
+			c.trips.expired(0) // a call expired
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the call did not end")
+		done := make(chan time.Time)
+		go func() {
+			c.Run(context.Background(), checkScript, nil)
+			done <- time.Now()
+		}()
+		time.Sleep(100 * time.Millisecond) // the call under way
+		abandoned := time.Now()
+		c.Abandon()
+		select {
+		case ended := <-done:
+			if took := ended.Sub(abandoned); took > 500*time.Millisecond {
+				t.Errorf("deadlines applied %v: the call ended %v after it was abandoned, want at once", deadlines, took)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("deadlines applied %v: the call did not end", deadlines)
+		}
 	}
 }
