@@ -27,9 +27,9 @@ type script struct {
 	lib   string // the library's code, loaded when Redis has no fn
 }
 
-// keyArgs are a call's keys: their names, and the first of them boxed as a
-// call's arguments (none, or all), which a caller that books one key again
-// and again keeps, so that a call boxes no name it boxed before.
+// keyArgs are a call's keys: their names, and the first len(boxed) of
+// them boxed as a call's arguments, which a caller that books one key
+// again and again keeps, so that a call boxes no name it boxed before.
 type keyArgs struct {
 	names []string
 	boxed []any
