@@ -113,6 +113,7 @@ type booking struct {
 	cause   error         // why Redis did not decide, if it did not
 	redis   store.Booking // Redis's booking, when its Granted
 	local   *Local        // the local limiter that booked the wait too, or nil
+	leased  bool          // taken from a lease of the key's tokens (see redis_tokenlease.go)
 	localBooking
 }
 

@@ -21,12 +21,18 @@ import (
 // a decision, not a wait.
 var unlimited = PerSecond(1e6).WithBurst(1e12)
 
+// oneCallEach makes every wait a decision of its own: a benchmark's key is
+// hot, and would take its tokens by leases (see WithTokenLeases).
+var oneCallEach = WithTokenLeases(false)
+
 // BenchmarkRedisWait: a Redis wait when tokens are available, serial and from
 // 32 goroutines, beside a go-redis PING on the same client. It also reports
 // Redis's own time per script call, from INFO commandstats. "wait" uses a
 // client with ContextTimeoutEnabled, as the README recommends;
 // "wait-default-client" one with go-redis's defaults, whose calls pace runs
-// on a goroutine of their own to hold the call timeout.
+// on a goroutine of their own to hold the call timeout. Both make one call
+// a wait; "wait-leased" takes the hot key's tokens by leases (see
+// WithTokenLeases), its default.
 func BenchmarkRedisWait(b *testing.B) {
 	ctx := context.Background()
 	srv, c := benchRedis(b)
@@ -41,8 +47,9 @@ func BenchmarkRedisWait(b *testing.B) {
 		for _, variant := range []struct {
 			name   string
 			client *redis.Client
-		}{{"wait", c}, {"wait-default-client", defaultClient}} {
-			r := mustRedis(b, variant.client, unlimited)
+			leases bool
+		}{{"wait", c, false}, {"wait-default-client", defaultClient, false}, {"wait-leased", c, true}} {
+			r := mustRedis(b, variant.client, unlimited, WithTokenLeases(variant.leases), WithFleetSize(1))
 			b.Run(mode.name+"/"+variant.name, func(b *testing.B) {
 				if err := c.ConfigResetStat(ctx).Err(); err != nil {
 					b.Fatal(err)
@@ -65,8 +72,8 @@ func BenchmarkRedisWait(b *testing.B) {
 func BenchmarkQuotaWait(b *testing.B) {
 	ctx := context.Background()
 	_, c := benchRedis(b)
-	one := mustRedis(b, c, unlimited)
-	three := mustRedis(b, c, AllOf(unlimited, PerHour(1e9).WithBurst(1e12), Per(1e10, 24*time.Hour).WithBurst(1e12)))
+	one := mustRedis(b, c, unlimited, oneCallEach)
+	three := mustRedis(b, c, AllOf(unlimited, PerHour(1e9).WithBurst(1e12), Per(1e10, 24*time.Hour).WithBurst(1e12)), oneCallEach)
 	beside(b, "one-limit", func() error { return one.Wait(ctx, "api.example.com:443", 1) },
 		"three-limits", func() error { return three.Wait(ctx, "api.example.com:443", 1) })
 }
@@ -95,7 +102,7 @@ func BenchmarkSettle(b *testing.B) {
 func BenchmarkSlots(b *testing.B) {
 	ctx := context.Background()
 	_, c := benchRedis(b)
-	plain := mustRedis(b, c, unlimited)
+	plain := mustRedis(b, c, unlimited, oneCallEach)
 	capped := mustRedis(b, c, AllOf(unlimited, Concurrent(maxSlots)))
 	beside(b, "wait", func() error { return plain.Wait(ctx, "api.example.com:443", 1) },
 		"acquire-release", func() error {
@@ -114,7 +121,7 @@ func BenchmarkSlots(b *testing.B) {
 func BenchmarkTransportCounters(b *testing.B) {
 	ctx := context.Background()
 	_, c := benchRedis(b)
-	r := mustRedis(b, c, unlimited)
+	r := mustRedis(b, c, unlimited, oneCallEach)
 	counters := http.Header{"X-Ratelimit-Limit-Requests": {"60000000"}, "X-Ratelimit-Remaining-Requests": {"999999"},
 		"X-Ratelimit-Reset-Requests": {"1ms"}, "Date": {time.Now().UTC().Format(http.TimeFormat)}}
 	for _, mode := range benchModes {

@@ -59,6 +59,7 @@ type redisConfig struct {
 	fleetSize                int
 	minCooldown, maxCooldown time.Duration
 	process                  *Process // WithProcess; validate makes nil thisProcess
+	noTokenLeases            bool     // WithTokenLeases(false)
 }
 
 // The defaults of a Redis limiter.
@@ -227,6 +228,18 @@ func WithFleetName(name string) Option {
 // limit. Zero, the default, means count.
 func WithFleetSize(n int) Option {
 	return redisOption{"WithFleetSize", func(c *redisConfig) { c.fleetSize = n }}
+}
+
+// WithTokenLeases says whether a key this process waits on often (about
+// 400 waits a second, or more) takes its tokens from Redis several at a
+// time, one call for a lease of them, instead of one call a wait. A leased
+// token is a granted token: the fleet keeps b + r*t exactly, and a token
+// not handed out within the lease's span (tens of milliseconds) lapses.
+// A lease is at most a share of half the burst as the fleet is counted
+// (see WithFleetSize), so a burst too small for 8 tokens a process leases
+// nothing. On by default; off, every wait is one call.
+func WithTokenLeases(on bool) Option {
+	return redisOption{"WithTokenLeases", func(c *redisConfig) { c.noTokenLeases = !on }}
 }
 
 // WithCooldown sets how long a failing Redis is left alone before one

@@ -18,6 +18,7 @@ func TestRedisOptionsRefusedByLocal(t *testing.T) {
 		"WithFleetSize":     WithFleetSize(2),
 		"WithCooldown":      WithCooldown(time.Second, 2*time.Second),
 		"WithProcess":       WithProcess(NewProcess()),
+		"WithTokenLeases":   WithTokenLeases(false),
 	}
 	for name, o := range redisOnly {
 		_, err := NewLocal(PerSecond(10), WithMaxWait(time.Second), o)

@@ -50,6 +50,7 @@ type Redis struct {
 	store       sharedStore
 	failover    *outage.Failover[*Local]
 	fleet       *fleet
+	tokens      tokenLeases // the keys whose demand takes their tokens several at a time
 
 	cap           slotCap        // the quota's cap in flight, if any
 	slotCap       *store.SlotCap // the cap, as its calls to Redis name it
@@ -81,6 +82,7 @@ type sharedStore interface {
 	Repay(ctx context.Context, key string, debt store.LimitCosts) (took store.LimitCosts, err error)
 	Check(ctx context.Context) (now int64, err error)
 	Announce(ctx context.Context, key string) error
+	LeaseTokens(ctx context.Context, key string, n int64, span, budget time.Duration) (store.TokenLease, error)
 }
 
 // NewRedis returns a Redis limiter that gives each key the quota q (a Limit,
@@ -175,6 +177,11 @@ func (r *Redis) waitOn(ctx context.Context, at target, cost int) (grant, error) 
 	}
 	q := request{Request: store.Request{Key: at.key, Pool: at.pool, First: at.first, Costs: uniform(cost, len(r.limits))}}
 	q.horizon = horizonOf(ctx, &r.config.commonConfig, r.limits, &q.Costs)
+	if k := r.leases(q, at, r.now()); k != nil {
+		if t, ok, err := r.waitLeased(ctx, k, q, cost); ok {
+			return grant{t}, err
+		}
+	}
 	t, err := r.wait(ctx, q)
 	return grant{t}, err
 }

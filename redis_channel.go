@@ -75,6 +75,7 @@ func (r *Redis) receiveHolds(ctx context.Context, ps *redis.PubSub) {
 				r.heard(key, end, d)
 			} else if key, at, cut, ok := steer.ParseMessage(m.Payload); ok {
 				r.retimes.Add(key, at, cut, r.now())
+				r.voidLeases(key)
 			} else if id, ok := parseSlotMessage(m.Payload); ok {
 				r.slotWaiters.tell(id)
 			}
@@ -94,6 +95,7 @@ func (r *Redis) Close() error {
 		r.stopListening()
 	}
 	r.listening.Wait()
+	r.tokens.refills.Wait()
 	r.failover.Close()
 	return nil
 }

@@ -49,6 +49,10 @@ func (f *fleet) Size() int {
 	return max(int(f.size.Load()), 1)
 }
 
+// counted reports whether the fleet's size is known: pinned, or counted
+// by a heartbeat.
+func (f *fleet) counted() bool { return f.pinned > 0 || f.size.Load() > 0 }
+
 // beatDue reports whether this process should send its heartbeat now; only
 // one caller a gap gets true. The first heartbeat goes with the first
 // reservation, and the gaps after it double from firstBeatGap, so that

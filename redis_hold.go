@@ -112,6 +112,7 @@ func (r *Redis) heard(key string, end int64, d time.Duration) {
 	now := r.now()
 	r.held.add(key, end, d, now)
 	r.failover.Held(key, now.Add(d), now)
+	r.voidLeases(key)
 }
 
 // missedHolds reports whether a caller booked at start may have missed a

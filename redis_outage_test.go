@@ -212,6 +212,12 @@ func (s *fakeStore) HeldUntil(_ context.Context, key string) (int64, error) {
 
 func (s *fakeStore) Announce(context.Context, string) error { return nil }
 
+// LeaseTokens leases nothing: the fake books every request (see
+// redis_tokenlease_test.go for leases on a real script).
+func (s *fakeStore) LeaseTokens(context.Context, string, int64, time.Duration, time.Duration) (store.TokenLease, error) {
+	return store.TokenLease{}, nil
+}
+
 func (s *fakeStore) Check(context.Context) (int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

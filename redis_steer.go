@@ -155,6 +155,9 @@ func (r *Redis) heed(ctx context.Context, key string, g grant, w headers.Word, o
 		return // see WithDryRun
 	}
 	ctx, t := context.WithoutCancel(ctx), g.booking
+	if t.leased && (w.Refused || len(w.Holds) > 0 || len(w.Readings) > 0) {
+		r.voidLeases(key) // the key books in Redis, where each loop steers it
+	}
 	for _, h := range w.Holds {
 		r.Hold(ctx, key, h)
 	}

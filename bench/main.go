@@ -46,9 +46,23 @@ const (
 func main() {
 	testing.Init()
 	out := flag.String("o", "BENCHMARKS.md", "the file to write")
+	which := flag.String("scenario", "", "hotkey: one key of 50,000/s across 16 processes, printed rather than written (see hotkey.go)")
+	asJSON := flag.Bool("json", false, "with -scenario hotkey, print JSON")
+	child := flag.String("hotkey-child", "", "run as one process of the hot-key scenario (the scenario starts them)")
 	flag.Parse()
 	flag.Set("test.benchtime", "300ms") // a round's measure of one decision: see decisionCosts
-	if err := run(*out); err != nil {
+	var err error
+	switch {
+	case *child != "":
+		err = hotChildMain(*child)
+	case *which == "hotkey":
+		err = runHotKey(*asJSON)
+	case *which != "":
+		err = fmt.Errorf("-scenario %q: want hotkey, or none for the table of BENCHMARKS.md", *which)
+	default:
+		err = run(*out)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -78,7 +92,7 @@ func contenders() []contender {
 				return func(ctx context.Context, _ int) error { return l.Wait(ctx, k, 1) }
 			},
 			decide: func(rdb *redis.Client) func(context.Context) error {
-				l, _ := pace.NewRedis(rdb, pace.PerSecond(1e6).WithBurst(1e12))
+				l, _ := pace.NewRedis(rdb, pace.PerSecond(1e6).WithBurst(1e12), pace.WithTokenLeases(false)) // one decision a wait
 				k := freshKey()
 				return func(ctx context.Context) error { return l.Wait(ctx, k, 1) }
 			}},
@@ -477,8 +491,22 @@ Command: `+"`make bench`"+` (runs `+"`go run .`"+` in bench/, and the testing.B 
 core package).
 `, limitRate, limitBurst, scenario, workers, time.Second*workers/limitRate, limitRate/workers, rounds,
 		table.String(), againstBase(decisions, cs), host, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), strings.TrimSpace(string(redisVersion)))
-	return os.WriteFile(out, []byte(doc), 0o644)
+	return os.WriteFile(out, []byte(doc+hotKeySection(out)), 0o644)
 }
+
+// hotKeySection is the hot-key scenario's section of the file out, kept
+// as it is: the scenario prints its table, which is pasted there by hand
+// (it takes 16 processes, and a machine of its own).
+func hotKeySection(out string) string {
+	old, _ := os.ReadFile(out)
+	if i := strings.Index(string(old), hotKeyHeading); i >= 0 {
+		return "\n" + string(old[i:])
+	}
+	return ""
+}
+
+// hotKeyHeading starts the hot-key scenario's section of BENCHMARKS.md.
+const hotKeyHeading = "## One hot key"
 
 // againstBase says pace's decision over redis_rate's, round by round.
 func againstBase(d decisionCosts, cs []contender) string {

@@ -91,25 +91,6 @@ func (c config) quota() (pace.Quota, error) {
 	return pace.AllOf(limit, pace.Concurrent(inFlight)), nil
 }
 
-// scriptCounter is a go-redis hook that counts script calls: each is one
-// round trip.
-type scriptCounter struct{ calls atomic.Int64 }
-
-func (s *scriptCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (s *scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if store.IsScriptCall(cmd.Name()) {
-			s.calls.Add(1)
-		}
-		return next(ctx, cmd)
-	}
-}
-
-func (s *scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
 // stampGrant is the Base of a worker's Transport: it notes when pace let a
 // request go.
 type stampGrant struct {
@@ -128,7 +109,7 @@ func (j job) run() (report, error) {
 	if err != nil {
 		return report{}, err
 	}
-	var scripts scriptCounter
+	var scripts store.ScriptCounter
 	var syncs atomic.Int64
 	var happened happeningsLog
 	var served *metrics // with -metrics
@@ -186,7 +167,7 @@ func (j job) run() (report, error) {
 			return report{}, err
 		}
 		slot.Release()
-		scripts.calls.Store(0) // the run's calls, not the warm-up's
+		scripts.Calls.Store(0) // the run's calls, not the warm-up's
 	}
 	base := &http.Transport{MaxIdleConnsPerHost: c.Workers + 1}
 	defer base.CloseIdleConnections()
@@ -211,7 +192,7 @@ func (j job) run() (report, error) {
 		}
 	}
 	wg.Wait()
-	rep.ScriptCalls, rep.SyncCalls, rep.Happened = scripts.calls.Load(), syncs.Load(), happened.happened()
+	rep.ScriptCalls, rep.SyncCalls, rep.Happened = scripts.Calls.Load(), syncs.Load(), happened.happened()
 	if served != nil {
 		rep.MetricsURL = served.url
 		if rep.MetricsDecisions, err = served.decisions(); err != nil {

@@ -39,6 +39,7 @@ type Case struct {
 	Jitter     time.Duration // at most, added to each one-way trip
 	Faults     string        // none, kill, stall, slowlink, lostreply, flush, pause
 	MaxHold    time.Duration // the limiters' WithMaxHold
+	Leases     string        // the limiters' token leases: on (the default) or off (see pace.WithTokenLeases)
 	Seed       uint64        // the network's and the faults' draws
 }
 
@@ -48,7 +49,7 @@ func (c *Case) fields() []field {
 		{"window", &c.Window}, {"retry_after", &c.RetryAfter}, {"counters", &c.Counters}, {"body", &c.Body},
 		{"procs", &c.Procs}, {"workers", &c.Workers}, {"duration", &c.Duration}, {"limit", &c.Limit},
 		{"cost", &c.Cost}, {"latency", &c.Latency}, {"jitter", &c.Jitter}, {"faults", &c.Faults},
-		{"max_hold", &c.MaxHold}, {"seed", &c.Seed}}
+		{"max_hold", &c.MaxHold}, {"leases", &c.Leases}, {"seed", &c.Seed}}
 }
 
 // A field is one of a Case's fields: its key, and a pointer to it.
@@ -96,7 +97,7 @@ func (f field) set(v string) (err error) {
 func Default() Case {
 	return Case{Upstream: "strict", Rate: 100, Burst: 5, Window: time.Second, Counters: "none", Body: "none",
 		Procs: 3, Workers: 3, Duration: 6 * time.Second, Cost: 1, Latency: time.Millisecond,
-		Jitter: 500 * time.Microsecond, Faults: "none", MaxHold: pace.DefaultMaxHold, Seed: 1}
+		Jitter: 500 * time.Microsecond, Faults: "none", MaxHold: pace.DefaultMaxHold, Leases: "on", Seed: 1}
 }
 
 // String writes c as Parse reads it.
@@ -191,7 +192,7 @@ func (c Case) check() error {
 		return nil
 	}
 	for _, err := range []error{in("upstream", c.Upstream, Upstreams), in("counters", c.Counters, Counters),
-		in("body", c.Body, Bodies), in("faults", c.Faults, Faults)} {
+		in("body", c.Body, Bodies), in("faults", c.Faults, Faults), in("leases", c.Leases, []string{"on", "off"})} {
 		if err != nil {
 			return err
 		}

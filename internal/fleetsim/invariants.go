@@ -31,6 +31,7 @@ func (s *sim) result() Result {
 	paceAllows := float64(s.limit.Burst()) + s.limit.Rate()*s.c.Duration.Seconds()
 	r.Allowed = min(s.up.model.allowed(s.start, s.end), paceAllows)
 	r.Errors = s.unsent
+	r.RedisCalls = s.calls.n
 	for _, w := range s.waits {
 		r.LongestWait = max(r.LongestWait, w.until.Sub(w.from))
 	}

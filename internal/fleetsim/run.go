@@ -28,6 +28,7 @@ type Result struct {
 	// the run's first second.
 	Refused, RefusedAfter1s int
 	Errors                  int           // requests that failed before they were sent
+	RedisCalls              int           // the processes' calls to Redis, heartbeats' pipelines aside
 	LongestWait             time.Duration // the longest a request waited to be sent
 	Violations              []string      // the invariants broken, each with what led to it
 	Trace                   []string      // the arrivals and events in order, for a reader and a replay
@@ -157,7 +158,7 @@ func (s *sim) process(p int) (http.RoundTripper, func(), error) {
 	})
 	client.AddHook(stagger{link: newLink(s.c, 0), proc: "sim-" + strconv.Itoa(p), calls: &s.calls})
 	limiter, err := pace.NewRedis(client, s.limit,
-		pace.WithProcess(pace.NewNamedProcess("sim-"+strconv.Itoa(p))), pace.WithMaxHold(s.c.MaxHold),
+		pace.WithProcess(pace.NewNamedProcess("sim-"+strconv.Itoa(p))), pace.WithMaxHold(s.c.MaxHold), pace.WithTokenLeases(s.c.Leases == "on"),
 		pace.WithObserver(func(_ context.Context, e pace.Event) { s.note(p, e) }))
 	if err != nil {
 		client.Close()

@@ -62,11 +62,13 @@ type calls struct {
 	mu      sync.Mutex
 	failing map[string]time.Time // the first attempt of each worker's call that has failed so far
 	longest time.Duration
+	n       int // calls made, pipelines aside
 }
 
 func (c *calls) answered(name string, begun time.Time, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.n++
 	if first, ok := c.failing[name]; ok {
 		begun = first
 	}

@@ -27,6 +27,7 @@ var defaultSeeds = 200
 // each served and refused (go test -v shows it). A run that breaks an
 // invariant fails the test and prints its case, which -case replays.
 func TestSweep(t *testing.T) {
+	t.Parallel()
 	var cases []Case
 	switch {
 	case *caseSpec != "":
@@ -65,9 +66,9 @@ func TestSweep(t *testing.T) {
 // table writes one line a run, and then a line per family and dialect.
 func table(results []Result) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-6s %8s %7s %9s %5s %8s  %s\n", "util", "refused", "after1s", "violation", "errs", "longest", "case")
+	fmt.Fprintf(&b, "%-6s %8s %7s %9s %5s %8s %6s  %s\n", "util", "refused", "after1s", "violation", "errs", "longest", "calls", "case")
 	for _, r := range results {
-		fmt.Fprintf(&b, "%6.3f %8d %7d %9d %5d %8v  %s\n", r.Utilisation(), r.Refused, r.RefusedAfter1s, len(r.Violations), r.Errors, r.LongestWait.Round(time.Millisecond), r.Case)
+		fmt.Fprintf(&b, "%6.3f %8d %7d %9d %5d %8v %6d  %s\n", r.Utilisation(), r.Refused, r.RefusedAfter1s, len(r.Violations), r.Errors, r.LongestWait.Round(time.Millisecond), r.RedisCalls, r.Case)
 	}
 	b.WriteString(summary(results))
 	return b.String()

@@ -158,3 +158,22 @@ func unrun(err error) bool {
 // names it, lower case) runs one of pace's scripts: FCALL, EVALSHA or
 // EVAL.
 func IsScriptCall(name string) bool { return name == "fcall" || name == "evalsha" || name == "eval" }
+
+// ScriptCounter is a go-redis hook that counts pace's script calls (see
+// IsScriptCall): each is one round trip.
+type ScriptCounter struct{ Calls atomic.Int64 }
+
+func (s *ScriptCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (s *ScriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if IsScriptCall(cmd.Name()) {
+			s.Calls.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (s *ScriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}

@@ -17,7 +17,7 @@ import (
 
 // functionScripts are the scripts that run as Redis Functions.
 var functionScripts = []*script{reserveScript, quotaScript, refusedScript, refundScript, holdScript, heldScript,
-	settleScript, syncScript, slotsScript, lineScript, repayScript, checkScript, announceScript}
+	settleScript, syncScript, slotsScript, lineScript, repayScript, checkScript, announceScript, tokenLeaseScript}
 
 // TestScriptsRunAsFunctions: on a real redis-server every script's library
 // loads; a call runs as FCALL (no EVALSHA), loading its library the first

@@ -24,20 +24,21 @@ const MaxRefill = 365 * 24 * time.Hour
 const Horizon = MaxDelay + MaxRefill
 
 var (
-	reserveScript  = newScript("rate", "record", "limits", "reserve")
-	quotaScript    = newScript("rate", "record", "quota")
-	refusedScript  = newScript("rate", "refused")
-	refundScript   = newScript("booking", "refund")
-	holdScript     = newScript("hold")
-	heldScript     = newScript("held")
-	settleScript   = newScript("booking", "settle")
-	syncScript     = newScript("sync")
-	slotsScript    = newScript("slot", "slots")
-	releaseScript  = &script{eval: redis.NewScript(part("release"))} // no prelude: see lua/release.lua
-	lineScript     = newScript("line")
-	repayScript    = newScript("repay")
-	checkScript    = newScript("check")
-	announceScript = newScript("limits", "announce")
+	reserveScript    = newScript("rate", "record", "limits", "reserve")
+	quotaScript      = newScript("rate", "record", "quota")
+	refusedScript    = newScript("rate", "refused")
+	refundScript     = newScript("booking", "refund")
+	holdScript       = newScript("hold")
+	heldScript       = newScript("held")
+	settleScript     = newScript("booking", "settle")
+	syncScript       = newScript("sync")
+	slotsScript      = newScript("slot", "slots")
+	releaseScript    = &script{eval: redis.NewScript(part("release"))} // no prelude: see lua/release.lua
+	lineScript       = newScript("line")
+	repayScript      = newScript("repay")
+	checkScript      = newScript("check")
+	announceScript   = newScript("limits", "announce")
+	tokenLeaseScript = newScript("limits", "tokenlease")
 
 	// The booking scripts that take a slot of a cap with the booking.
 	reserveTakeScript = newTakeScript("reserve")

@@ -1,0 +1,312 @@
+package pace
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fleetpace/pace/internal/outage"
+)
+
+// Token leases: a key this process waits on often (leaseMinTokens in
+// leasePeriod, or more) takes its tokens from Redis several at a time, one
+// script call a lease (see lua/tokenlease.lua), and hands them out itself,
+// without a lock, within the lease's span. A leased token is a granted
+// token: the fleet stays within b + r*t exactly; a token not handed out in
+// time lapses. A key held, cut by refusals, steered by counters or paced
+// at different limits across the fleet gets no lease and books one
+// request at a time, as do waits under a cap, on a pool, in a class, of a
+// reservation, in a dry run, and every wait while Redis is away.
+
+const (
+	// leasePeriod is how long of this process's demand for a key one
+	// lease holds.
+	leasePeriod = 20 * time.Millisecond
+	// leaseMinTokens is the smallest lease worth a call: a key whose
+	// demand fills less books one request at a time.
+	leaseMinTokens = 8
+	// leaseMinSpan is the shortest span worth a lease: a bucket whose
+	// burst refills faster leases nothing.
+	leaseMinSpan = time.Millisecond
+	// leasePause is how long a key that got no lease books one request
+	// at a time before it asks for one again.
+	leasePause = 250 * time.Millisecond
+	// demandWindow is the span over which the waits on keys not leased
+	// are counted.
+	demandWindow = 100 * time.Millisecond
+	// demandKeys is the most keys counted in one demandWindow.
+	demandKeys = 4096
+)
+
+// tokenLeases are a Redis limiter's leases of tokens: for each key whose
+// demand is high, its keyLeases; for the others, their demand so far.
+type tokenLeases struct {
+	demand  demand
+	keys    sync.Map // key -> *keyLeases
+	refills sync.WaitGroup
+}
+
+// demand counts the waits on each key in the current demandWindow.
+type demand struct {
+	mu     sync.Mutex
+	start  time.Time
+	counts map[string]int
+}
+
+// hot counts a wait on key at now, and reports the key's rate once it is
+// high enough to lease (0 until then).
+func (d *demand) hot(key string, now time.Time) float64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if now.Sub(d.start) >= demandWindow || d.counts == nil {
+		d.start, d.counts = now, make(map[string]int)
+	}
+	n, ok := d.counts[key]
+	if !ok && len(d.counts) >= demandKeys {
+		return 0
+	}
+	d.counts[key] = n + 1
+	need := leaseMinTokens * int(demandWindow/leasePeriod)
+	if n+1 < need {
+		return 0
+	}
+	delete(d.counts, key)
+	return float64(n+1) / max(now.Sub(d.start), leasePeriod).Seconds()
+}
+
+// keyLeases are the leases of one key: the one handed out now, the one
+// prefetched behind it, and the one call under way for more.
+type keyLeases struct {
+	cur      atomic.Pointer[tokenLease]
+	asked    atomic.Int64 // tokens waited for since measured, leased or not
+	mu       sync.Mutex
+	next     *tokenLease
+	refill   chan struct{} // closed when the call under way ends; nil when none
+	measured time.Time
+	rate     float64   // tokens a second this process waits for
+	paused   time.Time // no lease asked before then
+}
+
+// A tokenLease is a number of tokens this process may hand out from begin
+// to end, by its own clock.
+type tokenLease struct {
+	left       atomic.Int64
+	size       int64
+	begin, end time.Time
+	redisNow   int64     // Redis's clock at arrived, in microseconds
+	arrived    time.Time // when the lease's reply arrived
+}
+
+// usable reports whether l has tokens left at now, within its span.
+func (l *tokenLease) usable(now time.Time) bool {
+	return l != nil && !now.After(l.end) && l.left.Load() > 0
+}
+
+// take takes cost of l's tokens at now, if it has them and its span has
+// not ended.
+func (l *tokenLease) take(cost int64, now time.Time) bool {
+	if l == nil || now.After(l.end) {
+		return false
+	}
+	for v := l.left.Load(); v >= cost; v = l.left.Load() {
+		if l.left.CompareAndSwap(v, v-cost) {
+			return true
+		}
+	}
+	return false
+}
+
+// redisTime is now on Redis's clock, in microseconds, as l's reply told it.
+func (l *tokenLease) redisTime(now time.Time) int64 {
+	return l.redisNow + now.Sub(l.arrived).Microseconds()
+}
+
+// leases returns key's leases when they may serve a wait of q at now:
+// the key's demand is high, and nothing asks for one booking a request.
+func (r *Redis) leases(q request, at target, now time.Time) *keyLeases {
+	if r.config.noTokenLeases || r.config.dryRun || r.cap.capped || at.pool != nil || q.horizon > 0 ||
+		len(r.limits) != 1 || r.limits[0].kind != bucket || r.failover.Mode() != outage.Shared {
+		return nil
+	}
+	if k, ok := r.tokens.keys.Load(at.key); ok {
+		return k.(*keyLeases)
+	}
+	rate := r.tokens.demand.hot(at.key, now)
+	if rate == 0 {
+		return nil
+	}
+	k, _ := r.tokens.keys.LoadOrStore(at.key, &keyLeases{measured: now, rate: rate})
+	return k.(*keyLeases)
+}
+
+// waitLeased waits for cost of key's tokens from k's leases, and reports
+// false when they have none to give: the wait books in Redis instead.
+func (r *Redis) waitLeased(ctx context.Context, k *keyLeases, q request, cost int) (booking, bool, error) {
+	k.asked.Add(int64(cost))
+	now := r.now()
+	l := k.cur.Load()
+	if l != nil && int64(cost) > l.size {
+		return booking{}, false, nil // more than a lease holds
+	}
+	if !l.take(int64(cost), now) {
+		if l = r.refilled(ctx, k, q.Key, int64(cost)); l == nil {
+			return booking{}, false, nil
+		}
+		now = r.now()
+	}
+	if l.left.Load() < l.size/2 {
+		r.prefetch(k, q.Key)
+	}
+	t := booking{limiter: redisLimiter, leased: true, localBooking: localBooking{key: q.Key, delay: max(l.begin.Sub(now), 0), start: now}}
+	if err := sleep(ctx, q.Key, t.delay); err != nil {
+		l.left.Add(int64(cost))      // back to the lease: no token is spent twice
+		return booking{}, false, nil // the booking in Redis says why
+	}
+	if r.held.before(q.Key, l.redisTime(r.now())) {
+		// A hold this process heard of: the token lapses, and the request
+		// books in Redis, which knows the hold.
+		r.voidLeases(q.Key)
+		return booking{}, false, nil
+	}
+	e := r.asked(q, redisLimiter)
+	e.Kind, e.Delay = EventWait, t.delay
+	r.config.observer.emit(ctx, e)
+	return t, true, nil
+}
+
+// refilled returns a lease of key's from which cost tokens were taken: the
+// one prefetched, or one of the next two calls' (under way, or made);
+// nil when neither serves, or ctx ends first.
+func (r *Redis) refilled(ctx context.Context, k *keyLeases, key string, cost int64) *tokenLease {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for calls := 0; ctx.Err() == nil; {
+		now := r.now()
+		if l := k.cur.Load(); l.take(cost, now) {
+			return l
+		}
+		if k.next != nil {
+			k.cur.Store(k.next)
+			k.next = nil
+			continue
+		}
+		if calls == 2 {
+			return nil // others took them, or cost is more than a lease holds
+		}
+		if k.refill == nil && !r.startRefill(k, key, now) {
+			if k.rate == 0 {
+				r.tokens.keys.CompareAndDelete(key, k) // its demand fell: counted anew
+			}
+			return nil
+		}
+		done := k.refill
+		k.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+		k.mu.Lock()
+		calls++
+	}
+	return nil
+}
+
+// prefetch asks for key's next lease before its current one runs out,
+// unless one is there or under way.
+func (r *Redis) prefetch(k *keyLeases, key string) {
+	if !k.mu.TryLock() {
+		return // its holder is refilling, or asking whether to
+	}
+	defer k.mu.Unlock()
+	if k.next == nil && k.refill == nil {
+		r.startRefill(k, key, r.now())
+	}
+}
+
+// startRefill starts the call for key's next lease, with k.mu held, and
+// reports false when the key asks for none now: it got none of late, or
+// its demand fell (then k.rate is 0).
+func (r *Redis) startRefill(k *keyLeases, key string, now time.Time) bool {
+	n, span := r.leaseSize(k, now)
+	if n == 0 || now.Before(k.paused) {
+		return false
+	}
+	done := make(chan struct{})
+	k.refill = done
+	r.tokens.refills.Go(func() {
+		l := r.leaseTokens(key, n, span)
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		switch {
+		case l == nil:
+			k.paused = r.now().Add(leasePause)
+		case k.cur.Load().usable(r.now()):
+			k.next = l
+		default:
+			k.cur.Store(l)
+		}
+		k.refill = nil
+		close(done)
+	})
+	return true
+}
+
+// leaseSize is the size and span of key's next lease, by the rate its
+// waits came at of late (0 when too low to lease, or before the fleet is
+// counted): a leasePeriod of it, at most a share of half the burst as the
+// fleet is counted, and within a span the burst allows. A rate that falls
+// below leaseMinTokens a leasePeriod is 0.
+func (r *Redis) leaseSize(k *keyLeases, now time.Time) (n int64, span time.Duration) {
+	if elapsed := now.Sub(k.measured); elapsed >= leasePeriod {
+		k.rate = (k.rate + float64(k.asked.Swap(0))/elapsed.Seconds()) / 2
+		k.measured = now
+	}
+	if k.rate*leasePeriod.Seconds() < leaseMinTokens {
+		k.rate = 0
+	}
+	l := r.limits[0]
+	n = min(int64(k.rate*leasePeriod.Seconds()), int64(l.burst/(2*r.fleet.Size())))
+	span = min(2*leasePeriod, time.Duration(int64(l.burst)/2-n)*time.Duration(l.intervalMicros())*time.Microsecond)
+	if n < leaseMinTokens || span < leaseMinSpan || !r.fleet.counted() {
+		return 0, 0
+	}
+	return n, span
+}
+
+// leaseTokens asks Redis for a lease of n of key's tokens for span, and
+// returns it (nil for none: the key gets none, or the call failed, which
+// the next booking in Redis finds out).
+func (r *Redis) leaseTokens(key string, n int64, span time.Duration) *tokenLease {
+	ctx := context.Background()
+	sent := r.now()
+	budget := time.Second
+	if r.config.maxWait > 0 {
+		budget = min(budget, r.config.maxWait)
+	}
+	got, err := r.store.LeaseTokens(ctx, key, n, span, budget)
+	arrived := r.now()
+	if err != nil || got.Tokens == 0 {
+		return nil
+	}
+	r.beat(ctx, got.Now, arrived)
+	l := &tokenLease{size: got.Tokens, begin: arrived.Add(got.Begin), end: arrived.Add(got.End - arrived.Sub(sent)), redisNow: got.Now, arrived: arrived}
+	l.left.Store(got.Tokens)
+	return l
+}
+
+// voidLeases drops key's leases, if any, whose tokens left lapse, and
+// makes it book in Redis for a while: a hold or a retime reached the
+// fleet, or a response steered the key.
+func (r *Redis) voidLeases(key string) {
+	v, ok := r.tokens.keys.Load(key)
+	if !ok {
+		return
+	}
+	k := v.(*keyLeases)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.cur.Store(nil)
+	k.next = nil
+	k.paused = r.now().Add(leasePause)
+}
