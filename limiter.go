@@ -77,9 +77,15 @@ func checkWait(ctx context.Context, maxCost int, key string, cost int) error {
 	case cost > maxCost:
 		return &requestError{fmt.Sprintf("pace: key %s: cost %d exceeds the burst %d", store.QuoteKey(key), cost, maxCost)}
 	case ctx.Err() != nil:
-		return fmt.Errorf("pace: key %s: context ended before the wait: %w", store.QuoteKey(key), context.Cause(ctx))
+		return endedBefore(ctx, key)
 	}
 	return nil
+}
+
+// endedBefore is the error of a wait for key whose ctx ended before it
+// began.
+func endedBefore(ctx context.Context, key string) error {
+	return fmt.Errorf("pace: key %s: context ended before the wait: %w", store.QuoteKey(key), context.Cause(ctx))
 }
 
 // waitBudget is how long a caller may wait from now: until ctx's deadline,

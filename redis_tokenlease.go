@@ -141,38 +141,58 @@ func (r *Redis) leases(q request, at target, now time.Time) *keyLeases {
 }
 
 // waitLeased waits for cost of key's tokens from k's leases, and reports
-// false when they have none to give: the wait books in Redis instead.
+// false when they have none to give in the caller's budget (or a hold
+// came meanwhile): the wait books in Redis instead.
 func (r *Redis) waitLeased(ctx context.Context, k *keyLeases, q request, cost int) (booking, bool, error) {
 	k.asked.Add(int64(cost))
-	now := r.now()
-	l := k.cur.Load()
-	if l != nil && int64(cost) > l.size {
-		return booking{}, false, nil // more than a lease holds
-	}
-	if !l.take(int64(cost), now) {
-		if l = r.refilled(ctx, k, q.Key, int64(cost)); l == nil {
-			return booking{}, false, nil
-		}
-		now = r.now()
-	}
-	if l.left.Load() < l.size/2 {
-		r.prefetch(k, q.Key)
+	l, now := r.leased(ctx, k, q.Key, int64(cost))
+	switch {
+	case l == nil && ctx.Err() != nil:
+		return booking{}, true, endedBefore(ctx, q.Key)
+	case l == nil:
+		return booking{}, false, nil
 	}
 	t := booking{limiter: redisLimiter, leased: true, localBooking: localBooking{key: q.Key, delay: max(l.begin.Sub(now), 0), start: now}}
-	if err := sleep(ctx, q.Key, t.delay); err != nil {
-		l.left.Add(int64(cost))      // back to the lease: no token is spent twice
-		return booking{}, false, nil // the booking in Redis says why
-	}
-	if r.held.before(q.Key, l.redisTime(r.now())) {
-		// A hold this process heard of: the token lapses, and the request
-		// books in Redis, which knows the hold.
-		r.voidLeases(q.Key)
+	if t.delay > waitBudget(ctx, r.config.maxWait, now) {
+		l.left.Add(int64(cost)) // back to the lease: Redis refuses the wait, as it refuses any beyond the budget
 		return booking{}, false, nil
 	}
 	e := r.asked(q, redisLimiter)
 	e.Kind, e.Delay = EventWait, t.delay
 	r.config.observer.emit(ctx, e)
+	if err := sleep(ctx, q.Key, t.delay); err != nil {
+		l.left.Add(int64(cost)) // back to the lease: no token is spent twice
+		e.Kind, e.Err = EventCancel, err
+		r.config.observer.emit(ctx, e)
+		return booking{}, true, err
+	}
+	if r.held.before(q.Key, l.redisTime(r.now())) {
+		// A hold this process heard of: the token lapses, and the request
+		// books anew in Redis, which knows the hold.
+		r.voidLeases(q.Key)
+		return booking{}, false, nil
+	}
 	return t, true, nil
+}
+
+// leased takes cost of key's tokens from k's leases at now, and returns
+// the lease, and now (nil when there is none to take).
+func (r *Redis) leased(ctx context.Context, k *keyLeases, key string, cost int64) (*tokenLease, time.Time) {
+	now := r.now()
+	l := k.cur.Load()
+	if l != nil && cost > l.size {
+		return nil, now // more than a lease holds
+	}
+	if !l.take(cost, now) {
+		if l = r.refilled(ctx, k, key, cost); l == nil {
+			return nil, now
+		}
+		now = r.now()
+	}
+	if l.left.Load() < l.size/2 {
+		r.prefetch(k, key)
+	}
+	return l, now
 }
 
 // refilled returns a lease of key's from which cost tokens were taken: the

@@ -2,9 +2,11 @@ package pace
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/fleetpace/pace/internal/redistest"
@@ -80,6 +82,7 @@ func TestTokenLeasesServeOrStepAside(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			r.tokens.refills.Wait() // a lease prefetched is these waits' call
 			return scripts.Calls.Load() - before
 		}
 		waits(200, 1) // the key's demand, counted
@@ -93,4 +96,48 @@ func TestTokenLeasesServeOrStepAside(t *testing.T) {
 			t.Errorf("without leases: %d script calls for 1,000 waits, %d for a wait of 50,000; want one a wait", calls, big)
 		}
 	}
+}
+
+// TestLeasedWaitKeepsItsPromises, on a lease that begins 50 ms ahead (a
+// drained bucket's): a wait whose budget ends before the lease begins
+// books in Redis at once (the deadline fails fast there, not after a
+// sleep), and a wait whose context ends while it sleeps returns at once
+// with the context's cause and an EventCancel; neither spends a leased
+// token.
+func TestLeasedWaitKeepsItsPromises(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		f := newFailoverTestOn(t, PerSecond(10000).WithBurst(1000), 1, nil, time.Now)
+		for range leaseMinTokens * int(demandWindow/leasePeriod) { // the key's demand, counted
+			if err := f.r.Wait(ctx, "k", 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		v, ok := f.r.tokens.keys.Load("k")
+		if !ok {
+			t.Fatal("the key's demand, not counted")
+		}
+		start := time.Now()
+		l := &tokenLease{size: 40, begin: start.Add(50 * time.Millisecond), end: start.Add(70 * time.Millisecond), arrived: start}
+		l.left.Store(40)
+		v.(*keyLeases).cur.Store(l)
+		short, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+		defer cancel()
+		if err := f.r.Wait(short, "k", 1); err != nil || time.Since(start) != 0 {
+			t.Errorf("a wait of budget 10 ms, the lease 50 ms ahead: %v after %v; want it booked in Redis at once", err, time.Since(start))
+		}
+		ending, cancel := context.WithCancel(ctx)
+		time.AfterFunc(10*time.Millisecond, cancel)
+		err := f.r.Wait(ending, "k", 1)
+		e, _ := f.log.last(EventCancel)
+		if !errors.Is(err, context.Canceled) || time.Since(start) != 10*time.Millisecond || e.Key != "k" {
+			t.Errorf("a wait cancelled after 10 ms of sleep: %v after %v, last cancel event %+v; want context.Canceled then, and the event", err, time.Since(start), e)
+		}
+		if left := l.left.Load(); left != 40 {
+			t.Errorf("%d of the lease's 40 tokens left after both; want all", left)
+		}
+		if err := f.r.Wait(ctx, "k", 1); err != nil || time.Since(start) != 50*time.Millisecond || l.left.Load() != 39 {
+			t.Errorf("a wait on the lease: %v after %v, %d tokens left; want a token at its beginning, 50 ms", err, time.Since(start), l.left.Load())
+		}
+	})
 }
