@@ -231,7 +231,7 @@ func WithFleetSize(n int) Option {
 }
 
 // WithTokenLeases says whether a key this process waits on often (about
-// 400 waits a second, or more) takes its tokens from Redis several at a
+// 800 waits a second, or more) takes its tokens from Redis several at a
 // time, one call for a lease of them, instead of one call a wait. A leased
 // token is a granted token: the fleet keeps b + r*t exactly, and a token
 // not handed out within the lease's span (tens of milliseconds) lapses.

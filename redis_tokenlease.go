@@ -9,8 +9,8 @@ import (
 	"github.com/fleetpace/pace/internal/outage"
 )
 
-// Token leases: a key this process waits on often (leaseMinTokens in
-// leasePeriod, or more) takes its tokens from Redis several at a time, one
+// Token leases: a key this process waits on often (demandHot waits in a
+// demandWindow: 800 a second) takes its tokens from Redis several at a time, one
 // script call a lease (see lua/tokenlease.lua), and hands them out itself,
 // without a lock, within the lease's span. A leased token is a granted
 // token: the fleet stays within b + r*t exactly; a token not handed out in
@@ -33,8 +33,11 @@ const (
 	// at a time before it asks for one again.
 	leasePause = 250 * time.Millisecond
 	// demandWindow is the span over which the waits on keys not leased
-	// are counted.
+	// are counted; a key with demandHot of them in one takes leases: twice
+	// leaseMinTokens a leasePeriod, so that a burst at the start of a
+	// slower key's traffic does not.
 	demandWindow = 100 * time.Millisecond
+	demandHot    = 2 * leaseMinTokens * int(demandWindow/leasePeriod)
 	// demandKeys is the most keys counted in one demandWindow.
 	demandKeys = 4096
 )
@@ -67,12 +70,11 @@ func (d *demand) hot(key string, now time.Time) float64 {
 		return 0
 	}
 	d.counts[key] = n + 1
-	need := leaseMinTokens * int(demandWindow/leasePeriod)
-	if n+1 < need {
+	if n+1 < demandHot {
 		return 0
 	}
 	delete(d.counts, key)
-	return float64(n+1) / max(now.Sub(d.start), leasePeriod).Seconds()
+	return float64(n+1) / demandWindow.Seconds()
 }
 
 // keyLeases are the leases of one key: the one handed out now, the one

@@ -108,7 +108,7 @@ func TestLeasedWaitKeepsItsPromises(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
 		f := newFailoverTestOn(t, PerSecond(10000).WithBurst(1000), 1, nil, time.Now)
-		for range leaseMinTokens * int(demandWindow/leasePeriod) { // the key's demand, counted
+		for range demandHot { // the key's demand, counted
 			if err := f.r.Wait(ctx, "k", 1); err != nil {
 				t.Fatal(err)
 			}
