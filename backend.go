@@ -111,7 +111,7 @@ type target struct {
 type booking struct {
 	limiter string        // "redis", "local" or "open"
 	cause   error         // why Redis did not decide, if it did not
-	redis   store.Booking // Redis's booking, when its Granted
+	redis   store.Booking // Redis's booking, when its Granted; a leased one's Now alone
 	local   *Local        // the local limiter that booked the wait too, or nil
 	leased  bool          // taken from a lease of the key's tokens (see redis_tokenlease.go)
 	localBooking

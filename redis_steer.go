@@ -165,7 +165,8 @@ func (r *Redis) heed(ctx context.Context, key string, g grant, w headers.Word, o
 		r.sync(ctx, key, t.redis, w.Readings, w.Refused, w.At)
 	}
 	served := !w.Refused && t.listening
-	if !o.refusals || !t.redis.Granted || (!served && (!w.Refused || r.namedLimits.explains(w))) {
+	booked := t.redis.Granted || t.leased // a leased token was booked with its lease, at t.redis.Now
+	if !o.refusals || !booked || (!served && (!w.Refused || r.namedLimits.explains(w))) {
 		return
 	}
 	r.shared(ctx, key, false, func() error { // away, the outage's pacing has no rate of the key's

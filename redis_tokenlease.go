@@ -155,6 +155,7 @@ func (r *Redis) waitLeased(ctx context.Context, k *keyLeases, q request, cost in
 		return booking{}, false, nil
 	}
 	t := booking{limiter: redisLimiter, leased: true, localBooking: localBooking{key: q.Key, delay: max(l.begin.Sub(now), 0), start: now}}
+	t.redis.Now = l.redisNow // when its token was booked: a refusal of it weighs in the key's rate (see heed)
 	if t.delay > waitBudget(ctx, r.config.maxWait, now) {
 		l.left.Add(int64(cost)) // back to the lease: Redis refuses the wait, as it refuses any beyond the budget
 		return booking{}, false, nil

@@ -3,12 +3,14 @@ package pace
 import (
 	"context"
 	"errors"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/fleetpace/pace/headers"
 	"github.com/fleetpace/pace/internal/redistest"
 	"github.com/fleetpace/pace/internal/store"
 )
@@ -140,4 +142,31 @@ func TestLeasedWaitKeepsItsPromises(t *testing.T) {
 			t.Errorf("a wait on the lease: %v after %v, %d tokens left; want a token at its beginning, 50 ms", err, time.Since(start), l.left.Load())
 		}
 	})
+}
+
+// TestRefusalOfALeasedTokenTeaches: a refusal of a request whose token
+// came from a lease weighs in the key's rate, as one of a request booked
+// alone does (the rate opens at the first: lua/refused.lua), and the key
+// books one request at a time from then on.
+func TestRefusalOfALeasedTokenTeaches(t *testing.T) {
+	ctx := context.Background()
+	c := scriptRedis(t)
+	r := mustRedis(t, c, PerSecond(1e6).WithBurst(100000), WithFleetSize(1), sharedOnly)
+	var g grant
+	for range 2 * demandHot {
+		var err error
+		if g, err = r.waitGrant(ctx, "k", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !g.leased {
+		t.Fatalf("after %d waits, a grant not leased: %+v", 2*demandHot, g)
+	}
+	r.heed(ctx, "k", g, headers.Word{Status: http.StatusTooManyRequests, Refused: true, At: time.Now()}, heedScope{holds: true, counters: true, refusals: true})
+	if n, err := c.Exists(ctx, "pace:{k}#rate").Result(); err != nil || n != 1 {
+		t.Errorf("after a leased token's refusal, the key's rate: %d, %v; want it there", n, err)
+	}
+	if g, err := r.waitGrant(ctx, "k", 1); err != nil || g.leased {
+		t.Errorf("the wait after the refusal: leased %v, %v; want it booked in Redis", g.leased, err)
+	}
 }

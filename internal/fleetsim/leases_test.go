@@ -6,8 +6,8 @@ import (
 )
 
 // hotKey is a key whose demand in each process takes token leases (see
-// pace.WithTokenLeases): 4 processes of 4 workers at a strict 2,000/s.
-const hotKey = "upstream=strict rate=2000 burst=200 procs=4 workers=4 duration=2s"
+// pace.WithTokenLeases): 2 processes of 6 workers at a strict 2,000/s.
+const hotKey = "upstream=strict rate=2000 burst=200 procs=2 workers=6 duration=2s"
 
 // TestTokenLeasesKeepTheBound holds a fleet that leases its tokens to
 // every invariant across the faults (Redis killed and restarted empty,
