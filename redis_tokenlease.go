@@ -40,6 +40,9 @@ const (
 	demandHot    = 2 * leaseMinTokens * int(demandWindow/leasePeriod)
 	// demandKeys is the most keys counted in one demandWindow.
 	demandKeys = 4096
+	// leaseIdle is how long a key's leases stay idle before the key is
+	// forgotten, its demand counted anew.
+	leaseIdle = time.Second
 )
 
 // tokenLeases are a Redis limiter's leases of tokens: for each key whose
@@ -48,6 +51,23 @@ type tokenLeases struct {
 	demand  demand
 	keys    sync.Map // key -> *keyLeases
 	refills sync.WaitGroup
+	swept   atomic.Int64 // UnixNano of the last sweep
+}
+
+// sweep forgets, once a leaseIdle at most, the keys whose leases have
+// been idle that long, so that a process keeps no memory for keys that
+// were hot once.
+func (t *tokenLeases) sweep(now time.Time) {
+	last := t.swept.Load()
+	if now.UnixNano()-last < int64(leaseIdle) || !t.swept.CompareAndSwap(last, now.UnixNano()) {
+		return
+	}
+	t.keys.Range(func(key, v any) bool {
+		if v.(*keyLeases).idle(now) {
+			t.keys.CompareAndDelete(key, v)
+		}
+		return true
+	})
 }
 
 // demand counts the waits on each key in the current demandWindow.
@@ -88,6 +108,17 @@ type keyLeases struct {
 	measured time.Time
 	rate     float64   // tokens a second this process waits for
 	paused   time.Time // no lease asked before then
+}
+
+// idle reports whether k has had no lease, no call and no wait for
+// leaseIdle at now.
+func (k *keyLeases) idle(now time.Time) bool {
+	if !k.mu.TryLock() {
+		return false // in use
+	}
+	defer k.mu.Unlock()
+	l := k.cur.Load()
+	return k.refill == nil && k.next == nil && (l == nil || now.Sub(l.end) > leaseIdle) && now.Sub(k.measured) > leaseIdle
 }
 
 // A tokenLease is a number of tokens this process may hand out from begin
@@ -131,6 +162,7 @@ func (r *Redis) leases(q request, at target, now time.Time) *keyLeases {
 		len(r.limits) != 1 || r.limits[0].kind != bucket || r.failover.Mode() != outage.Shared {
 		return nil
 	}
+	r.tokens.sweep(now)
 	if k, ok := r.tokens.keys.Load(at.key); ok {
 		return k.(*keyLeases)
 	}

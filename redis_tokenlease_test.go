@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -169,4 +170,36 @@ func TestRefusalOfALeasedTokenTeaches(t *testing.T) {
 	if g, err := r.waitGrant(ctx, "k", 1); err != nil || g.leased {
 		t.Errorf("the wait after the refusal: leased %v, %v; want it booked in Redis", g.leased, err)
 	}
+}
+
+// TestTokenLeasesForgetIdleKeys: keys that were hot once, then idle for
+// leaseIdle, are forgotten at the next wait: a process keeps no memory for
+// them.
+func TestTokenLeasesForgetIdleKeys(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		f := newFailoverTestOn(t, PerSecond(1e5).WithBurst(10000), 1, nil, time.Now)
+		const keys = 50
+		for i := range keys {
+			for range demandHot {
+				if err := f.r.Wait(ctx, strconv.Itoa(i), 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		hot := func() (n int) {
+			f.r.tokens.keys.Range(func(any, any) bool { n++; return true })
+			return n
+		}
+		if n := hot(); n != keys {
+			t.Fatalf("%d keys with leases after %d were waited on often; want all", n, keys)
+		}
+		time.Sleep(2 * leaseIdle)
+		if err := f.r.Wait(ctx, "another", 1); err != nil {
+			t.Fatal(err)
+		}
+		if n := hot(); n != 0 {
+			t.Errorf("%d keys with leases %v after the last wait on them; want none", n, 2*leaseIdle)
+		}
+	})
 }
