@@ -23,6 +23,9 @@ func TestOnCluster(t *testing.T) {
 		"AllOrNothing":         checkAllOrNothing,
 		"KeysExpire":           checkKeysExpire,
 		"PoolBooksOnce":        checkPoolBooksOnce,
+		"TokenLeases": func(t *testing.T, c redis.UniversalClient) {
+			checkTokenLeases(t, func() redis.UniversalClient { return c })
+		},
 		"PoolChooses": func(t *testing.T, c redis.UniversalClient) {
 			checkPoolChooses(t, mustRedis(t, c, mustParseLimit(t, "2/s burst 1"), WithFleetSize(1), sharedOnly))
 		},
