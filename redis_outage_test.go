@@ -29,14 +29,15 @@ type fakeStore struct {
 	clock           *fakeClock
 	interval, burst int64
 	model           *bucketModel
-	holds           map[string]int64 // key → when its hold ends, in microseconds
-	down            error            // when set, every call fails with it
-	failNext        int              // reserves that fail with errConnRefused before the store answers again
-	failTakes       time.Duration    // how long each failing reserve takes, on the clock, as a call that times out
-	bookThenFail    int              // reserves that book, then fail as a call that timed out after Redis ran it
-	records         map[uint64]int64 // the bookings ahead, by call → when each is due, as lua/record.lua keeps them
-	answers         atomic.Uint64    // reserves answered, as the caller counts them
-	during          func()           // when set, runs once inside the next reserve, as another goroutine's failure would
+	holds           map[string]int64                                   // key → when its hold ends, in microseconds
+	down            error                                              // when set, every call fails with it
+	failNext        int                                                // reserves that fail with errConnRefused before the store answers again
+	failTakes       time.Duration                                      // how long each failing reserve takes, on the clock, as a call that times out
+	bookThenFail    int                                                // reserves that book, then fail as a call that timed out after Redis ran it
+	records         map[uint64]int64                                   // the bookings ahead, by call → when each is due, as lua/record.lua keeps them
+	leases          func(n int64, span time.Duration) store.TokenLease // what LeaseTokens leases, if set
+	answers         atomic.Uint64                                      // reserves answered, as the caller counts them
+	during          func()                                             // when set, runs once inside the next reserve, as another goroutine's failure would
 	reserves        int
 	calls           uint64
 	refunds         int
@@ -212,10 +213,14 @@ func (s *fakeStore) HeldUntil(_ context.Context, key string) (int64, error) {
 
 func (s *fakeStore) Announce(context.Context, string) error { return nil }
 
-// LeaseTokens leases nothing: the fake books every request (see
-// redis_tokenlease_test.go for leases on a real script).
-func (s *fakeStore) LeaseTokens(context.Context, string, int64, time.Duration, time.Duration) (store.TokenLease, error) {
-	return store.TokenLease{}, nil
+// LeaseTokens leases what s.leases says, if set (none else: the fake books
+// every request; see redis_tokenlease_test.go for leases on the real
+// script).
+func (s *fakeStore) LeaseTokens(_ context.Context, _ string, n int64, span, _ time.Duration) (store.TokenLease, error) {
+	if s.leases == nil {
+		return store.TokenLease{}, nil
+	}
+	return s.leases(n, span), nil
 }
 
 func (s *fakeStore) Check(context.Context) (int64, error) {

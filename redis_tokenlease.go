@@ -106,8 +106,9 @@ type keyLeases struct {
 	next     *tokenLease
 	refill   chan struct{} // closed when the call under way ends; nil when none
 	measured time.Time
-	rate     float64   // tokens a second this process waits for
-	paused   time.Time // no lease asked before then
+	rate     float64       // tokens a second this process waits for
+	rtt      time.Duration // the last lease call's round trip
+	paused   time.Time     // no lease asked before then
 }
 
 // idle reports whether k has had no lease, no call and no wait for
@@ -290,9 +291,10 @@ func (r *Redis) startRefill(k *keyLeases, key string, now time.Time) bool {
 	done := make(chan struct{})
 	k.refill = done
 	r.tokens.refills.Go(func() {
-		l := r.leaseTokens(key, n, span)
+		l, rtt := r.leaseTokens(key, n, span)
 		k.mu.Lock()
 		defer k.mu.Unlock()
+		k.rtt = rtt
 		switch {
 		case l == nil:
 			k.paused = r.now().Add(leasePause)
@@ -310,8 +312,9 @@ func (r *Redis) startRefill(k *keyLeases, key string, now time.Time) bool {
 // leaseSize is the size and span of key's next lease, by the rate its
 // waits came at of late (0 when too low to lease, or before the fleet is
 // counted): a leasePeriod of it, at most a share of half the burst as the
-// fleet is counted, and within a span the burst allows. A rate that falls
-// below leaseMinTokens a leasePeriod is 0.
+// fleet is counted; its span two leasePeriods, or two round trips to Redis
+// on a slow link, within what the burst allows. A rate that falls below
+// leaseMinTokens a leasePeriod is 0.
 func (r *Redis) leaseSize(k *keyLeases, now time.Time) (n int64, span time.Duration) {
 	if elapsed := now.Sub(k.measured); elapsed >= leasePeriod {
 		k.rate = (k.rate + float64(k.asked.Swap(0))/elapsed.Seconds()) / 2
@@ -322,7 +325,7 @@ func (r *Redis) leaseSize(k *keyLeases, now time.Time) (n int64, span time.Durat
 	}
 	l := r.limits[0]
 	n = min(int64(k.rate*leasePeriod.Seconds()), int64(l.burst/(2*r.fleet.Size())))
-	span = min(2*leasePeriod, time.Duration(int64(l.burst)/2-n)*time.Duration(l.intervalMicros())*time.Microsecond)
+	span = min(max(2*leasePeriod, 2*k.rtt), time.Duration(int64(l.burst)/2-n)*time.Duration(l.intervalMicros())*time.Microsecond)
 	if n < leaseMinTokens || span < leaseMinSpan || !r.fleet.counted() {
 		return 0, 0
 	}
@@ -330,9 +333,10 @@ func (r *Redis) leaseSize(k *keyLeases, now time.Time) (n int64, span time.Durat
 }
 
 // leaseTokens asks Redis for a lease of n of key's tokens for span, and
-// returns it (nil for none: the key gets none, or the call failed, which
-// the next booking in Redis finds out).
-func (r *Redis) leaseTokens(key string, n int64, span time.Duration) *tokenLease {
+// returns it and the call's round trip (nil for none: the key gets none,
+// the call failed, which the next booking in Redis finds out, or its reply
+// came too late to hand any token out within the span).
+func (r *Redis) leaseTokens(key string, n int64, span time.Duration) (*tokenLease, time.Duration) {
 	ctx := context.Background()
 	sent := r.now()
 	budget := time.Second
@@ -341,13 +345,17 @@ func (r *Redis) leaseTokens(key string, n int64, span time.Duration) *tokenLease
 	}
 	got, err := r.store.LeaseTokens(ctx, key, n, span, budget)
 	arrived := r.now()
+	rtt := arrived.Sub(sent)
 	if err != nil || got.Tokens == 0 {
-		return nil
+		return nil, rtt
 	}
 	r.beat(ctx, got.Now, arrived)
-	l := &tokenLease{size: got.Tokens, begin: arrived.Add(got.Begin), end: arrived.Add(got.End - arrived.Sub(sent)), redisNow: got.Now, arrived: arrived}
+	l := &tokenLease{size: got.Tokens, begin: arrived.Add(got.Begin), end: arrived.Add(got.End - rtt), redisNow: got.Now, arrived: arrived}
+	if l.end.Sub(l.begin) < leaseMinSpan {
+		return nil, rtt // its tokens lapse: the next span allows for the round trip
+	}
 	l.left.Store(got.Tokens)
-	return l
+	return l, rtt
 }
 
 // voidLeases drops key's leases, if any, whose tokens left lapse, and

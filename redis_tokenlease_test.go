@@ -212,3 +212,34 @@ func TestTokenLeasesForgetIdleKeys(t *testing.T) {
 		}
 	})
 }
+
+// TestTokenLeasesAllowForASlowLink: over a link whose round trip (50 ms)
+// outlasts a lease's span (40 ms), the first lease's reply comes too late
+// to hand any token out: its tokens lapse, the key books in Redis, and the
+// next lease asks for a span of two round trips, whose tokens go.
+func TestTokenLeasesAllowForASlowLink(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		f := newFailoverTestOn(t, PerSecond(1e4).WithBurst(10000), 1, nil, time.Now)
+		var spans []time.Duration
+		f.store.leases = func(n int64, span time.Duration) store.TokenLease {
+			spans = append(spans, span)
+			time.Sleep(50 * time.Millisecond) // the round trip
+			return store.TokenLease{Tokens: n, End: span, Now: time.Now().UnixMicro()}
+		}
+		for range demandHot + 1 {
+			if err := f.r.Wait(ctx, "k", 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for end := time.Now().Add(leasePause); time.Now().Before(end); time.Sleep(time.Millisecond) {
+			if err := f.r.Wait(ctx, "k", 1); err != nil { // the key's demand goes on, booked in Redis
+				t.Fatal(err)
+			}
+		}
+		g, err := f.r.waitGrant(ctx, "k", 1)
+		if err != nil || len(spans) != 2 || spans[0] != 2*leasePeriod || spans[1] != 100*time.Millisecond || !g.leased {
+			t.Errorf("spans asked %v, the wait after the pause leased %v (%v); want %v then 100ms, and a token of the second", spans, g.leased, err, 2*leasePeriod)
+		}
+	})
+}
