@@ -236,7 +236,7 @@ func WithFleetSize(n int) Option {
 // token is a granted token: the fleet keeps b + r*t exactly, and a token
 // not handed out within the lease's span (tens of milliseconds) lapses.
 // A lease is at most a share of half the burst as the fleet is counted
-// (see WithFleetSize), so a burst too small for 8 tokens a process leases
+// (see WithFleetSize), so a burst under 16 tokens a process leases
 // nothing. On by default; off, every wait is one call.
 func WithTokenLeases(on bool) Option {
 	return redisOption{"WithTokenLeases", func(c *redisConfig) { c.noTokenLeases = !on }}
