@@ -91,10 +91,15 @@ type sharedStore interface {
 // failover client, or any redis.UniversalClient. NewRedis does not contact
 // Redis.
 func NewRedis(client redis.Scripter, q Quota, opts ...Option) (*Redis, error) {
+	return newRedisOn(client, q, time.Now, opts...)
+}
+
+// newRedisOn is NewRedis on the clock now: time.Now, or a test's.
+func newRedisOn(client redis.Scripter, q Quota, now func() time.Time, opts ...Option) (*Redis, error) {
 	if client == nil {
 		return nil, errors.New("pace: NewRedis: nil client")
 	}
-	r, err := newRedis(q, time.Now, opts...)
+	r, err := newRedis(q, now, opts...)
 	if err != nil {
 		return nil, err
 	}

@@ -24,7 +24,7 @@ func TestOnCluster(t *testing.T) {
 		"KeysExpire":           checkKeysExpire,
 		"PoolBooksOnce":        checkPoolBooksOnce,
 		"TokenLeases": func(t *testing.T, c redis.UniversalClient) {
-			checkTokenLeases(t, func() redis.UniversalClient { return c })
+			checkLeasesServe(t, c, true)
 		},
 		"PoolChooses": func(t *testing.T, c redis.UniversalClient) {
 			checkPoolChooses(t, mustRedis(t, c, mustParseLimit(t, "2/s burst 1"), WithFleetSize(1), sharedOnly))

@@ -158,14 +158,19 @@ func (l *tokenLease) redisTime(now time.Time) int64 {
 
 // leases returns key's leases when they may serve a wait of q at now:
 // the key's demand is high, and nothing asks for one booking a request.
+// While Redis is away, a key spends the lease in hand, and takes no new
+// one (see startRefill).
 func (r *Redis) leases(q request, at target, now time.Time) *keyLeases {
 	if r.config.noTokenLeases || r.config.dryRun || r.cap.capped || at.pool != nil || q.horizon > 0 ||
-		len(r.limits) != 1 || r.limits[0].kind != bucket || r.failover.Mode() != outage.Shared {
+		len(r.limits) != 1 || r.limits[0].kind != bucket {
 		return nil
 	}
 	r.tokens.sweep(now)
 	if k, ok := r.tokens.keys.Load(at.key); ok {
 		return k.(*keyLeases)
+	}
+	if r.failover.Mode() != outage.Shared {
+		return nil
 	}
 	rate := r.tokens.demand.hot(at.key, now)
 	if rate == 0 {
@@ -281,11 +286,11 @@ func (r *Redis) prefetch(k *keyLeases, key string) {
 }
 
 // startRefill starts the call for key's next lease, with k.mu held, and
-// reports false when the key asks for none now: it got none of late, or
-// its demand fell (then k.rate is 0).
+// reports false when the key asks for none now: it got none of late,
+// Redis is away, or its demand fell (then k.rate is 0).
 func (r *Redis) startRefill(k *keyLeases, key string, now time.Time) bool {
 	n, span := r.leaseSize(k, now)
-	if n == 0 || now.Before(k.paused) {
+	if n == 0 || now.Before(k.paused) || r.failover.Mode() != outage.Shared {
 		return false
 	}
 	done := make(chan struct{})

@@ -17,31 +17,21 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// TestTokenLeasesOnRedis: four processes, each its own client and limiter,
-// wait on one hot key of a real redis-server (and of a Cluster: see
-// TestOnCluster).
+// TestTokenLeasesOnRedis: four processes, each its own client and
+// limiter, wait on one hot key of a real redis-server for a second. Their
+// grants stay within b + r*t of the time from the first wait to the last
+// grant, and they take their tokens by leases: a script call for every 4
+// grants at most (one a grant without them).
 func TestTokenLeasesOnRedis(t *testing.T) {
-	server := redistest.Start(t)
-	checkTokenLeases(t, func() redis.UniversalClient { return server.Client(t) })
-}
-
-// checkTokenLeases: four processes, each its own client from newClient and
-// its own limiter, wait on one hot key for a second. Their grants stay
-// within b + r*t of the time from the first wait to the last grant, and
-// they take their tokens by leases: a script call for every 4 grants at
-// most (one a grant without them).
-func checkTokenLeases(t *testing.T, newClient func() redis.UniversalClient) {
 	ctx := context.Background()
+	server := redistest.Start(t)
 	const procs, workers, rate, burst = 4, 6, 20000, 400
 	limit := PerSecond(rate).WithBurst(burst)
 	var limiters []*Redis
-	scripts, hooked := &store.ScriptCounter{}, map[redis.UniversalClient]bool{}
+	scripts := &store.ScriptCounter{}
 	for range procs {
-		c := newClient()
-		if !hooked[c] { // a Cluster's processes share its client
-			c.AddHook(scripts)
-			hooked[c] = true
-		}
+		c := server.Client(t)
+		c.AddHook(scripts)
 		limiters = append(limiters, mustRedis(t, c, limit, WithProcess(NewProcess()), WithFleetSize(procs), sharedOnly))
 	}
 	var grants atomic.Int64
@@ -76,37 +66,56 @@ func checkTokenLeases(t *testing.T, newClient func() redis.UniversalClient) {
 	}
 }
 
-// TestTokenLeasesServeOrStepAside, on one process: a key waited on often
-// takes its tokens by leases (a script call for many waits); a wait of
-// more than a lease holds books in Redis, one call; a
-// key whose leases WithTokenLeases turned off makes a call a wait.
+// hotRedis is a Redis limiter of q on c, one process of its fleet, whose
+// clock stands still: however slow the machine (the race detector, a CPU
+// hog), its waits come all at once, as a hot key's do.
+func hotRedis(t *testing.T, c redis.UniversalClient, q Quota, opts ...Option) *Redis {
+	t.Helper()
+	clock := &fakeClock{now: time.Now()}
+	r, err := newRedisOn(c, q, clock.Now, append([]Option{WithFleetSize(1), sharedOnly}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// TestTokenLeasesServeOrStepAside, on one process (and on a Cluster: see
+// TestOnCluster).
 func TestTokenLeasesServeOrStepAside(t *testing.T) {
-	ctx := context.Background()
 	for _, leases := range []bool{true, false} {
-		c := scriptRedis(t)
-		scripts := &store.ScriptCounter{}
-		c.AddHook(scripts)
-		r := mustRedis(t, c, PerSecond(1e6).WithBurst(100000), WithFleetSize(1), WithTokenLeases(leases), sharedOnly)
-		waits := func(n, cost int) int64 {
-			before := scripts.Calls.Load()
-			for range n {
-				if err := r.Wait(ctx, "k", cost); err != nil {
-					t.Fatal(err)
-				}
+		checkLeasesServe(t, scriptRedis(t), leases)
+	}
+}
+
+// checkLeasesServe, on one process over c: a key waited on often takes
+// its tokens by leases (a script call for many waits); a wait of more
+// than a lease holds books in Redis, one call; a key whose leases
+// WithTokenLeases turned off makes a call a wait.
+func checkLeasesServe(t *testing.T, c redis.UniversalClient, leases bool) {
+	ctx := context.Background()
+	scripts := &store.ScriptCounter{}
+	c.AddHook(scripts)
+	r := hotRedis(t, c, PerSecond(1e6).WithBurst(100000), WithTokenLeases(leases))
+	waits := func(n, cost int) int64 {
+		before := scripts.Calls.Load()
+		for range n {
+			if err := r.Wait(ctx, "k", cost); err != nil {
+				t.Fatal(err)
 			}
-			r.tokens.refills.Wait() // a lease prefetched is these waits' call
-			return scripts.Calls.Load() - before
 		}
-		waits(200, 1) // the key's demand, counted
-		calls := waits(1000, 1)
-		big := waits(1, 50000)
-		t.Logf("leases %v: 1,000 waits made %d script calls; a wait of 50,000 made %d", leases, calls, big)
-		switch {
-		case leases && (calls > 1000/leaseMinTokens || big != 1):
-			t.Errorf("with leases: %d script calls for 1,000 waits, %d for a wait of 50,000; want at most %d, and one", calls, big, 1000/leaseMinTokens)
-		case !leases && (calls != 1000 || big != 1):
-			t.Errorf("without leases: %d script calls for 1,000 waits, %d for a wait of 50,000; want one a wait", calls, big)
-		}
+		r.tokens.refills.Wait() // a lease prefetched is these waits' call
+		return scripts.Calls.Load() - before
+	}
+	waits(200, 1) // the key's demand, counted
+	calls := waits(1000, 1)
+	big := waits(1, 50000)
+	t.Logf("leases %v: 1,000 waits made %d script calls; a wait of 50,000 made %d", leases, calls, big)
+	switch {
+	case leases && (calls > 1000/leaseMinTokens || big != 1):
+		t.Errorf("with leases: %d script calls for 1,000 waits, %d for a wait of 50,000; want at most %d, and one", calls, big, 1000/leaseMinTokens)
+	case !leases && (calls != 1000 || big != 1):
+		t.Errorf("without leases: %d script calls for 1,000 waits, %d for a wait of 50,000; want one a wait", calls, big)
 	}
 }
 
@@ -161,7 +170,7 @@ func TestLeasedWaitKeepsItsPromises(t *testing.T) {
 func TestRefusalOfALeasedTokenTeaches(t *testing.T) {
 	ctx := context.Background()
 	c := scriptRedis(t)
-	r := mustRedis(t, c, PerSecond(1e6).WithBurst(100000), WithFleetSize(1), sharedOnly)
+	r := hotRedis(t, c, PerSecond(1e6).WithBurst(100000))
 	var g grant
 	for range 2 * demandHot {
 		var err error
@@ -242,4 +251,36 @@ func TestTokenLeasesAllowForASlowLink(t *testing.T) {
 			t.Errorf("spans asked %v, the wait after the pause leased %v (%v); want %v then 100ms, and a token of the second", spans, g.leased, err, 2*leasePeriod)
 		}
 	})
+}
+
+// TestOutageSpendsTheLeaseInHand: once an outage begins, a key spends the
+// tokens of its lease (booked in Redis before it failed), then its
+// fallback; it asks for no lease while Redis is away.
+func TestOutageSpendsTheLeaseInHand(t *testing.T) {
+	f := newFailoverTest(t, PerSecond(1e4).WithBurst(1000), 1)
+	ctx := context.Background()
+	calls := 0
+	f.store.leases = func(n int64, span time.Duration) store.TokenLease {
+		calls++
+		return store.TokenLease{Tokens: 10, End: time.Hour, Now: f.clock.Now().UnixMicro()}
+	}
+	for range demandHot + 1 {
+		if err := f.r.Wait(ctx, "k", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.r.tokens.refills.Wait()
+	v, _ := f.r.tokens.keys.Load("k")
+	left := int(v.(*keyLeases).cur.Load().left.Load()) // of its 10, the last waits took some
+	f.fail()
+	for i := range left + 2 {
+		g, err := f.r.waitGrant(ctx, "k", 1)
+		want := i < left // the lease's tokens, then the fallback
+		if err != nil || g.leased != want || !want && g.limiter != localLimiter {
+			t.Errorf("wait %d in the outage: leased %v, by %q (%v); want leased %v, else by the fallback", i, g.leased, g.limiter, err, want)
+		}
+	}
+	if calls != 1 {
+		t.Errorf("%d lease calls; want the one before the outage", calls)
+	}
 }
