@@ -108,6 +108,7 @@ type keyLeases struct {
 	measured time.Time
 	rate     float64       // tokens a second this process waits for
 	rtt      time.Duration // the last lease call's round trip
+	late     bool          // its reply came too late to hand a token out, and the one before did not
 	paused   time.Time     // no lease asked before then
 }
 
@@ -296,11 +297,14 @@ func (r *Redis) startRefill(k *keyLeases, key string, now time.Time) bool {
 	done := make(chan struct{})
 	k.refill = done
 	r.tokens.refills.Go(func() {
-		l, rtt := r.leaseTokens(key, n, span)
+		l, rtt, late := r.leaseTokens(key, n, span)
 		k.mu.Lock()
 		defer k.mu.Unlock()
-		k.rtt = rtt
+		k.rtt, k.late = rtt, late && !k.late
 		switch {
+		case k.late:
+			// One reply too late to hand a token out: a stall, as a busy
+			// machine has; the next wait asks again, allowing for it.
 		case l == nil:
 			k.paused = r.now().Add(leasePause)
 		case k.cur.Load().usable(r.now()):
@@ -330,7 +334,7 @@ func (r *Redis) leaseSize(k *keyLeases, now time.Time) (n int64, span time.Durat
 	}
 	l := r.limits[0]
 	n = min(int64(k.rate*leasePeriod.Seconds()), int64(l.burst/(2*r.fleet.Size())))
-	span = min(max(2*leasePeriod, 2*k.rtt), time.Duration(int64(l.burst)/2-n)*time.Duration(l.intervalMicros())*time.Microsecond)
+	span = min(max(2*leasePeriod, 2*k.rtt), time.Duration(int64(l.burst)*3/4-n)*time.Duration(l.intervalMicros())*time.Microsecond)
 	if n < leaseMinTokens || span < leaseMinSpan || !r.fleet.counted() {
 		return 0, 0
 	}
@@ -339,9 +343,9 @@ func (r *Redis) leaseSize(k *keyLeases, now time.Time) (n int64, span time.Durat
 
 // leaseTokens asks Redis for a lease of n of key's tokens for span, and
 // returns it and the call's round trip (nil for none: the key gets none,
-// the call failed, which the next booking in Redis finds out, or its reply
-// came too late to hand any token out within the span).
-func (r *Redis) leaseTokens(key string, n int64, span time.Duration) (*tokenLease, time.Duration) {
+// the call failed, which the next booking in Redis finds out, or, late,
+// its reply came too late to hand any token out within the span).
+func (r *Redis) leaseTokens(key string, n int64, span time.Duration) (l *tokenLease, rtt time.Duration, late bool) {
 	ctx := context.Background()
 	sent := r.now()
 	budget := time.Second
@@ -350,17 +354,17 @@ func (r *Redis) leaseTokens(key string, n int64, span time.Duration) (*tokenLeas
 	}
 	got, err := r.store.LeaseTokens(ctx, key, n, span, budget)
 	arrived := r.now()
-	rtt := arrived.Sub(sent)
+	rtt = arrived.Sub(sent)
 	if err != nil || got.Tokens == 0 {
-		return nil, rtt
+		return nil, rtt, false
 	}
 	r.beat(ctx, got.Now, arrived)
-	l := &tokenLease{size: got.Tokens, begin: arrived.Add(got.Begin), end: arrived.Add(got.End - rtt), redisNow: got.Now, arrived: arrived}
+	l = &tokenLease{size: got.Tokens, begin: arrived.Add(got.Begin), end: arrived.Add(got.End - rtt), redisNow: got.Now, arrived: arrived}
 	if l.end.Sub(l.begin) < leaseMinSpan {
-		return nil, rtt // its tokens lapse: the next span allows for the round trip
+		return nil, rtt, true // its tokens lapse: the next span allows for the round trip
 	}
 	l.left.Store(got.Tokens)
-	return l, rtt
+	return l, rtt, false
 }
 
 // voidLeases drops key's leases, if any, whose tokens left lapse, and

@@ -197,7 +197,7 @@ func hotWait(rdb *redis.Client, v int) (wait func(context.Context) error, closeW
 			}
 		}, func() {}, nil
 	}
-	l, err := pace.NewRedis(rdb, pace.PerSecond(hotRate).WithBurst(hotBurst), pace.WithTokenLeases(v == 0), pace.WithFleetSize(hotProcs))
+	l, err := pace.NewRedis(rdb, pace.PerSecond(hotRate).WithBurst(hotBurst), pace.WithTokenLeases(v == 0)) // the fleet counted by heartbeats, as by default
 	if err != nil {
 		return nil, nil, err
 	}
