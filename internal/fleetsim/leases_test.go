@@ -10,15 +10,15 @@ import (
 const hotKey = "upstream=strict rate=2000 burst=200 procs=2 workers=6 duration=2s"
 
 // TestTokenLeasesKeepTheBound holds a fleet that leases its tokens to
-// every invariant across the faults (Redis killed and restarted empty,
-// flushed, its replies lost, the processes paused while they hold leases)
-// and a hold mid-lease: the bound b + r*t, each request sent once, no
-// arrival inside a hold. (The sweep's other faults and limiters, run by
-// hand on this key, keep them too: see docs/operating.md.) Without
-// faults, the leases take a fifth of the calls or fewer, and serve 95%.
+// every invariant across the faults (Redis killed and restarted empty, its
+// replies lost, a process paused while it holds leases) and a hold
+// mid-lease: the bound b + r*t, each request sent once, no arrival inside
+// a hold. (The sweep's other faults and limiters, run by hand on this key,
+// keep them too.) Without faults, the leases take a fifth of the calls or
+// fewer, and serve 95%.
 func TestTokenLeasesKeepTheBound(t *testing.T) {
 	t.Parallel() // beside the sweep: each run is a bubble of its own
-	for _, spec := range []string{"faults=none", "faults=kill", "faults=flush", "faults=lostreply", "faults=pause",
+	for _, spec := range []string{"faults=none", "faults=kill", "faults=lostreply", "faults=pause",
 		"retry_after=1 limit='3000/s burst 200'"} {
 		c, err := Parse(hotKey + " " + spec)
 		if err != nil {
