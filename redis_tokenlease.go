@@ -10,14 +10,15 @@ import (
 )
 
 // Token leases: a key this process waits on often (demandHot waits in a
-// demandWindow: 800 a second) takes its tokens from Redis several at a time, one
-// script call a lease (see lua/tokenlease.lua), and hands them out itself,
-// without a lock, within the lease's span. A leased token is a granted
-// token: the fleet stays within b + r*t exactly; a token not handed out in
-// time lapses. A key held, cut by refusals, steered by counters or paced
-// at different limits across the fleet gets no lease and books one
-// request at a time, as do waits under a cap, on a pool, in a class, of a
-// reservation, in a dry run, and every wait while Redis is away.
+// demandWindow: 800 a second) takes its tokens from Redis several at a
+// time, one script call a lease (see lua/tokenlease.lua), and hands them
+// out itself, without a lock, within the lease's span. A leased token is a
+// granted token: the fleet stays within b + r*t exactly; a token not
+// handed out in time lapses. A key held, cut by refusals, steered by
+// counters or paced at different limits across the fleet gets no lease
+// and books one request at a time, as do waits under a cap, on a pool, in
+// a class, of a reservation and in a dry run. While Redis is away, a key
+// spends the lease in hand, then its fallback.
 
 const (
 	// leasePeriod is how long of this process's demand for a key one
