@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"runtime"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -265,4 +266,22 @@ func BenchmarkHoldsOnManyKeys(b *testing.B) {
 		}
 	}
 	beside(b, "1000", holds(1000), "20000", holds(20000))
+}
+
+// BenchmarkDemandCounting: what token leases add to a decision of a key
+// that is not hot: waits spread over 2,000 keys, none of them waited on
+// often enough to lease, each counted in the demand's table, beside the
+// same waits with leases off.
+func BenchmarkDemandCounting(b *testing.B) {
+	ctx := context.Background()
+	_, c := benchRedis(b)
+	keys := make([]string, 2000)
+	for i := range keys {
+		keys[i] = "api" + strconv.Itoa(i) + ".example.com:443"
+	}
+	spread := func(r *Redis) func() error {
+		var next atomic.Int64
+		return func() error { return r.Wait(ctx, keys[next.Add(1)%int64(len(keys))], 1) }
+	}
+	beside(b, "leases-off", spread(mustRedis(b, c, unlimited, oneCallEach)), "counted", spread(mustRedis(b, c, unlimited)))
 }

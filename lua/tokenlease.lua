@@ -24,7 +24,8 @@
 -- ARGV[2]  burst: how many tokens the bucket holds
 -- ARGV[3]  n: how many tokens the process wants, at most b/2
 -- ARGV[4]  span: how long from now the lease lasts at least, in
---          microseconds; with n, at most b*a/2
+--          microseconds; with n, under b*a, so that a lease of a bucket
+--          with room begins now
 -- ARGV[5]  budget: the latest the lease may begin, microseconds from now
 -- ARGV[6]  1 when the call announces the limit (see limits.lua), else 0
 -- ARGV[7]  interval and burst as the limits' record writes them, "A B "

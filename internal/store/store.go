@@ -24,16 +24,16 @@ type Store struct {
 	calls      *Caller
 	prefix     string
 	limits     []Limit
-	suffixes   []string  // each limit's key is prefix{key} and its suffix
-	gapped     []string  // each limit's suffix, then its gaps key's
-	booked     []string  // the suffixes of the keys a booking reads: its limits', its hold's, its rate's, and, for one bucket, the limits the fleet paces it at and whether they differ
-	limitArgs  []any     // each limit's kind, span and count, boxed once
-	oneBucket  bool      // the quota is one bucket: reserve.lua, not quota.lua
-	ownLimit   any       // for one bucket, its interval and burst as lua/limits.lua records them, "A B "
-	announcer  announcer // for one bucket, which bookings announce its limit
-	lastBooked atomic.Pointer[bookedKey]
-	sliding    bool   // some limit is a sliding window, whose grants need ids
-	member     string // names this limiter's grants in sliding windows
+	suffixes   []string                  // each limit's key is prefix{key} and its suffix
+	gapped     []string                  // each limit's suffix, then its gaps key's
+	booked     []string                  // the suffixes of the keys a booking reads: its limits', its hold's, its rate's, and, for one bucket, the limits the fleet paces it at and whether they differ
+	limitArgs  []any                     // each limit's kind, span and count, boxed once
+	oneBucket  bool                      // the quota is one bucket: reserve.lua, not quota.lua
+	ownLimit   any                       // for one bucket, its interval and burst as lua/limits.lua records them, "A B "
+	announcer  announcer                 // for one bucket, which bookings announce its limit
+	lastBooked atomic.Pointer[bookedKey] // the keys of the key booked last, boxed (see bookedKeys)
+	sliding    bool                      // some limit is a sliding window, whose grants need ids
+	member     string                    // names this limiter's grants in sliding windows
 	requestIDs atomic.Uint64
 }
 

@@ -26,8 +26,10 @@ func (s *Store) LeaseTokens(ctx context.Context, key string, n int64, span, budg
 	args := []any{s.limitArgs[1], s.limitArgs[2], n, span.Microseconds(), budget.Microseconds(), flag(s.announcer.due(key)), s.ownLimit}
 	var reply [4]int64
 	err := int64Reply(s.calls.Run(ctx, tokenLeaseScript, keys, args...), reply[:])
-	if err == nil && (reply[0] < 0 || reply[0] > n || reply[1] < 0 || reply[0] > 0 && reply[2] < reply[1]) {
-		err = fmt.Errorf("replied %v, want [tokens begin end now] with 0 <= tokens <= %d and begin <= end", reply, n)
+	refill := s.limits[0].Span * int64(s.limits[0].Count) // no lease's span is longer
+	if err == nil && (reply[0] < 0 || reply[0] > n || reply[1] < 0 ||
+		reply[0] > 0 && (reply[1] > budget.Microseconds() || reply[2] < reply[1] || reply[2]-reply[1] > refill)) {
+		err = fmt.Errorf("replied %v, want [tokens begin end now] with 0 <= tokens <= %d, begin within %v, and end after it by %d µs at most", reply, n, budget, refill)
 	}
 	if err != nil {
 		return TokenLease{}, s.fail(key, "tokenlease", keys, err)
