@@ -8,6 +8,7 @@ import (
 	"hash/maphash"
 	"maps"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -645,7 +646,11 @@ func (loc *Local) heed(ctx context.Context, key string, g grant, w headers.Word,
 		shard.mu.Unlock()
 		return
 	}
-	cut, wake := k.rate.Refused(now.UnixMicro(), t.start.UnixMicro(), loc.openBurst)
+	held := int64(0)
+	if until, ok := shard.holds[key]; ok && slices.ContainsFunc(w.Holds, loc.namedLimits.holds) && until.After(now) {
+		held = until.UnixMicro() // the refusal held the key
+	}
+	cut, wake := k.rate.Refused(now.UnixMicro(), t.start.UnixMicro(), loc.openBurst, held)
 	fraction := k.rate.Bottom()
 	shard.mu.Unlock()
 	if wake {

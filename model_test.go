@@ -85,13 +85,17 @@ func (m *bucketModel) rateOf(key string) *steer.Rate {
 
 // refused is refused.lua: it returns the share the key's rate goes at
 // after a cut, or 0.
-func (m *bucketModel) refused(key string, b store.Booking, served bool, now, burst int64) int64 {
+func (m *bucketModel) refused(key string, b store.Booking, served, held bool, now, burst int64) int64 {
 	k := m.rateOf(key)
 	if served {
 		k.Served(b.Now)
 		return 0
 	}
-	if cut, _ := k.Refused(now, b.Now, burst); cut {
+	until := int64(0)
+	if held && m.holds[key] > now {
+		until = m.holds[key]
+	}
+	if cut, _ := k.Refused(now, b.Now, burst, until); cut {
 		return k.Bottom()
 	}
 	return 0

@@ -78,7 +78,7 @@ type sharedStore interface {
 	Slots(ctx context.Context, key string, c store.SlotCall) (store.SlotsReply, error)
 	Line(ctx context.Context, key string, earliest, turn time.Duration) (time.Duration, error)
 	HeldUntil(ctx context.Context, key string) (int64, error)
-	Refused(ctx context.Context, key string, b store.Booking, served bool, channel string) (fraction, now int64, err error)
+	Refused(ctx context.Context, key string, b store.Booking, served, held bool, channel string) (fraction, now int64, err error)
 	Repay(ctx context.Context, key string, debt store.LimitCosts) (took store.LimitCosts, err error)
 	Check(ctx context.Context) (now int64, err error)
 	Announce(ctx context.Context, key string) error

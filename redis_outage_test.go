@@ -91,14 +91,14 @@ func (s *fakeStore) Reserve(_ context.Context, q store.Request, budget, notBefor
 	return b, nil
 }
 
-func (s *fakeStore) Refused(_ context.Context, key string, b store.Booking, served bool, _ string) (int64, int64, error) {
+func (s *fakeStore) Refused(_ context.Context, key string, b store.Booking, served, held bool, _ string) (int64, int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.down != nil {
 		return 0, 0, s.down
 	}
 	now := s.now().UnixMicro()
-	return s.model.refused(key, b, served, now, s.burst), now, nil
+	return s.model.refused(key, b, served, held, now, s.burst), now, nil
 }
 
 func (s *fakeStore) Refund(_ context.Context, key string, b store.Booking) ([store.MaxLimits]store.RefundResult, int64, error) {

@@ -3,6 +3,7 @@ package pace
 import (
 	"cmp"
 	"context"
+	"slices"
 	"time"
 
 	"github.com/fleetpace/pace/headers"
@@ -173,7 +174,7 @@ func (r *Redis) heed(ctx context.Context, key string, g grant, w headers.Word, o
 		if served && !r.retimes.News(key, t.redis.Now, r.now()) {
 			return nil
 		}
-		fraction, _, err := r.store.Refused(ctx, key, t.redis, served, r.holdChannel())
+		fraction, _, err := r.store.Refused(ctx, key, t.redis, served, slices.ContainsFunc(w.Holds, r.namedLimits.holds), r.holdChannel())
 		if fraction > 0 {
 			reportRate(ctx, r.config.observer, redisLimiter, key, fraction, w.Status)
 		}

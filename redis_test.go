@@ -347,11 +347,12 @@ func (m *modelCheck) refusal(step int) {
 // request, or served it.
 func (m *modelCheck) refusalOf(step int, bk modelBooking, served bool) {
 	r, _, _ := m.limiterOf(bk.key)
-	share, now, err := storeOf(r).Refused(context.Background(), bk.key, bk.b, served, "pace-model-holds")
+	held := !served && m.rng.IntN(2) == 0 // the refusal held the key, which a hold may still say
+	share, now, err := storeOf(r).Refused(context.Background(), bk.key, bk.b, served, held, "pace-model-holds")
 	if err != nil {
 		m.t.Fatalf("step %d: refused: %v", step, err)
 	}
-	if want := m.model.refused(bk.key, bk.b, served, m.now(step, now), int64(store.BucketBurst(storeLimits(r.limits, time.Now)))); share != want {
+	if want := m.model.refused(bk.key, bk.b, served, held, m.now(step, now), int64(store.BucketBurst(storeLimits(r.limits, time.Now)))); share != want {
 		m.t.Fatalf("step %d: refused(%s, booked at %d, served %v) at %d: script %d, model %d", step, bk.key, bk.b.Now, served, now, share, want)
 	}
 	switch {

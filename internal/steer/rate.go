@@ -31,7 +31,11 @@ import (
 //     and book anew), and each is counted.
 //   - Any later refusal cuts the rate at once, by its weight: the share
 //     refused of the requests gone since the last refusal weighed (this
-//     one among them), half at most. A request is gone once the rate's
+//     one among them), half at most. A refusal that holds the key (a
+//     Retry-After) after the last one's hold ended weighs at least what the
+//     upstream's burst was of what the fleet sent since the hold at its
+//     rate (see heldWeight): it costs the fleet the hold, so it must not
+//     come again soon, and the edge it sets is probed four times slower. A request is gone once the rate's
 //     bucket no longer holds it: a fleet that waits its turns has a queue
 //     booked ahead, not yet sent. One refusal after 150 requests at the
 //     right limit costs 0.7% of the rate, for a second or two; refusals one
@@ -72,6 +76,7 @@ const (
 	probe   = 10_000_000 // µs: beyond an edge set after a success, the rate doubles in this long
 	guess   = 4_000_000  // µs: beyond another, in this long
 	quiet   = 5_000_000  // µs
+	slower  = 4          // beyond an edge a refusal that held the key set, the probe is this much slower
 )
 
 // Rate is a key's rate after refusals, in whole microseconds and parts
@@ -90,6 +95,7 @@ type Rate struct {
 	booked  int64 // the requests booked since the rate opened
 	gone    int64 // of them, those gone when the last refusal was weighed
 	refused int64 // the refusals heard since, of requests booked before it; less the burst before the first cut
+	held    int64 // when the hold the last refusal weighed brought ends; 0 for none
 }
 
 // On reports whether the key is under a rate: a refusal opened it, and it
@@ -111,6 +117,9 @@ func (k *Rate) Share(now int64) int64 {
 	p := int64(guess)
 	if k.sure {
 		p = probe
+	}
+	if k.held > 0 {
+		p *= slower
 	}
 	return min(k.edge+cube(k.edge, min(s-Climb, 5*p), p), Full)
 }
@@ -181,10 +190,11 @@ func (k *Rate) Recovered(now int64) bool {
 // reports whether it cut the rate, and whether the requests asleep in
 // their bookings wake to book anew: after a cut deep enough, or when the
 // refusal opens the rate. burst is the smallest of the quota's buckets (0 for none): as many refusals
-// of requests booked before the rate opened weigh nothing.
-func (k *Rate) Refused(now, decided, burst int64) (cut, wake bool) {
+// of requests booked before the rate opened weigh nothing. held is when
+// the hold the refusal brought ends, 0 when it brought none.
+func (k *Rate) Refused(now, decided, burst, held int64) (cut, wake bool) {
 	if !k.on {
-		*k = Rate{on: true, edge: Full, bottom: Full, cut: now, tat: now, refused: -burst}
+		*k = Rate{on: true, edge: Full, bottom: Full, cut: now, tat: now, refused: -burst, held: held}
 		return false, true // the sleepers book anew, evenly, and their refusals are weighed
 	}
 	if decided < k.cut {
@@ -194,7 +204,11 @@ func (k *Rate) Refused(now, decided, burst int64) (cut, wake bool) {
 	gone := k.goneBy(now)
 	at, current := k.Share(decided), k.Share(now)
 	refused := max(k.refused, 0)
-	weight := min(floorDiv((refused+1)*Full, max(gone-k.gone, refused)+1), maxCut)
+	weight := floorDiv((refused+1)*Full, max(gone-k.gone, refused)+1)
+	if held > 0 {
+		weight = max(weight, k.heldWeight(now, burst))
+	}
+	weight = min(weight, maxCut)
 	if k.heard || weight < maxCut {
 		edge := at - floorDiv(at*weight, Full)
 		k.sure = k.heard
@@ -207,12 +221,29 @@ func (k *Rate) Refused(now, decided, burst int64) (cut, wake bool) {
 		k.edge = max(edge, Floor)
 	}
 	k.bottom = max(min(current-floorDiv(current*weight, Full), k.edge), Floor)
-	k.cut, k.heard, k.refused = now, false, 0
+	k.cut, k.heard, k.refused, k.held = now, false, 0, held
 	if wake = current-k.bottom >= floorDiv(current*wakeCut, Full); wake {
 		k.tat = now // the sleepers book anew from now, counted anew
 	}
 	k.gone = k.goneBy(now)
 	return true, wake
+}
+
+// heldWeight is the weight of a refusal at now that held the key, after
+// the hold the last refusal brought ended: the upstream's bucket was full
+// then, so of what the fleet sent since at the rate, burst and one more
+// went unpaid (at least: more, and the fleet went further above the
+// upstream's rate). 0 when there was no such hold. In float64, as Lua
+// reckons it.
+func (k *Rate) heldWeight(now, burst int64) int64 {
+	if k.held == 0 || k.held >= now || k.step <= 0 {
+		return 0
+	}
+	unpaid := float64(burst+1) * float64(k.step)
+	if 2*unpaid >= float64(now-k.held) {
+		return maxCut
+	}
+	return int64(math.Floor(unpaid * Full / float64(now-k.held)))
 }
 
 // goneBy is how many of the requests booked have gone by now: all but

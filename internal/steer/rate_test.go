@@ -23,14 +23,14 @@ func TestKeyRate(t *testing.T) {
 		goneBy      int64 // when the rate is gone at the latest (0: not checked), and not a µs before
 	}{
 		"a lone refusal opens the rate, cuts nothing, wakes the sleepers to book evenly, and is gone when quiet": {
-			play:  func(k *Rate) (int, int) { return tally(k.Refused(0, 0, 0)) },
+			play:  func(k *Rate) (int, int) { return tally(k.Refused(0, 0, 0, 0)) },
 			wakes: 1, checks: []check{exactly(0, Full), exactly(s, Full)}, goneBy: quiet,
 		},
 		"a refusal after 150 requests gone cuts by 1/151, wakes no one, and the rate probes back": {
 			play: func(k *Rate) (int, int) {
-				c, w := tally(k.Refused(0, 0, 0))
+				c, w := tally(k.Refused(0, 0, 0, 0))
 				book(k, 1, 150, 6_000)
-				c2, w2 := tally(k.Refused(s, 990_000, 0))
+				c2, w2 := tally(k.Refused(s, 990_000, 0, 0))
 				return c + c2, w + w2
 			},
 			cuts: 1, wakes: 1, // the opening's
@@ -39,20 +39,37 @@ func TestKeyRate(t *testing.T) {
 		},
 		"refusals one request apart halve the rate and wake the sleepers; none heard to succeed, the rate climbs back to the edge": {
 			play: func(k *Rate) (int, int) {
-				k.Refused(0, 0, 0)
+				k.Refused(0, 0, 0, 0)
 				book(k, 1, 1, 0)
-				return tally(k.Refused(10_000, 1, 0))
+				return tally(k.Refused(10_000, 1, 0, 0))
 			},
 			cuts: 1, wakes: 1, checks: []check{exactly(10_000, 500_000), exactly(10_000+Climb, Full)},
 		},
+		"a refusal that holds the key after the last one's hold ended weighs the burst the upstream refilled, and its edge is probed slower": {
+			play: func(k *Rate) (int, int) {
+				k.Refused(0, 0, 5, s) // held until 1 s
+				book(k, s, 30, 1000)
+				return tally(k.Refused(s+30_000, s+29_000, 5, 2*s)) // 6 unpaid of 30 ms at 1 ms a request
+			},
+			cuts: 1, wakes: 1,
+			checks: []check{exactly(s+30_000, 800_000), exactly(s+30_000+Climb+4_000_000, 812_500)},
+		},
+		"the same refusal without a hold weighs 1 of 31": {
+			play: func(k *Rate) (int, int) {
+				k.Refused(0, 0, 5, s)
+				book(k, s, 30, 1000)
+				return tally(k.Refused(s+30_000, s+29_000, 5, 0))
+			},
+			cuts: 1, checks: []check{exactly(s+30_000, Full-Full/31)},
+		},
 		"a refusal of a request booked before the cut does not cut again: it is weighed with the next": {
 			play: func(k *Rate) (int, int) {
-				k.Refused(0, 0, 0)
+				k.Refused(0, 0, 0, 0)
 				book(k, 1, 10, 1000)
-				c, w := tally(k.Refused(20_000, 5, 0))   // 1 of 11: to 909091
-				c2, w2 := tally(k.Refused(21_000, 6, 0)) // booked before the cut
+				c, w := tally(k.Refused(20_000, 5, 0, 0))   // 1 of 11: to 909091
+				c2, w2 := tally(k.Refused(21_000, 6, 0, 0)) // booked before the cut
 				book(k, 30_001, 10, 1000)
-				c3, w3 := tally(k.Refused(60_000, 30_005, 0)) // 2 of 11
+				c3, w3 := tally(k.Refused(60_000, 30_005, 0, 0)) // 2 of 11
 				return c + c2 + c3, w + w2 + w3
 			},
 			cuts: 2, wakes: 1, // the second cut, by 2/11 of 909091, wakes
@@ -60,12 +77,12 @@ func TestKeyRate(t *testing.T) {
 		},
 		"as many refusals of requests booked before the rate opened as the burst (a start, a process that stalled) weigh nothing": {
 			play: func(k *Rate) (int, int) {
-				c, w := tally(k.Refused(100_000, 90_000, 40))
+				c, w := tally(k.Refused(100_000, 90_000, 40, 0))
 				for i := range int64(39) {
-					k.Refused(100_000+i*100, 95_000, 40) // the rest of the burst
+					k.Refused(100_000+i*100, 95_000, 40, 0) // the rest of the burst
 				}
 				book(k, 100_001, 150, 1000)
-				c2, w2 := tally(k.Refused(260_000, 200_000, 40)) // 1 of the 150 gone since, and this one
+				c2, w2 := tally(k.Refused(260_000, 200_000, 40, 0)) // 1 of the 150 gone since, and this one
 				return c + c2, w + w2
 			},
 			cuts: 1, wakes: 1, // the opening's
@@ -73,52 +90,52 @@ func TestKeyRate(t *testing.T) {
 		},
 		"more, and they weigh beyond it (a limit too high from the start)": {
 			play: func(k *Rate) (int, int) {
-				k.Refused(100_000, 90_000, 5)
+				k.Refused(100_000, 90_000, 5, 0)
 				for i := range int64(24) {
-					k.Refused(100_000+i*100, 95_000, 5) // 20 beyond the burst, and the opening's
+					k.Refused(100_000+i*100, 95_000, 5, 0) // 20 beyond the burst, and the opening's
 				}
 				book(k, 100_001, 20, 10_000)
-				return tally(k.Refused(200_000, 150_000, 5)) // 20 refused of the 10 gone since, and this one: half at most
+				return tally(k.Refused(200_000, 150_000, 5, 0)) // 20 refused of the 10 gone since, and this one: half at most
 			},
 			cuts: 1, wakes: 1,
 			checks: []check{exactly(200_000, Full/2)},
 		},
 		"with no success heard, refusals of all (HAProxy's memory) cut again, and the edge stands": {
 			play: func(k *Rate) (int, int) {
-				k.Refused(0, 0, 0)
+				k.Refused(0, 0, 0, 0)
 				book(k, 1, 1, 0)
-				c, w := tally(k.Refused(10_000, 1, 0)) // to 50%
+				c, w := tally(k.Refused(10_000, 1, 0, 0)) // to 50%
 				for range 9 {
-					k.Refused(11_000, 5_000, 0) // booked before the cut
+					k.Refused(11_000, 5_000, 0, 0) // booked before the cut
 				}
-				c2, w2 := tally(k.Refused(20_000, 15_000, 0)) // 10 refused, none gone
+				c2, w2 := tally(k.Refused(20_000, 15_000, 0, 0)) // 10 refused, none gone
 				return c + c2, w + w2
 			},
 			cuts: 2, wakes: 2, checks: []check{exactly(20_000, 264_702), exactly(20_000+Climb, Full)}, // half of 52.9%, 10 ms into the climb
 		},
 		"after a success, a refusal in the climb sets the edge halfway from where the climb began": {
 			play: func(k *Rate) (int, int) {
-				k.Refused(0, 0, 0)
+				k.Refused(0, 0, 0, 0)
 				book(k, 1, 1, 0)
-				k.Refused(10_000, 1, 0)
+				k.Refused(10_000, 1, 0, 0)
 				for range 9 {
-					k.Refused(11_000, 5_000, 0)
+					k.Refused(11_000, 5_000, 0, 0)
 				}
-				k.Refused(20_000, 15_000, 0) // to 26.5%, the edge 100%
+				k.Refused(20_000, 15_000, 0, 0) // to 26.5%, the edge 100%
 				k.Served(20_001)
 				book(k, 20_001, 20, 2000)
-				return tally(k.Refused(120_000, 60_000, 0)) // booked at 42.7%: 1 of 21 refused, 40.7% found; halfway from 26.5%: 33.6%
+				return tally(k.Refused(120_000, 60_000, 0, 0)) // booked at 42.7%: 1 of 21 refused, 40.7% found; halfway from 26.5%: 33.6%
 			},
 			cuts: 1, wakes: 1,
 			checks: []check{{120_000 + Climb, 330_000, 340_000}},
 		},
 		"the rate never falls below 1% of the configured one": {
 			play: func(k *Rate) (int, int) {
-				k.Refused(0, 0, 0)
+				k.Refused(0, 0, 0, 0)
 				cuts := 0
 				for i := int64(1); i <= 12; i++ {
 					book(k, i*1000, 1, 0)
-					c, _ := tally(k.Refused(i*1000+500, i*1000, 0))
+					c, _ := tally(k.Refused(i*1000+500, i*1000, 0, 0))
 					cuts += c
 				}
 				return cuts, 0
@@ -204,12 +221,12 @@ func TestKeyRateBucket(t *testing.T) {
 func TestRequestBookedAnewCountsOnce(t *testing.T) {
 	bottom := func(again bool) int64 {
 		var k Rate
-		k.Refused(0, 0, 0) // opens the rate
+		k.Refused(0, 0, 0, 0) // opens the rate
 		book(&k, 1000, 10, 10_000)
 		for i := range int64(10) {
 			k.Book(200_000+i*10_000, 200_000+i*10_000, 1000, again)
 		}
-		if cut, _ := k.Refused(400_000, 390_000, 0); !cut {
+		if cut, _ := k.Refused(400_000, 390_000, 0, 0); !cut {
 			t.Fatalf("again=%v: the refusal cut nothing", again)
 		}
 		return k.Bottom()
