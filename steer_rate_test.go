@@ -231,7 +231,7 @@ func TestACutTellsOneSuccess(t *testing.T) {
 }
 
 // refusedRuns is a go-redis hook that counts the runs of the refused
-// script (lua/refused.lua, whose first argument after its one key is
+// script (lua/refused.lua, whose first argument after its two keys is
 // "refused" or "served") that reached Redis: an EVALSHA answered NOSCRIPT
 // is not one, the EVAL after it is.
 type refusedRuns struct{ n atomic.Int64 }
@@ -242,10 +242,10 @@ func (s *refusedRuns) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		args := cmd.Args()
-		if !store.IsScriptCall(cmd.Name()) || len(args) < 5 || err != nil && (strings.HasPrefix(err.Error(), "NOSCRIPT") || strings.Contains(err.Error(), "Function not found")) {
+		if !store.IsScriptCall(cmd.Name()) || len(args) < 6 || err != nil && (strings.HasPrefix(err.Error(), "NOSCRIPT") || strings.Contains(err.Error(), "Function not found")) {
 			return err
 		}
-		if op := fmt.Sprint(args[4]); fmt.Sprint(args[2]) == "1" && (op == "refused" || op == "served") {
+		if op := fmt.Sprint(args[5]); fmt.Sprint(args[2]) == "2" && (op == "refused" || op == "served") {
 			s.n.Add(1)
 		}
 		return err

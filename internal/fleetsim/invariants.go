@@ -30,6 +30,7 @@ func (s *sim) result() Result {
 	r.Trace = s.trace()
 	paceAllows := float64(s.limit.Burst()) + s.limit.Rate()*s.c.Duration.Seconds()
 	r.Allowed = min(s.up.model.allowed(s.start, s.end), paceAllows)
+	r.Demand = s.demand()
 	r.Errors = s.unsent
 	r.RedisCalls = s.calls.n
 	for _, w := range s.waits {

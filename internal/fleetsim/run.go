@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"sync"
@@ -24,6 +25,10 @@ type Result struct {
 	Case    Case
 	Served  int     // units the upstream served
 	Allowed float64 // units it allowed in the run, as far as pace's limit allowed them too
+	// Demand is the units the fleet's workers could have sent with no
+	// limiter at all, each request its round trip to the upstream: below
+	// Allowed, the run says little of pace's loops.
+	Demand float64
 	// Refused counts the upstream's refusals; RefusedAfter1s those after
 	// the run's first second.
 	Refused, RefusedAfter1s int
@@ -65,9 +70,10 @@ type sim struct {
 	mu       sync.Mutex
 	events   []event
 	attempts int
-	unsent   int      // requests that failed before they were sent
-	waits    []span   // each request's, from its RoundTrip to its send
-	failures []string // requests that broke an invariant
+	unsent   int              // requests that failed before they were sent
+	waits    []span           // each request's, from its RoundTrip to its send
+	trips    map[string]trips // each worker's round trips to the upstream
+	failures []string         // requests that broke an invariant
 }
 
 // since is t as a time into the run.
@@ -78,6 +84,39 @@ func (s *sim) waited(from, until time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.waits = append(s.waits, span{from, until})
+}
+
+// trips are a worker's round trips to the upstream: how many, and how
+// long they took in all.
+type trips struct {
+	n    int
+	took time.Duration
+}
+
+// tripped notes a round trip of worker's to the upstream.
+func (s *sim) tripped(worker string, took time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.trips[worker]
+	t.n, t.took = t.n+1, t.took+took
+	s.trips[worker] = t
+}
+
+// demand is what the workers could have sent in the run with no limiter
+// at all, each request its round trip to the upstream (a worker that sent
+// none could have sent anything).
+func (s *sim) demand() float64 {
+	if len(s.trips) < s.c.Procs*s.c.Workers {
+		return math.Inf(1)
+	}
+	var units float64
+	for _, t := range s.trips {
+		if t.took <= 0 {
+			return math.Inf(1)
+		}
+		units += float64(t.n*s.c.Cost) * s.c.Duration.Seconds() / t.took.Seconds()
+	}
+	return units
 }
 
 // An event is one of a limiter's events, with its time and process.
@@ -102,7 +141,7 @@ func run(t *testing.T, c Case) Result {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &sim{c: c, limit: limit, start: time.Now(), calls: calls{failing: make(map[string]time.Time)}}
+	s := &sim{c: c, limit: limit, start: time.Now(), calls: calls{failing: make(map[string]time.Time)}, trips: map[string]trips{}}
 	s.end = s.start.Add(c.Duration)
 	s.faults = newFaults(c, s.start)
 	s.up = newUpstream(c, s.faults)

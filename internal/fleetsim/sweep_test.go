@@ -66,9 +66,9 @@ func TestSweep(t *testing.T) {
 // table writes one line a run, and then a line per family and dialect.
 func table(results []Result) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-6s %8s %7s %9s %5s %8s %6s  %s\n", "util", "refused", "after1s", "violation", "errs", "longest", "calls", "case")
+	fmt.Fprintf(&b, "%-6s %6s %8s %7s %9s %5s %8s %6s  %s\n", "util", "demand", "refused", "after1s", "violation", "errs", "longest", "calls", "case")
 	for _, r := range results {
-		fmt.Fprintf(&b, "%6.3f %8d %7d %9d %5d %8v %6d  %s\n", r.Utilisation(), r.Refused, r.RefusedAfter1s, len(r.Violations), r.Errors, r.LongestWait.Round(time.Millisecond), r.RedisCalls, r.Case)
+		fmt.Fprintf(&b, "%6.3f %6.2f %8d %7d %9d %5d %8v %6d  %s\n", r.Utilisation(), min(r.Demand/r.Allowed, 99), r.Refused, r.RefusedAfter1s, len(r.Violations), r.Errors, r.LongestWait.Round(time.Millisecond), r.RedisCalls, r.Case)
 	}
 	b.WriteString(summary(results))
 	return b.String()
@@ -138,6 +138,7 @@ func writeJSON(path string, results []Result) error {
 	type jsonCase struct {
 		Case           string  `json:"case"`
 		Utilisation    float64 `json:"utilisation"`
+		Demand         float64 `json:"demand"` // of what was allowed (see Result.Demand), 99 at most
 		Refused        int     `json:"refused"`
 		RefusedAfter1s int     `json:"refused_after_1s"`
 		Violations     int     `json:"violations"`
@@ -149,7 +150,7 @@ func writeJSON(path string, results []Result) error {
 	}{Runs: len(results)}
 	for _, r := range results {
 		out.Violations += len(r.Violations)
-		out.Cases = append(out.Cases, jsonCase{r.Case.String(), r.Utilisation(), r.Refused, r.RefusedAfter1s, len(r.Violations)})
+		out.Cases = append(out.Cases, jsonCase{r.Case.String(), r.Utilisation(), min(r.Demand/r.Allowed, 99), r.Refused, r.RefusedAfter1s, len(r.Violations)})
 	}
 	data, err := json.MarshalIndent(out, "", "  ")
 	if err != nil {

@@ -74,6 +74,7 @@ func (r *route) RoundTrip(req *http.Request) (*http.Response, error) {
 		r.up.answers = append(r.up.answers, heard{at: time.Now(), hold: hold})
 		r.up.mu.Unlock()
 	}
+	r.sim.tripped(req.Header.Get(workerHeader), time.Since(sent))
 	return resp, nil
 }
 
