@@ -79,7 +79,11 @@ var fidelityCases = []fidelityCase{
 	{sim: "upstream=strict rate=150 burst=1 retry_after=1 procs=3 workers=5 duration=6s", refused: 1},
 	{sim: "upstream=strict rate=150 burst=5 retry_after=1 procs=4 workers=4 duration=8s", served: 0.85, refused: 0.002, early: 5},
 	{sim: "upstream=strict rate=150 burst=10 retry_after=1 procs=4 workers=4 duration=8s", served: 0.85, refused: 0.002, early: 5},
-	{sim: "upstream=nginx rate=50 burst=5 limit='100/s burst 5' retry_after=1 procs=4 workers=4 duration=8s", upstream: nginx, agrees: true, refused: 1},
+	// Twice the upstream's limit: the first refusal opens the rate, the
+	// second, after its hold, weighs the burst nginx refilled during it and
+	// sets the rate; two holds of the eight seconds (76.4% real, 76.6%
+	// simulated, 2 refused; 21.7% before).
+	{sim: "upstream=nginx rate=50 burst=5 limit='100/s burst 5' retry_after=1 procs=4 workers=4 duration=8s", upstream: nginx, agrees: true, served: 0.70, refused: 0.02},
 	{sim: "upstream=haproxy rate=50 limit='50/s burst 10' retry_after=1 procs=4 workers=4 duration=8s", upstream: haproxy, refused: 1},
 }
 
