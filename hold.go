@@ -13,6 +13,21 @@ import (
 // key, unless a limiter is told otherwise (WithMaxHold).
 const DefaultMaxHold = time.Hour
 
+// heldBefore applies w's holds of a key by hold, and returns when the
+// key's hold before them ended (0 for none, or when none held it): what a
+// refusal's weight looks back at (see internal/steer's Rate.Refused). Of
+// several holds, the first that held the key saw it: the others saw its
+// end, which is later.
+func heldBefore(w headers.Word, hold func(headers.Hold) (before int64, err error)) int64 {
+	before := int64(0)
+	for _, h := range w.Holds {
+		if b, err := hold(h); err == nil && b > 0 && (before == 0 || b < before) {
+			before = b
+		}
+	}
+	return before
+}
+
 // reportHold tells o that limiter held key as h says: a cap when there was
 // one, and, when changed (the hold outlasts what was in place), the hold and
 // later its end.

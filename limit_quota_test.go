@@ -166,12 +166,13 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 			// or, a third of the time, served it: its key's rate takes it.
 			bk := bookings[len(bookings)-1-rng.IntN(min(len(bookings), 4))]
 			served := rng.IntN(3) == 0
-			held := !served && rng.IntN(2) == 0
-			share, now, err := storeOf(limiters[bk.limiter]).Refused(ctx, bk.key, bk.b, served, held, "pace-model-holds")
+			// A refusal that brought a hold looks back at the hold before.
+			before := []int64{0, model.buckets.holds[bk.key], bk.b.Now - rng.Int64N(1_000_000)}[rng.IntN(3)]
+			share, now, err := storeOf(limiters[bk.limiter]).Refused(ctx, bk.key, bk.b, served, before, "pace-model-holds")
 			if err != nil {
 				t.Fatalf("step %d: refused: %v", step, err)
 			}
-			if want := model.buckets.refused(bk.key, bk.b, served, held, now, int64(store.BucketBurst(storeLimits(limiters[bk.limiter].limits, time.Now)))); share != want {
+			if want := model.buckets.refused(bk.key, bk.b, served, before, now, int64(store.BucketBurst(storeLimits(limiters[bk.limiter].limits, time.Now)))); share != want {
 				t.Fatalf("step %d: refused(%s, booked at %d, served %v) at %d: script %d, model %d", step, bk.key, bk.b.Now, served, now, share, want)
 			}
 			counts[map[bool]string{true: "rate-cut", false: "rate-unchanged"}[share > 0]]++

@@ -8,7 +8,6 @@ import (
 	"hash/maphash"
 	"maps"
 	"math"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -570,6 +569,9 @@ func (s *localShard) limiter(loc *Local, key string, now time.Time) *localKey {
 	k, ok := s.limiters[key]
 	if !ok {
 		k = &localKey{lims: make([]*rate.Limiter, len(loc.limits))}
+		if until, held := s.holds[key]; held {
+			k.rate.Held(until.UnixMicro())
+		}
 		if !loc.emptyAt.IsZero() {
 			k.last = latest(loc.emptyAt, (*loc.floors.Load())[key])
 		}
@@ -629,12 +631,20 @@ func (loc *Local) heed(ctx context.Context, key string, g grant, w headers.Word,
 	if loc.config.dryRun {
 		return // see WithDryRun
 	}
-	ctx, t := context.WithoutCancel(ctx), g.booking
-	for _, h := range w.Holds {
-		loc.Hold(ctx, key, h)
+	ctx = context.WithoutCancel(ctx)
+	before := heldBefore(w, func(h headers.Hold) (int64, error) { return loc.hold(ctx, key, h) })
+	if o.refusals && g.booking.local == loc {
+		loc.heedRate(ctx, key, g.booking, w, before)
 	}
+}
+
+// heedRate tells key's rate what became of the request booked as t, as w
+// says: refused without counters that explain it (after w's holds, the one
+// before them ending at before), or served while the rate listens for a
+// success.
+func (loc *Local) heedRate(ctx context.Context, key string, t booking, w headers.Word, before int64) {
 	served := !w.Refused && t.listening
-	if !o.refusals || t.local != loc || (!served && (!w.Refused || loc.namedLimits.explains(w))) {
+	if !served && (!w.Refused || loc.namedLimits.explains(w)) {
 		return
 	}
 	now := loc.now()
@@ -646,11 +656,7 @@ func (loc *Local) heed(ctx context.Context, key string, g grant, w headers.Word,
 		shard.mu.Unlock()
 		return
 	}
-	held := int64(0)
-	if until, ok := shard.holds[key]; ok && slices.ContainsFunc(w.Holds, loc.namedLimits.holds) && until.After(now) {
-		held = until.UnixMicro() // the refusal held the key
-	}
-	cut, wake := k.rate.Refused(now.UnixMicro(), t.start.UnixMicro(), loc.openBurst, held)
+	cut, wake := k.rate.Refused(now.UnixMicro(), t.start.UnixMicro(), loc.openBurst, before)
 	fraction := k.rate.Bottom()
 	shard.mu.Unlock()
 	if wake {
@@ -665,21 +671,36 @@ func (loc *Local) heed(ctx context.Context, key string, g grant, w headers.Word,
 // capped at the limiter's MaxHold (see WithMaxHold); a hold of a quota that
 // none of the limits is (see Hold.Quota) holds nothing.
 func (loc *Local) Hold(ctx context.Context, key string, h headers.Hold) error {
+	_, err := loc.hold(ctx, key, h)
+	return err
+}
+
+// hold is Hold; it also returns when key's hold before this one ended, in
+// microseconds (0 for none), which a refusal's weight looks back at (see
+// internal/steer's Rate.Refused).
+func (loc *Local) hold(ctx context.Context, key string, h headers.Hold) (before int64, err error) {
 	h, holds, err := loc.config.hold(loc.namedLimits, key, h)
 	if err != nil || !holds {
-		return err
+		return 0, err
 	}
 	now := loc.now()
 	until := now.Add(h.For)
 	shard := loc.shard(key)
 	shard.mu.Lock()
-	changed := !shard.holds[key].After(until)
+	was, held := shard.holds[key]
+	if held {
+		before = was.UnixMicro()
+	}
+	changed := !was.After(until)
 	if changed {
 		shard.holds[key] = until
+		if k, ok := shard.limiters[key]; ok {
+			k.rate.Held(until.UnixMicro())
+		}
 	}
 	shard.mu.Unlock()
 	reportHold(ctx, loc.config.observer, localLimiter, key, h, changed)
-	return nil
+	return before, nil
 }
 
 // addFloors adds floors to loc's, the later time of each key: a limiter

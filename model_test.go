@@ -73,29 +73,27 @@ func (m *bucketModel) keyRate(key string, now int64, b *store.Booking) *steer.Ra
 	return k
 }
 
-// rateOf returns key's rate after refusals, as refused.lua finds it.
+// rateOf returns key's rate after refusals, as refused.lua finds it: read
+// with the key's hold.
 func (m *bucketModel) rateOf(key string) *steer.Rate {
 	k := m.rates[key]
 	if k == nil {
 		k = &steer.Rate{}
 		m.rates[key] = k
 	}
+	k.Held(m.holds[key])
 	return k
 }
 
 // refused is refused.lua: it returns the share the key's rate goes at
 // after a cut, or 0.
-func (m *bucketModel) refused(key string, b store.Booking, served, held bool, now, burst int64) int64 {
+func (m *bucketModel) refused(key string, b store.Booking, served bool, before, now, burst int64) int64 {
 	k := m.rateOf(key)
 	if served {
 		k.Served(b.Now)
 		return 0
 	}
-	until := int64(0)
-	if held && m.holds[key] > now {
-		until = m.holds[key]
-	}
-	if cut, _ := k.Refused(now, b.Now, burst, until); cut {
+	if cut, _ := k.Refused(now, b.Now, burst, before); cut {
 		return k.Bottom()
 	}
 	return 0

@@ -74,11 +74,11 @@ type sharedStore interface {
 	Refund(ctx context.Context, key string, b store.Booking) ([store.MaxLimits]store.RefundResult, int64, error)
 	Settle(ctx context.Context, key string, b store.Booking, actual store.LimitCosts) (settled bool, now int64, err error)
 	Sync(ctx context.Context, key string, b store.Booking, steers []store.Steer, refused bool, channel string) (store.SyncReply, error)
-	Hold(ctx context.Context, key string, d time.Duration, channel string) (changed bool, end int64, err error)
+	Hold(ctx context.Context, key string, d time.Duration, channel string) (changed bool, end, before int64, err error)
 	Slots(ctx context.Context, key string, c store.SlotCall) (store.SlotsReply, error)
 	Line(ctx context.Context, key string, earliest, turn time.Duration) (time.Duration, error)
 	HeldUntil(ctx context.Context, key string) (int64, error)
-	Refused(ctx context.Context, key string, b store.Booking, served, held bool, channel string) (fraction, now int64, err error)
+	Refused(ctx context.Context, key string, b store.Booking, served bool, before int64, channel string) (fraction, now int64, err error)
 	Repay(ctx context.Context, key string, debt store.LimitCosts) (took store.LimitCosts, err error)
 	Check(ctx context.Context) (now int64, err error)
 	Announce(ctx context.Context, key string) error

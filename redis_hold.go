@@ -19,19 +19,29 @@ import (
 // of the limits is (see Hold.Quota) holds nothing. While Redis is away, the
 // hold goes to this process's outage limiter alone.
 func (r *Redis) Hold(ctx context.Context, key string, h headers.Hold) error {
+	_, err := r.hold(ctx, key, h)
+	return err
+}
+
+// hold is Hold; it also returns when key's hold before this one ended (0
+// for none, or not held here), which a refusal's weight looks back at (see
+// internal/steer's Rate.Refused).
+func (r *Redis) hold(ctx context.Context, key string, h headers.Hold) (before int64, err error) {
 	h, holds, err := r.config.hold(r.namedLimits, key, h)
 	if err != nil || !holds {
-		return err
+		return 0, err
 	}
 	r.listen()
-	return r.shared(ctx, key, true, func() error {
-		changed, end, err := r.store.Hold(ctx, key, h.For, r.holdChannel())
+	err = r.shared(ctx, key, true, func() error {
+		changed, end, was, err := r.store.Hold(ctx, key, h.For, r.holdChannel())
 		if err == nil {
+			before = was
 			r.heard(key, end, h.For)
 			reportHold(ctx, r.config.observer, redisLimiter, key, h, changed)
 		}
 		return err
 	}, func(local *Local) error { return holdLocally(ctx, local, key, h) })
+	return before, err
 }
 
 // holdLocally holds key on an outage's local limiter, if there is one.
@@ -39,7 +49,8 @@ func holdLocally(ctx context.Context, local *Local, key string, h headers.Hold) 
 	if local == nil {
 		return nil
 	}
-	return local.Hold(ctx, key, h)
+	_, err := local.hold(ctx, key, h)
+	return err
 }
 
 // replacedByHold reports whether a hold replaced the time of booking t while

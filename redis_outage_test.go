@@ -91,14 +91,14 @@ func (s *fakeStore) Reserve(_ context.Context, q store.Request, budget, notBefor
 	return b, nil
 }
 
-func (s *fakeStore) Refused(_ context.Context, key string, b store.Booking, served, held bool, _ string) (int64, int64, error) {
+func (s *fakeStore) Refused(_ context.Context, key string, b store.Booking, served bool, before int64, _ string) (int64, int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.down != nil {
 		return 0, 0, s.down
 	}
 	now := s.now().UnixMicro()
-	return s.model.refused(key, b, served, held, now, s.burst), now, nil
+	return s.model.refused(key, b, served, before, now, s.burst), now, nil
 }
 
 func (s *fakeStore) Refund(_ context.Context, key string, b store.Booking) ([store.MaxLimits]store.RefundResult, int64, error) {
@@ -142,17 +142,17 @@ func (s *fakeStore) Sync(_ context.Context, key string, b store.Booking, steers 
 	return r, nil
 }
 
-func (s *fakeStore) Hold(_ context.Context, key string, d time.Duration, _ string) (bool, int64, error) {
+func (s *fakeStore) Hold(_ context.Context, key string, d time.Duration, _ string) (bool, int64, int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.down != nil {
-		return false, 0, s.down
+		return false, 0, 0, s.down
 	}
 	now := s.now().UnixMicro()
-	end := now + d.Microseconds()
+	end, before := now+d.Microseconds(), s.holds[key]
 	s.model.hold(key, end)
 	s.holds[key] = end
-	return true, end, nil
+	return true, end, before, nil
 }
 
 // Slots keeps holders without leases or a line: a request that finds the

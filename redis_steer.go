@@ -3,7 +3,6 @@ package pace
 import (
 	"cmp"
 	"context"
-	"slices"
 	"time"
 
 	"github.com/fleetpace/pace/headers"
@@ -159,22 +158,30 @@ func (r *Redis) heed(ctx context.Context, key string, g grant, w headers.Word, o
 	if t.leased && (w.Refused || len(w.Holds) > 0 || len(w.Readings) > 0) {
 		r.voidLeases(key) // the key books in Redis, where each loop steers it
 	}
-	for _, h := range w.Holds {
-		r.Hold(ctx, key, h)
-	}
+	before := heldBefore(w, func(h headers.Hold) (int64, error) { return r.hold(ctx, key, h) })
 	if o.counters && len(w.Readings) > 0 {
 		r.sync(ctx, key, t.redis, w.Readings, w.Refused, w.At)
 	}
+	if o.refusals {
+		r.heedRate(ctx, key, t, w, before)
+	}
+}
+
+// heedRate tells key's rate what became of the request booked as t, as w
+// says: refused without counters that explain it (after w's holds, the one
+// before them ending at before), or served while the rate listens for a
+// success.
+func (r *Redis) heedRate(ctx context.Context, key string, t booking, w headers.Word, before int64) {
 	served := !w.Refused && t.listening
 	booked := t.redis.Granted || t.leased // a leased token was booked with its lease, at t.redis.Now
-	if !o.refusals || !booked || (!served && (!w.Refused || r.namedLimits.explains(w))) {
+	if !booked || (!served && (!w.Refused || r.namedLimits.explains(w))) {
 		return
 	}
 	r.shared(ctx, key, false, func() error { // away, the outage's pacing has no rate of the key's
 		if served && !r.retimes.News(key, t.redis.Now, r.now()) {
 			return nil
 		}
-		fraction, _, err := r.store.Refused(ctx, key, t.redis, served, slices.ContainsFunc(w.Holds, r.namedLimits.holds), r.holdChannel())
+		fraction, _, err := r.store.Refused(ctx, key, t.redis, served, before, r.holdChannel())
 		if fraction > 0 {
 			reportRate(ctx, r.config.observer, redisLimiter, key, fraction, w.Status)
 		}

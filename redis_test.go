@@ -347,12 +347,13 @@ func (m *modelCheck) refusal(step int) {
 // request, or served it.
 func (m *modelCheck) refusalOf(step int, bk modelBooking, served bool) {
 	r, _, _ := m.limiterOf(bk.key)
-	held := !served && m.rng.IntN(2) == 0 // the refusal held the key, which a hold may still say
-	share, now, err := storeOf(r).Refused(context.Background(), bk.key, bk.b, served, held, "pace-model-holds")
+	// A refusal that brought a hold looks back at the hold before.
+	before := []int64{0, m.holdEnds[bk.key], bk.b.Now - m.rng.Int64N(1_000_000)}[m.rng.IntN(3)]
+	share, now, err := storeOf(r).Refused(context.Background(), bk.key, bk.b, served, before, "pace-model-holds")
 	if err != nil {
 		m.t.Fatalf("step %d: refused: %v", step, err)
 	}
-	if want := m.model.refused(bk.key, bk.b, served, held, m.now(step, now), int64(store.BucketBurst(storeLimits(r.limits, time.Now)))); share != want {
+	if want := m.model.refused(bk.key, bk.b, served, before, m.now(step, now), int64(store.BucketBurst(storeLimits(r.limits, time.Now)))); share != want {
 		m.t.Fatalf("step %d: refused(%s, booked at %d, served %v) at %d: script %d, model %d", step, bk.key, bk.b.Now, served, now, share, want)
 	}
 	switch {
@@ -428,13 +429,13 @@ func (m *modelCheck) hold(step int) {
 	key := m.keys[m.rng.IntN(len(m.keys))]
 	r, a, _ := m.limiterOf(key)
 	d := time.Duration(m.rng.Int64N(10*a)+1) * time.Microsecond
-	changed, end, err := storeOf(r).Hold(context.Background(), key, d, "pace-model-holds")
+	changed, end, before, err := storeOf(r).Hold(context.Background(), key, d, "pace-model-holds")
 	if err != nil {
 		m.t.Fatalf("step %d: hold: %v", step, err)
 	}
 	now := m.now(step, end-d.Microseconds())
-	if changed != (end > m.holdEnds[key]) {
-		m.t.Fatalf("step %d: hold(%s, %v) at %d: changed=%v, but the last hold ended at %d", step, key, d, now, changed, m.holdEnds[key])
+	if changed != (end > m.holdEnds[key]) || before != m.holdEnds[key] {
+		m.t.Fatalf("step %d: hold(%s, %v) at %d: changed=%v, the hold before ended at %d, but the last hold ended at %d", step, key, d, now, changed, before, m.holdEnds[key])
 	}
 	if changed {
 		m.holdEnds[key] = end

@@ -14,14 +14,16 @@
 -- ARGV[3]  the key, as the fleet names it
 --
 -- It publishes "KEY\nEND LENGTH": when the hold ends (Redis's clock) and how
--- long it is, in microseconds. Returns {changed (1 or 0), now}.
+-- long it is, in microseconds. Returns {changed (1 or 0), now, the end of
+-- the hold before it (0 for none)}: a refusal's weight looks back at it
+-- (see refused.lua).
 local hold_end = now + tonumber(ARGV[1])
 local held = time(1, read(1, 'GET'))
 if held and held >= hold_end then
-  return {0, now}
+  return {0, now, held}
 end
 redis.call('SET', KEYS[1], string.format('%d', hold_end), 'PXAT', ms_expiry(hold_end + 60000000))
 
 -- Callers already booked and asleep hear of the hold and book anew.
 redis.call('PUBLISH', ARGV[2], ARGV[3] .. '\n' .. string.format('%d', hold_end) .. ' ' .. ARGV[1])
-return {1, now}
+return {1, now, held or 0}

@@ -72,7 +72,7 @@ for i = 1, n do
   if cost > 0 and (not unit or cost * per < unit) then unit = cost * per end
 end
 
-local rate, recovered, listening = seldom and read_rate(n + 2) or nil, 0, 0
+local rate, recovered, listening = seldom and read_rate(n + 2, held) or nil, 0, 0
 if rate and rate_recovered(rate, now) then
   rate, recovered = nil, 1 -- dropped below, once every key is read
 end

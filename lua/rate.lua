@@ -1,36 +1,38 @@
 -- Follows common.lua in the scripts that book (reserve.lua, quota.lua) and
 -- in refused.lua: a key's rate after refusals the upstream gave without
 -- saying why (see internal/steer, whose Rate is the same in Go). It is kept
--- at the key's #rate as eleven whole numbers, "EDGE BOTTOM CUT HEARD TAT
--- STEP BOOKED GONE REFUSED SURE HELD": the rate the upstream was found to accept and
+-- at the key's #rate as ten whole numbers, "EDGE BOTTOM CUT HEARD TAT STEP
+-- BOOKED GONE REFUSED SURE": the rate the upstream was found to accept and
 -- the rate the last cut left, in parts per million of the configured rate;
 -- when the last refusal was weighed (or opened the rate); 1 once a request
 -- booked since succeeded, else 0; the schedule of the rate's bucket, and
 -- what the last request booked added to it; the requests booked since the
 -- rate opened, and of them those gone when the last refusal was weighed;
 -- the refusals heard since, of requests booked before it (less the burst
--- until the first cut); 1 when the
--- edge was set after a success, else 0; and when the hold that the last
--- refusal weighed brought ends, 0 for none. Every step below is exact in
--- Lua's numbers, so that Go agrees.
+-- until the first cut); and 1 when the
+-- edge was set after a success, else 0. A rate is read with the key's hold
+-- (HOLD, when its latest hold ends, 0 for none: see hold.lua): a key held
+-- since its last cut is probed four times slower, since a refusal there
+-- would likely hold it again. Every step below is exact in Lua's numbers,
+-- so that Go agrees.
 local rate_full, rate_max_cut, rate_wake_cut, rate_floor = 1000000, 500000, 125000, 10000
 local rate_climb, rate_probe, rate_guess, rate_quiet, rate_held_probe = 500000, 10000000, 4000000, 5000000, 4
 
--- read_rate reads the key's rate at KEYS[i]: nil when there is none. A
--- rate of five numbers, as pace wrote it before it weighed refusals, has
--- counted none; one of ten heard no hold.
-local function read_rate(i)
+-- read_rate reads the key's rate at KEYS[i], with the key's hold (see
+-- above): nil when there is none. A rate of five numbers, as pace wrote it
+-- before it weighed refusals, has counted none.
+local function read_rate(i, hold)
   local v = read(i, 'GET')
   if not v then return nil end
   local f = {}
   for field in string.gmatch(v, '%S+') do f[#f + 1] = field end
-  if #f ~= 5 and #f ~= 10 and #f ~= 11 then
+  if #f ~= 5 and #f ~= 10 then
     foreign(i, 'holds a value that is not a whole number')
   end
   return {edge = number(i, f[1], rate_full, 1), bottom = number(i, f[2], rate_full, 1), cut = time(i, f[3]),
     heard = number(i, f[4], 1) == 1, tat = time(i, f[5]), step = number(i, f[6] or '0', max_refill),
     booked = number(i, f[7] or '0', 2^53), gone = number(i, f[8] or '0', 2^53), refused = number(i, f[9] or '0', 2^53, -2^53),
-    sure = number(i, f[10] or '0', 1) == 1, held = time(i, f[11] or '0')}
+    sure = number(i, f[10] or '0', 1) == 1, hold = hold or 0}
 end
 
 -- rate_expiry is when r is gone at the latest: back at the configured rate,
@@ -44,8 +46,8 @@ local function write_rate(key, r)
   local heard, sure = 0, 0
   if r.heard then heard = 1 end
   if r.sure then sure = 1 end
-  redis.call('SET', key, string.format('%d %d %d %d %d %d %d %d %d %d %d', r.edge, r.bottom, r.cut, heard, r.tat, r.step, r.booked, r.gone,
-    r.refused, sure, r.held),
+  redis.call('SET', key, string.format('%d %d %d %d %d %d %d %d %d %d', r.edge, r.bottom, r.cut, heard, r.tat, r.step, r.booked, r.gone,
+    r.refused, sure),
     'PXAT', ms_expiry(rate_expiry(r)))
 end
 
@@ -56,8 +58,8 @@ local function cube(v, x, y)
 end
 
 -- rate_share is the share of the configured rate the key goes at, at t,
--- under r: the climb from the cut to the edge, then the probe, slower
--- above an edge that a refusal which held the key set.
+-- under r: the climb from the cut to the edge, then the probe, slower for
+-- a key held since the cut.
 local function rate_share(r, t)
   if not r then return rate_full end
   local s = t - r.cut
@@ -66,7 +68,7 @@ local function rate_share(r, t)
   end
   local p = rate_guess
   if r.sure then p = rate_probe end
-  if r.held > 0 then p = p * rate_held_probe end
+  if r.hold > r.cut then p = p * rate_held_probe end
   return math.min(r.edge + cube(r.edge, math.min(s - rate_climb, 5 * p), p), rate_full)
 end
 
@@ -106,16 +108,17 @@ local function rate_book(r, due, unit, again)
   r.tat = math.max(r.tat, due) + r.step
 end
 
--- rate_held_weight is the weight of a refusal of a request of r's that
--- held the key, after the hold r's last refusal brought ended: the
--- upstream's bucket was full then, so of what the fleet sent since at its
--- rate, burst and one more went unpaid (at least: more, and the fleet went
--- further above the upstream's rate). 0 when there was no such hold.
-local function rate_held_weight(r, burst)
-  if r.held == 0 or r.held >= now or r.step <= 0 then return 0 end
+-- rate_held_weight is the least weight of a refusal that brought a hold,
+-- at now, after a hold that came since r's last cut and ended at before:
+-- the upstream's bucket was full then, so of what the fleet sent since at
+-- its rate, the burst and one more went unpaid (at least: more, and the
+-- fleet went further above the upstream's rate). 0 when there was no such
+-- hold.
+local function rate_held_weight(r, burst, before)
+  if before <= r.cut or before >= now or r.step <= 0 then return 0 end
   local unpaid = (burst + 1) * r.step
-  if 2 * unpaid >= now - r.held then return rate_max_cut end
-  return math.floor(unpaid * rate_full / (now - r.held))
+  if 2 * unpaid >= now - before then return rate_max_cut end
+  return math.floor(unpaid * rate_full / (now - before))
 end
 
 -- rate_gone is how many of the requests booked have gone by now: all but

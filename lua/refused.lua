@@ -12,9 +12,9 @@
 -- burst the limits allow). Any
 -- other cuts the rate by its weight, the share refused of the requests
 -- gone since the last refusal weighed (booked, and no longer held by the
--- rate's bucket) and this one, or, for one that held the key after the
--- last one's hold ended, the share the upstream's burst was of what went
--- since (see rate_held_weight), half at most; a cut of an eighth or more
+-- rate's bucket) and this one, or, for one that brought a hold after a
+-- hold since the last cut ended, the share the upstream's burst was of
+-- what went since (see rate_held_weight), half at most; a cut of an eighth or more
 -- wakes the sleepers too. A success of a request booked since the
 -- last cut says that the upstream accepts again: a later cut may lower the
 -- edge.
@@ -24,18 +24,14 @@
 -- ARGV[2]  when the request was booked, in microseconds of Redis's clock
 -- ARGV[3]  the Pub/Sub channel of holds; ARGV[4] the key, as the fleet names it
 -- ARGV[5]  the smallest burst of the quota's buckets, 0 for none (see internal/steer's Rate.Refused)
--- ARGV[6]  1 when the refusal held the key (KEYS[2] then says until when), else 0
+-- ARGV[6]  for a refusal that brought a hold of the key, when the hold
+--          before it ended, in microseconds of Redis's clock; else 0
 --
 -- Returns {now, share}: the share of its configured rate the key goes at
 -- after a cut, in parts per million; 0 when nothing was cut.
 
-local r = read_rate(1)
+local r = read_rate(1, time(2, read(2, 'GET')))
 local decided, burst = tonumber(ARGV[2]), tonumber(ARGV[5])
-local held = 0 -- when the hold the refusal brought ends
-if ARGV[6] == '1' then
-  held = time(2, read(2, 'GET')) or 0
-  if held <= now then held = 0 end
-end
 if ARGV[1] == 'served' then
   if r and decided >= r.cut and not r.heard then
     r.heard = true
@@ -45,7 +41,7 @@ if ARGV[1] == 'served' then
 end
 if not r then
   write_rate(KEYS[1], {edge = rate_full, bottom = rate_full, cut = now, heard = false, tat = now, step = 0, booked = 0, gone = 0,
-    refused = -burst, sure = false, held = held})
+    refused = -burst, sure = false})
   redis.call('PUBLISH', ARGV[3], ARGV[4] .. '\nrate ' .. string.format('%d', now))
   return {now, 0}
 end
@@ -59,7 +55,8 @@ local gone = rate_gone(r)
 local at, current = rate_share(r, decided), rate_share(r, now)
 local refused = math.max(r.refused, 0)
 local weight = math.floor((refused + 1) * rate_full / (math.max(gone - r.gone, refused) + 1))
-if held > 0 then weight = math.max(weight, rate_held_weight(r, burst)) end
+local before = tonumber(ARGV[6])
+if before > 0 then weight = math.max(weight, rate_held_weight(r, burst, before)) end
 weight = math.min(weight, rate_max_cut)
 if r.heard or weight < rate_max_cut then
   local edge = at - math.floor(at * weight / rate_full)
@@ -72,7 +69,7 @@ if r.heard or weight < rate_max_cut then
   r.edge = math.max(edge, rate_floor)
 end
 r.bottom = math.max(math.min(current - math.floor(current * weight / rate_full), r.edge), rate_floor)
-r.cut, r.heard, r.refused, r.held = now, false, 0, held
+r.cut, r.heard, r.refused = now, false, 0
 local wake = current - r.bottom >= math.floor(current * rate_wake_cut / rate_full)
 if wake then
   r.tat = now -- the sleepers book anew from now, counted anew

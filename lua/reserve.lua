@@ -55,7 +55,7 @@ local arrival = now + tonumber(ARGV[5])
 local stored, steer = read_bucket(1)
 local held = seldom and time(2, read(2, 'GET')) or nil
 if held and held > arrival then arrival = held end
-local rate, recovered = seldom and read_rate(3) or nil, 0
+local rate, recovered = seldom and read_rate(3, held) or nil, 0
 if rate and rate_recovered(rate, now) then
   redis.call('DEL', KEYS[3])
   rate, recovered = nil, 1

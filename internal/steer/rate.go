@@ -32,10 +32,10 @@ import (
 //   - Any later refusal cuts the rate at once, by its weight: the share
 //     refused of the requests gone since the last refusal weighed (this
 //     one among them), half at most. A refusal that holds the key (a
-//     Retry-After) after the last one's hold ended weighs at least what the
-//     upstream's burst was of what the fleet sent since the hold at its
-//     rate (see heldWeight): it costs the fleet the hold, so it must not
-//     come again soon, and the edge it sets is probed four times slower. A request is gone once the rate's
+//     Retry-After), after a hold that came since the last cut ended, weighs
+//     at least what the upstream's burst was of what the fleet sent since
+//     that hold at its rate (see heldWeight): it costs the fleet the hold,
+//     so it must not come again soon. A request is gone once the rate's
 //     bucket no longer holds it: a fleet that waits its turns has a queue
 //     booked ahead, not yet sent. One refusal after 150 requests at the
 //     right limit costs 0.7% of the rate, for a second or two; refusals one
@@ -58,7 +58,9 @@ import (
 //     it is back at the configured rate, which it never passes: slowly
 //     above an edge set after a success (2% after 2.7 s, 16% after 5.4 s),
 //     faster above one set before (2% after 1.1 s, doubled after 4 s),
-//     which the upstream's memory of a burst may have lowered. Quiet (5 s)
+//     which the upstream's memory of a burst may have lowered; four times
+//     slower either way when the key was held since the cut, since a
+//     refusal there would likely hold it again. Quiet (5 s)
 //     after its last refusal, with nothing booked ahead, the key's rate
 //     is gone, and with it the evenness: the limits' burst returns once
 //     the key is quiet, never into a queue.
@@ -76,7 +78,7 @@ const (
 	probe   = 10_000_000 // µs: beyond an edge set after a success, the rate doubles in this long
 	guess   = 4_000_000  // µs: beyond another, in this long
 	quiet   = 5_000_000  // µs
-	slower  = 4          // beyond an edge a refusal that held the key set, the probe is this much slower
+	slower  = 4          // the probe of a key held since its cut is this much slower
 )
 
 // Rate is a key's rate after refusals, in whole microseconds and parts
@@ -95,8 +97,13 @@ type Rate struct {
 	booked  int64 // the requests booked since the rate opened
 	gone    int64 // of them, those gone when the last refusal was weighed
 	refused int64 // the refusals heard since, of requests booked before it; less the burst before the first cut
-	held    int64 // when the hold the last refusal weighed brought ends; 0 for none
+	hold    int64 // when the key's latest hold ends, 0 for none (see Held)
 }
+
+// Held tells the rate when its key's latest hold ends, as lua/rate.lua
+// reads it with the key's hold at every call: before a refusal's own hold,
+// so that Refused sees the hold before it.
+func (k *Rate) Held(end int64) { k.hold = end }
 
 // On reports whether the key is under a rate: a refusal opened it, and it
 // is not gone.
@@ -118,7 +125,7 @@ func (k *Rate) Share(now int64) int64 {
 	if k.sure {
 		p = probe
 	}
-	if k.held > 0 {
+	if k.hold > k.cut {
 		p *= slower
 	}
 	return min(k.edge+cube(k.edge, min(s-Climb, 5*p), p), Full)
@@ -182,7 +189,7 @@ func (k *Rate) Recovered(now int64) bool {
 	if !k.on || now < max(k.cut+Climb+5*probe, k.tat) && (k.Share(now) < Full || now-k.cut < quiet || now < k.tat) {
 		return false
 	}
-	*k = Rate{}
+	*k = Rate{hold: k.hold}
 	return true
 }
 
@@ -190,11 +197,12 @@ func (k *Rate) Recovered(now int64) bool {
 // reports whether it cut the rate, and whether the requests asleep in
 // their bookings wake to book anew: after a cut deep enough, or when the
 // refusal opens the rate. burst is the smallest of the quota's buckets (0 for none): as many refusals
-// of requests booked before the rate opened weigh nothing. held is when
-// the hold the refusal brought ends, 0 when it brought none.
-func (k *Rate) Refused(now, decided, burst, held int64) (cut, wake bool) {
+// of requests booked before the rate opened weigh nothing. before, for a
+// refusal that brought a hold of the key, is when the hold before it ended
+// (0 for none: see heldWeight).
+func (k *Rate) Refused(now, decided, burst, before int64) (cut, wake bool) {
 	if !k.on {
-		*k = Rate{on: true, edge: Full, bottom: Full, cut: now, tat: now, refused: -burst, held: held}
+		*k = Rate{on: true, edge: Full, bottom: Full, cut: now, tat: now, refused: -burst, hold: k.hold}
 		return false, true // the sleepers book anew, evenly, and their refusals are weighed
 	}
 	if decided < k.cut {
@@ -205,8 +213,8 @@ func (k *Rate) Refused(now, decided, burst, held int64) (cut, wake bool) {
 	at, current := k.Share(decided), k.Share(now)
 	refused := max(k.refused, 0)
 	weight := floorDiv((refused+1)*Full, max(gone-k.gone, refused)+1)
-	if held > 0 {
-		weight = max(weight, k.heldWeight(now, burst))
+	if before > 0 {
+		weight = max(weight, k.heldWeight(now, burst, before))
 	}
 	weight = min(weight, maxCut)
 	if k.heard || weight < maxCut {
@@ -221,7 +229,7 @@ func (k *Rate) Refused(now, decided, burst, held int64) (cut, wake bool) {
 		k.edge = max(edge, Floor)
 	}
 	k.bottom = max(min(current-floorDiv(current*weight, Full), k.edge), Floor)
-	k.cut, k.heard, k.refused, k.held = now, false, 0, held
+	k.cut, k.heard, k.refused = now, false, 0
 	if wake = current-k.bottom >= floorDiv(current*wakeCut, Full); wake {
 		k.tat = now // the sleepers book anew from now, counted anew
 	}
@@ -229,21 +237,21 @@ func (k *Rate) Refused(now, decided, burst, held int64) (cut, wake bool) {
 	return true, wake
 }
 
-// heldWeight is the weight of a refusal at now that held the key, after
-// the hold the last refusal brought ended: the upstream's bucket was full
-// then, so of what the fleet sent since at the rate, burst and one more
-// went unpaid (at least: more, and the fleet went further above the
-// upstream's rate). 0 when there was no such hold. In float64, as Lua
-// reckons it.
-func (k *Rate) heldWeight(now, burst int64) int64 {
-	if k.held == 0 || k.held >= now || k.step <= 0 {
+// heldWeight is the least weight of a refusal that brought a hold, at now,
+// after a hold that came since the last cut and ended at before: the
+// upstream's bucket was full then, so of what the fleet sent since at the
+// rate, the burst and one more went unpaid (at least: more, and the fleet
+// went further above the upstream's rate). 0 when there was no such hold.
+// In float64, as Lua reckons it.
+func (k *Rate) heldWeight(now, burst, before int64) int64 {
+	if before <= k.cut || before >= now || k.step <= 0 {
 		return 0
 	}
 	unpaid := float64(burst+1) * float64(k.step)
-	if 2*unpaid >= float64(now-k.held) {
+	if 2*unpaid >= float64(now-before) {
 		return maxCut
 	}
-	return int64(math.Floor(unpaid * Full / float64(now-k.held)))
+	return int64(math.Floor(unpaid * Full / float64(now-before)))
 }
 
 // goneBy is how many of the requests booked have gone by now: all but

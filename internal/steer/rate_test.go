@@ -45,18 +45,21 @@ func TestKeyRate(t *testing.T) {
 			},
 			cuts: 1, wakes: 1, checks: []check{exactly(10_000, 500_000), exactly(10_000+Climb, Full)},
 		},
-		"a refusal that holds the key after the last one's hold ended weighs the burst the upstream refilled, and its edge is probed slower": {
+		"a refusal that holds the key after the last one's hold ended weighs the burst the upstream refilled, and the key held since is probed slower": {
 			play: func(k *Rate) (int, int) {
-				k.Refused(0, 0, 5, s) // held until 1 s
+				k.Refused(0, 0, 5, 0)
+				k.Held(s) // its hold, until 1 s
 				book(k, s, 30, 1000)
-				return tally(k.Refused(s+30_000, s+29_000, 5, 2*s)) // 6 unpaid of 30 ms at 1 ms a request
+				k.Held(2 * s)                                     // the refusal's own hold, set first
+				return tally(k.Refused(s+30_000, s+29_000, 5, s)) // 6 unpaid of 30 ms at 1 ms a request
 			},
 			cuts: 1, wakes: 1,
 			checks: []check{exactly(s+30_000, 800_000), exactly(s+30_000+Climb+4_000_000, 812_500)},
 		},
-		"the same refusal without a hold weighs 1 of 31": {
+		"the same refusal without a hold weighs 1 of 31, and the key is probed as fast as before": {
 			play: func(k *Rate) (int, int) {
-				k.Refused(0, 0, 5, s)
+				k.Refused(0, 0, 5, 0)
+				k.Held(s)
 				book(k, s, 30, 1000)
 				return tally(k.Refused(s+30_000, s+29_000, 5, 0))
 			},

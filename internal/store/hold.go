@@ -6,15 +6,16 @@ import (
 )
 
 // Hold holds key for d from now, by Redis's clock, and tells the fleet on
-// channel. It returns whether the hold outlasts the one in place, and when
-// it ends, in microseconds of Redis's clock.
-func (s *Store) Hold(ctx context.Context, key string, d time.Duration, channel string) (bool, int64, error) {
+// channel. It returns whether the hold outlasts the one in place, when it
+// ends, and when the hold before it ended (0 for none), in microseconds of
+// Redis's clock.
+func (s *Store) Hold(ctx context.Context, key string, d time.Duration, channel string) (changed bool, end, before int64, err error) {
 	keys := []string{s.HoldKey(key)}
-	var reply [2]int64
+	var reply [3]int64
 	if err := int64Reply(s.calls.Run(ctx, holdScript, keys, d.Microseconds(), channel, key), reply[:]); err != nil {
-		return false, 0, s.fail(key, "hold", keys, err)
+		return false, 0, 0, s.fail(key, "hold", keys, err)
 	}
-	return reply[0] == 1, reply[1] + d.Microseconds(), nil
+	return reply[0] == 1, reply[1] + d.Microseconds(), reply[2], nil
 }
 
 // HeldUntil returns when key's latest hold ends, in microseconds of Redis's
