@@ -38,6 +38,8 @@ func TestParseHold(t *testing.T) {
 		"Stripe-style 429 with Retry-After":    {response(429, "Retry-After", "1"), time.Second},
 		"IETF RateLimit, spent": {response(200,
 			"RateLimit-Policy", `"burst";q=100;w=60,"daily";q=1000;w=86400`, "RateLimit", `"burst";r=0;t=30`), 30 * time.Second},
+		"Atlassian's Beta-RateLimit, spent": {response(429,
+			"Beta-Ratelimit", `"tenant-app-quota";r=0;t=2788`, "X-Beta-Ratelimit-Reason", "jira-quota-tenant-based"), 2788 * time.Second},
 		"IETF RateLimit, two quotas spent": {response(429,
 			"RateLimit", `"burst";r=0;t=30, "daily";r=0;t=3600`), time.Hour},
 		"IETF RateLimit, left":             {response(200, "RateLimit", `"default";r=50;t=30`), 0},

@@ -54,8 +54,9 @@ type Reading struct {
 //     (the reading's name); X-Rate-Limit-* likewise;
 //   - the IETF draft: RateLimit-Policy ("burst";q=100;w=60, several at
 //     once) with RateLimit ("burst";r=50;t=30), and the older RateLimit
-//     dictionary (limit=100, remaining=50, reset=30) and RateLimit-Limit,
-//     -Remaining, -Reset;
+//     dictionary (limit=100, remaining=50, reset=30, with draft 7's policy
+//     100;w=60) and RateLimit-Limit, -Remaining, -Reset; RateLimit and
+//     RateLimit-Policy with a Beta- prefix too (Atlassian's);
 //   - OpenAI (also Azure's): x-ratelimit-{limit,remaining,reset}-{requests,tokens},
 //     resets as durations ("6m0s", "12ms"), a limit of -1 or 0 not reported;
 //   - Anthropic: anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset},
@@ -84,8 +85,10 @@ func readAll(h http.Header, clock *readingClock) []Reading {
 	for _, f := range &prefixedFamilies {
 		readings.add(readPrefixed(h, f, clock))
 	}
-	for _, r := range readIETF(h) {
-		readings.add(r, true)
+	for _, names := range &ietfNames {
+		for _, r := range readIETF(h, names) {
+			readings.add(r, true)
+		}
 	}
 	for _, names := range &openAINames {
 		readings.add(readMinuteQuota(h, names, clock))
@@ -183,27 +186,20 @@ func readPrefixed(h http.Header, f prefixedNames, clock *readingClock) (Reading,
 
 // readIETF reads the IETF draft's RateLimit field, with the policies of
 // RateLimit-Policy; or, in the older dictionary form, one reading.
-func readIETF(h http.Header) []Reading {
-	field := h.Get("RateLimit")
+func readIETF(h http.Header, names ietfFields) []Reading {
+	field := h.Get(names.field)
 	if field == "" {
 		return nil
 	}
 	items, dict := structuredField(field)
+	policyField := h.Get(names.policy)
+	policies, _ := structuredField(policyField)
 	if len(dict) > 0 {
-		r := Reading{Header: "RateLimit: " + field}
-		var ok1, ok2, ok3 bool
-		r.Remaining, ok1 = count(dict["remaining"])
-		r.Reset, ok2 = secondsOrEpoch(dict["reset"], nil, false)
-		r.Limit, ok3 = count(cmp.Or(dict["limit"], "0"))
-		if ok1 && ok2 && ok3 {
-			return []Reading{r}
-		}
-		return nil
+		return readIETFDictionary(dict, policies, names.field+": "+field, names.policy+": "+policyField)
 	}
-	policies, _ := structuredField(h.Get("RateLimit-Policy"))
 	var readings []Reading
 	for _, item := range items {
-		r := Reading{Name: item.name, Header: "RateLimit: " + field}
+		r := Reading{Name: item.name, Header: names.field + ": " + field}
 		var ok1, ok2 bool
 		r.Remaining, ok1 = count(item.params["r"])
 		r.Reset, ok2 = secondsOrEpoch(item.params["t"], nil, false)
@@ -213,15 +209,51 @@ func readIETF(h http.Header) []Reading {
 		for _, p := range policies {
 			if p.name == item.name {
 				r.Limit, _ = count(p.params["q"])
-				if w, ok := count(p.params["w"]); ok && w > 0 && w <= int64(store.MaxDelay/time.Second) {
-					r.Window = time.Duration(w) * time.Second
-				}
-				r.Header += ", RateLimit-Policy: " + h.Get("RateLimit-Policy")
+				r.Window = policyWindow(p)
+				r.Header += ", " + names.policy + ": " + policyField
 			}
 		}
 		readings = append(readings, r)
 	}
 	return readings
+}
+
+// readIETFDictionary reads the draft's older dictionary (draft 7 and
+// express-rate-limit's draft-7 output: `limit=100, remaining=50,
+// reset=30`), with its one policy's window (`100;w=60`), and says so in
+// header and policyHeader.
+func readIETFDictionary(dict map[string]string, policies []sfItem, header, policyHeader string) []Reading {
+	r := Reading{Header: header}
+	var ok1, ok2, ok3 bool
+	r.Remaining, ok1 = count(dict["remaining"])
+	r.Reset, ok2 = secondsOrEpoch(dict["reset"], nil, false)
+	r.Limit, ok3 = count(cmp.Or(dict["limit"], "0"))
+	if !ok1 || !ok2 || !ok3 {
+		return nil
+	}
+	if len(policies) == 1 {
+		if q, ok := count(policies[0].name); ok && q == r.Limit {
+			r.Window = policyWindow(policies[0])
+			r.Header += ", " + policyHeader
+		}
+	}
+	return []Reading{r}
+}
+
+// ietfFields names the IETF draft's two fields: RateLimit and
+// RateLimit-Policy, or with the Beta- prefix Atlassian sends while the
+// draft is one (`Beta-RateLimit: "tenant-app-quota";r=17842;t=2107`).
+type ietfFields struct{ field, policy string }
+
+var ietfNames = [...]ietfFields{{"RateLimit", "RateLimit-Policy"}, {"Beta-RateLimit", "Beta-RateLimit-Policy"}}
+
+// policyWindow is a policy's window (its w), 0 when it states none that
+// pace can hold.
+func policyWindow(p sfItem) time.Duration {
+	if w, ok := count(p.params["w"]); ok && w > 0 && w <= int64(store.MaxDelay/time.Second) {
+		return time.Duration(w) * time.Second
+	}
+	return 0
 }
 
 // quotaNames are the header names of one quota of OpenAI's or Anthropic's,

@@ -77,6 +77,18 @@ func TestParseReadings(t *testing.T) {
 		"IETF, remaining negative":        {[]string{"RateLimit", `"default";r=-5;t=30`}, nil},
 		"IETF, a reset of zero":           {[]string{"RateLimit", `"default";r=5;t=0`}, nil},
 		"IETF, remaining above the quota": {[]string{"RateLimit-Policy", `"default";q=10;w=1`, "RateLimit", `"default";r=11;t=1`}, nil},
+		// Atlassian's (Jira Cloud, 2026), the draft's fields with a Beta- prefix.
+		"Atlassian's Beta- fields": {[]string{"Beta-Ratelimit-Policy", `"tenant-app-quota";q=100100;w=3600`, "Beta-Ratelimit", `"tenant-app-quota";r=17842;t=2107`},
+			[]want{{"tenant-app-quota", 100100, 17842, 2107 * time.Second, time.Hour, false}}},
+		"Atlassian's Beta- field spent, without its policy": {[]string{"Beta-Ratelimit", `"tenant-app-quota";r=0;t=2788`},
+			[]want{{"tenant-app-quota", 0, 0, 2788 * time.Second, 0, false}}},
+		// express-rate-limit's draft-7 and draft-8 output, a window of 100 a minute.
+		"express-rate-limit, draft 7": {[]string{"RateLimit-Policy", "100;w=60", "RateLimit", "limit=100, remaining=99, reset=60"},
+			[]want{{"", 100, 99, time.Minute, time.Minute, false}}},
+		"express-rate-limit, draft 8": {[]string{"RateLimit-Policy", `"100-in-1min"; q=100; w=60; pk=:ZDI3ZGQ0N2NjOTQx:`, "RateLimit", `"100-in-1min"; r=99; t=60`},
+			[]want{{"100-in-1min", 100, 99, time.Minute, time.Minute, false}}},
+		"draft 7, a policy of another quota": {[]string{"RateLimit-Policy", "50;w=1", "RateLimit", "limit=100, remaining=99, reset=60"},
+			[]want{{"", 100, 99, time.Minute, 0, false}}},
 
 		// OpenAI: requests and tokens, resets as durations, quotas that refill.
 		"OpenAI": {[]string{"x-ratelimit-limit-requests", "10000", "x-ratelimit-remaining-requests", "9999", "x-ratelimit-reset-requests", "6ms",
@@ -132,6 +144,7 @@ func FuzzParseReadings(f *testing.F) {
 		resp := response(200, "Date", holdNow.UTC().Format(http.TimeFormat),
 			"X-RateLimit-Remaining", remaining, "X-RateLimit-Reset", reset, "X-RateLimit-Limit", limit, "X-RateLimit-Used", used,
 			"RateLimit", rateLimit, "RateLimit-Policy", policy, "RateLimit-Remaining", remaining, "RateLimit-Reset", reset,
+			"Beta-RateLimit", rateLimit, "Beta-RateLimit-Policy", remaining+";w="+reset,
 			"x-ratelimit-remaining-tokens", remaining, "x-ratelimit-reset-tokens", duration, "x-ratelimit-limit-tokens", limit,
 			"anthropic-ratelimit-requests-remaining", remaining, "anthropic-ratelimit-requests-reset", rfc3339)
 		for _, r := range ParseReadings(resp, holdNow) {
