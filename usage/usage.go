@@ -187,7 +187,8 @@ type Throttle struct {
 // Shopify returns the cost bucket a response of Shopify's GraphQL Admin API
 // states: the last extensions.cost object of its tail whose throttleStatus
 // is plausible (a maximum from 1 to MaxCount, available from 0 to the
-// maximum, a restore rate above 0 and at most the maximum a second).
+// maximum, a restore rate above 0 and at most MaxCount a second: a small
+// bucket may restore more than its size in a second).
 func Shopify(ends Ends) (Throttle, bool) {
 	var cost struct {
 		ThrottleStatus *struct {
@@ -208,7 +209,7 @@ func Shopify(ends Ends) (Throttle, bool) {
 		}
 		s := cost.ThrottleStatus
 		if s.MaximumAvailable >= 1 && s.MaximumAvailable <= MaxCount && s.CurrentlyAvailable >= 0 &&
-			s.CurrentlyAvailable <= s.MaximumAvailable && s.RestoreRate > 0 && s.RestoreRate <= s.MaximumAvailable {
+			s.CurrentlyAvailable <= s.MaximumAvailable && s.RestoreRate > 0 && s.RestoreRate <= MaxCount {
 			throttled := bytes.Contains(ends.Head, throttledCode) || bytes.Contains(ends.Tail, throttledCode)
 			return Throttle{Maximum: s.MaximumAvailable, Available: s.CurrentlyAvailable, RestoreRate: s.RestoreRate, Throttled: throttled}, true
 		}

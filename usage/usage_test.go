@@ -104,9 +104,13 @@ func TestShopify(t *testing.T) {
 		"a cost with no throttleStatus": {`{"data": {}, "extensions": {"cost": {"requestedQueryCost": 1}}}`, Throttle{}, false},
 		"available above the maximum":   {strings.Replace(products, `"currentlyAvailable": 954`, `"currentlyAvailable": 1954`, 1), Throttle{}, false},
 		"a negative restore rate":       {strings.Replace(products, `"restoreRate": 50.0`, `"restoreRate": -50.0`, 1), Throttle{}, false},
-		"a maximum beyond MaxCount":     {strings.Replace(products, `"maximumAvailable": 1000.0`, `"maximumAvailable": 1e300`, 1), Throttle{}, false},
-		"cut short":                     {products[:len(products)-60], Throttle{}, false},
-		"an escaped key in a string":    {`{"data": {"note": "\"cost\": {\"throttleStatus\": {}}"}}`, Throttle{}, false},
+		"a small bucket restoring more than its size a second": {strings.NewReplacer(`"maximumAvailable": 1000.0`, `"maximumAvailable": 10.0`,
+			`"currentlyAvailable": 954`, `"currentlyAvailable": 9`, `"restoreRate": 50.0`, `"restoreRate": 200.0`).Replace(products),
+			Throttle{Maximum: 10, Available: 9, RestoreRate: 200}, true},
+		"a restore rate beyond MaxCount": {strings.Replace(products, `"restoreRate": 50.0`, `"restoreRate": 1e300`, 1), Throttle{}, false},
+		"a maximum beyond MaxCount":      {strings.Replace(products, `"maximumAvailable": 1000.0`, `"maximumAvailable": 1e300`, 1), Throttle{}, false},
+		"cut short":                      {products[:len(products)-60], Throttle{}, false},
+		"an escaped key in a string":     {`{"data": {"note": "\"cost\": {\"throttleStatus\": {}}"}}`, Throttle{}, false},
 	} {
 		t.Run(name, func(t *testing.T) {
 			got, ok := Shopify(endsOf(tc.body, false))
@@ -133,7 +137,7 @@ func FuzzUsage(f *testing.F) {
 				t.Fatalf("counted %d, %d, %d (%v, %v)", tokens, in, out, ok, ok2)
 			}
 		}
-		if th, ok := Shopify(ends); ok && !(th.Maximum >= 1 && th.Maximum <= MaxCount && th.Available >= 0 && th.Available <= th.Maximum && th.RestoreRate > 0) {
+		if th, ok := Shopify(ends); ok && !(th.Maximum >= 1 && th.Maximum <= MaxCount && th.Available >= 0 && th.Available <= th.Maximum && th.RestoreRate > 0 && th.RestoreRate <= MaxCount) {
 			t.Fatalf("believed the bucket %+v", th)
 		}
 	})

@@ -70,3 +70,14 @@ func TestRetryAfterAboveTheLimit(t *testing.T) {
 	bars.check(t, "upstream=nginx rate=50 burst=5 limit='100/s burst 5'", "upstream=nginx rate=150 burst=10 limit='187.5/s burst 10'",
 		"upstream=strict rate=400 burst=5 limit='800/s burst 5'", "upstream=strict rate=50 burst=10 limit='62.5/s burst 10'")
 }
+
+// TestSmallBucketInTheBody: a bucket stated in the body (Shopify's
+// dialect) that restores more than its size a second, pace's limit twice
+// its rate: the readings steer the fleet to it. usage.Shopify took such a
+// bucket for garbage (a restore rate above the maximum), nothing steered,
+// and half the requests were THROTTLED (600 of about 1,600 after the
+// first second).
+func TestSmallBucketInTheBody(t *testing.T) {
+	loopCase{spec: "upstream=strict body=shopify duration=4s", served: 0.9, refused: 0.01}.check(t,
+		"rate=200 burst=10 limit='400/s burst 10'", "rate=400 burst=20 limit='800/s burst 20'")
+}
