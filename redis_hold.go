@@ -49,8 +49,7 @@ func holdLocally(ctx context.Context, local *Local, key string, h headers.Hold) 
 	if local == nil {
 		return nil
 	}
-	_, err := local.hold(ctx, key, h)
-	return err
+	return local.Hold(ctx, key, h)
 }
 
 // replacedByHold reports whether a hold replaced the time of booking t while

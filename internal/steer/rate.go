@@ -101,8 +101,8 @@ type Rate struct {
 }
 
 // Held tells the rate when its key's latest hold ends, as lua/rate.lua
-// reads it with the key's hold at every call: before a refusal's own hold,
-// so that Refused sees the hold before it.
+// reads the key's hold at every call: a key held since its last cut probes
+// slower (see Share).
 func (k *Rate) Held(end int64) { k.hold = end }
 
 // On reports whether the key is under a rate: a refusal opened it, and it
