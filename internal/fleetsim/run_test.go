@@ -35,3 +35,25 @@ func TestReplay(t *testing.T) {
 		}
 	}
 }
+
+// TestDemand: one worker whose every request takes 10 ms to the upstream
+// and back could send about 100 a second, whatever the limits; sixteen at
+// 0.2 ms could send far more than a limit of 100/s allows.
+func TestDemand(t *testing.T) {
+	for _, tc := range []struct {
+		spec        string
+		least, most float64 // of the units the run allowed
+	}{
+		{"upstream=strict rate=400 burst=5 procs=1 workers=1 latency=5ms jitter=0s duration=2s", 0.2, 0.3},
+		{"upstream=strict rate=100 burst=5 procs=4 workers=4 latency=100µs jitter=0s duration=2s", 500, 1000},
+	} {
+		c, err := Parse(tc.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := Run(t, c)
+		if share := r.Demand / r.Allowed; share < tc.least || share > tc.most {
+			t.Errorf("%s: demand %.0f of %.0f allowed (%.2f); want %.2f to %.2f", tc.spec, r.Demand, r.Allowed, share, tc.least, tc.most)
+		}
+	}
+}
