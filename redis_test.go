@@ -379,6 +379,30 @@ func (m *modelCheck) recover(step int) {
 	}
 }
 
+// storm opens the rate of a key of its own, cuts it a little with a
+// refusal after 20 requests, and then refuses two requests booked before
+// that cut: the second storms (see internal/steer's Rate.storm), in the
+// script as in the model.
+func (m *modelCheck) storm(step int) {
+	const key = "st"
+	book := func() modelBooking {
+		m.reserveWith(step, store.Request{Key: key, Costs: uniform(1, store.MaxLimits), Settled: true}, MaxDelay, 0)
+		return m.bookings[len(m.bookings)-1]
+	}
+	m.refusalOf(step, book(), false) // opens the rate
+	var early []modelBooking
+	for range 20 {
+		early = append(early, book())
+	}
+	m.refusalOf(step, book(), false) // 1 of 21
+	cuts := m.counts["rate-cut"]
+	m.refusalOf(step, early[0], false)
+	m.refusalOf(step, early[1], false)
+	if m.counts["rate-cut"] != cuts+1 {
+		m.t.Errorf("two refusals of requests booked before a small cut made %d cuts, want the storm's 1", m.counts["rate-cut"]-cuts)
+	}
+}
+
 // probe drives a window of a key of its own into a probe (see spend in
 // lua/sync.lua): readings of 100, then 99 left in a window of 60 s (the
 // first steers the bucket, the second is the baseline of others'

@@ -23,7 +23,7 @@ import (
 // others' spending), holds, and refusals and successes that steer the
 // key's rate, between bookings, refunds and settlements, each bucket's
 // whole state compared after every step; then a window driven into a
-// probe, and a rate that recovers and is dropped.
+// probe, a rate that recovers and is dropped, and a storm of refusals.
 func TestSteeringMatchesModel(t *testing.T) {
 	m := newModelCheck(t, newTestRedis(t), 13)
 	for step := range 4500 {
@@ -47,6 +47,7 @@ func TestSteeringMatchesModel(t *testing.T) {
 	}
 	m.probe(4500)
 	m.recover(4500)
+	m.storm(4500)
 	m.requireEach("granted", "refused", "granted-spread", "granted-held", "granted-steered", "refund-nothing",
 		"settle-up", "settle-down", "sync-stale", "sync-applied", "sync-learned", "sync-foreign", "hold",
 		"rate-served", "rate-unchanged")

@@ -17,6 +17,7 @@
 -- so that Go agrees.
 local rate_full, rate_max_cut, rate_wake_cut, rate_floor = 1000000, 500000, 125000, 10000
 local rate_climb, rate_probe, rate_guess, rate_quiet, rate_held_probe = 500000, 10000000, 4000000, 5000000, 4
+local rate_storm_refusals = 2
 
 -- read_rate reads the key's rate at KEYS[i], with the key's hold (see
 -- above): nil when there is none. A rate of five numbers, as pace wrote it
@@ -127,4 +128,25 @@ end
 local function rate_gone(r)
   if r.tat <= now + r.step or r.step <= 0 then return r.booked end
   return math.max(r.booked - math.ceil((r.tat - now) / r.step) + 1, 0)
+end
+
+-- rate_storm cuts r to half its edge, and reports whether it did, when
+-- the refusals of requests booked before its last cut are
+-- rate_storm_refusals or more, and three in four or more of the requests
+-- gone since it: the cut was too small, and an upstream that refuses
+-- nearly all while over its limit (HAProxy counts its refusals) would
+-- refuse each request still asleep in its booking at the old rate. The
+-- sleepers wake; the edge stays, and a storm never takes the rate below
+-- half of it. The opening is no cut, and a held key has no storm (see
+-- internal/steer's Rate.storm).
+local function rate_storm(r)
+  local half, current = math.max(math.floor(r.edge / 2), rate_floor), rate_share(r, now)
+  local few = r.refused < rate_storm_refusals or 4 * r.refused < 3 * (rate_gone(r) - r.gone)
+  if r.bottom == rate_full or r.hold > now or few or current - half < math.floor(current * rate_wake_cut / rate_full) then
+    return false
+  end
+  r.bottom = half
+  r.cut, r.heard, r.refused, r.tat = now, false, 0, now
+  r.gone = rate_gone(r)
+  return true
 end

@@ -7,9 +7,9 @@
 -- requests booked until now, asleep in any process: they give their
 -- bookings back and book anew, evenly (the fleet hears "KEY\nrate NOW" on
 -- the channel of holds). A refusal of a request booked before the last cut
--- does not cut again: it is weighed with the next (as many booked before
--- the rate opened as its buckets' burst weigh nothing: they went in a
--- burst the limits allow). Any
+-- does not cut again: it is weighed with the next, unless they storm (see
+-- rate_storm; as many booked before the rate opened as its buckets' burst
+-- weigh nothing: they went in a burst the limits allow). Any
 -- other cuts the rate by its weight, the share refused of the requests
 -- gone since the last refusal weighed (booked, and no longer held by the
 -- rate's bucket) and this one, or, for one that brought a hold after a
@@ -46,9 +46,12 @@ if not r then
   return {now, 0}
 end
 if decided < r.cut then
-  r.refused = r.refused + 1 -- weighed with the next refusal
+  r.refused = r.refused + 1 -- weighed with the next refusal, unless they storm
+  local stormed = rate_storm(r)
   write_rate(KEYS[1], r)
-  return {now, 0}
+  if not stormed then return {now, 0} end
+  redis.call('PUBLISH', ARGV[3], ARGV[4] .. '\nrate ' .. string.format('%d', now))
+  return {now, r.bottom}
 end
 
 local gone = rate_gone(r)

@@ -63,9 +63,10 @@ var fidelityCases = []fidelityCase{
 	// 10 or 11 refused in the first second, 1.2% to 2.0% after it.
 	{sim: "upstream=nginx rate=50 burst=5 limit='100/s burst 5' procs=4 workers=4 duration=8s", upstream: nginx, agrees: true, served: 0.93, refused: 0.03, early: 15},
 	{sim: "upstream=haproxy rate=200 procs=4 workers=4 duration=8s", upstream: haproxy, served: 0.93, refused: 0.02, realLimit: "200/s sliding"},
-	// Two modes: 2.5% to 3.0% refused, or 8.0% to 9.3% when HAProxy's
-	// count's lag lines up with the cuts.
-	{sim: "upstream=haproxy rate=200 limit='400/s burst 10' procs=4 workers=4 duration=8s", upstream: haproxy, agrees: true, served: 0.85, refused: 0.10},
+	// HAProxy's count lags: a rate above it is accepted for a while, then
+	// refused whole, until a storm of refusals cuts again (1.2% to 2.7%
+	// refused in five runs, one beside a CPU hog; 3.3% to 9.3% before).
+	{sim: "upstream=haproxy rate=200 limit='400/s burst 10' procs=4 workers=4 duration=8s", upstream: haproxy, agrees: true, served: 0.90, refused: 0.03},
 	// Retry-After on every 429, at exactly the limit: a refusal's hold
 	// ends at the rate, evenly, and the turns after a burst resume an
 	// interval late (issue 43 measured 3.4% and 6.9% of the quota at

@@ -41,11 +41,12 @@ import (
 //     right limit costs 0.7% of the rate, for a second or two; refusals one
 //     request apart (a limit twice too high) halve it. A refusal of a
 //     request booked before the last cut does not cut again: it is weighed
-//     with the next. As many refusals of requests booked before the rate
-//     opened as the quota's buckets' burst weigh nothing: they went in a burst the
-//     limits allow (the fleet's start, a process the machine stalled, whose
-//     overdue requests arrive at once), which the even rate ends; more,
-//     and the limit is wrong.
+//     with the next, unless they storm: two or more, and three in four of
+//     what went since (see storm). As many refusals of requests booked
+//     before the rate opened as the quota's buckets' burst weigh nothing:
+//     they went in a burst the limits allow (the fleet's start, a process
+//     the machine stalled, whose overdue requests arrive at once), which
+//     the even rate ends; more, and the limit is wrong.
 //   - The edge is what the upstream was found to accept: the rate the
 //     refused request was booked at, less the refusal's weight; for a
 //     refusal in a climb, halfway from where the climb began, which the
@@ -79,6 +80,9 @@ const (
 	guess   = 4_000_000  // µs: beyond another, in this long
 	quiet   = 5_000_000  // µs
 	slower  = 4          // the probe of a key held since its cut is this much slower
+	// stormRefusals is how many refusals of requests booked before a cut
+	// show it was too small, when they are three in four of what went since.
+	stormRefusals = 2
 )
 
 // Rate is a key's rate after refusals, in whole microseconds and parts
@@ -206,8 +210,8 @@ func (k *Rate) Refused(now, decided, burst, before int64) (cut, wake bool) {
 		return false, true // the sleepers book anew, evenly, and their refusals are weighed
 	}
 	if decided < k.cut {
-		k.refused++ // weighed with the next refusal
-		return false, false
+		k.refused++ // weighed with the next refusal, unless they storm
+		return k.storm(now)
 	}
 	gone := k.goneBy(now)
 	at, current := k.Share(decided), k.Share(now)
@@ -235,6 +239,30 @@ func (k *Rate) Refused(now, decided, burst, before int64) (cut, wake bool) {
 	}
 	k.gone = k.goneBy(now)
 	return true, wake
+}
+
+// storm cuts the rate to half the edge, and wakes the sleepers, when the
+// refusals of requests booked before the last cut are stormRefusals or
+// more, and three in four or more of the requests gone since it: the cut
+// was too small (a first refusal after a long run weighs little), and an
+// upstream that refuses nearly all while over its limit (HAProxy's
+// http_req_rate counts its refusals) would refuse each request asleep in
+// its booking at the old rate. Fewer, as a bucket twice too fast refuses
+// half, are weighed with the next refusal. The edge stays, and a storm
+// never takes the rate below half of it: the refusals still on their way
+// are the same storm's. The opening is no cut (its refusals beyond the
+// burst are weighed with the next), and a held key has no storm: its
+// sleepers book anew after the hold.
+func (k *Rate) storm(now int64) (cut, wake bool) {
+	half, current := max(k.edge/2, Floor), k.Share(now)
+	few := k.refused < stormRefusals || 4*k.refused < 3*(k.goneBy(now)-k.gone)
+	if k.bottom == Full || k.hold > now || few || current-half < floorDiv(current*wakeCut, Full) {
+		return false, false
+	}
+	k.bottom = half
+	k.cut, k.heard, k.refused, k.tat = now, false, 0, now
+	k.gone = k.goneBy(now)
+	return true, true
 }
 
 // heldWeight is the least weight of a refusal that brought a hold, at now,

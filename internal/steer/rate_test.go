@@ -91,7 +91,7 @@ func TestKeyRate(t *testing.T) {
 			cuts: 1, wakes: 1, // the opening's
 			checks: []check{exactly(260_000, Full-Full/151)},
 		},
-		"more, and they weigh beyond it (a limit too high from the start)": {
+		"more, and they weigh beyond it (a limit too high from the start); the opening is no cut, and they do not storm": {
 			play: func(k *Rate) (int, int) {
 				k.Refused(100_000, 90_000, 5, 0)
 				for i := range int64(24) {
@@ -102,6 +102,48 @@ func TestKeyRate(t *testing.T) {
 			},
 			cuts: 1, wakes: 1,
 			checks: []check{exactly(200_000, Full/2)},
+		},
+		"a storm of refusals of requests booked before a small cut (HAProxy, over its limit, refuses them all) halves the edge and wakes the sleepers, once": {
+			play: func(k *Rate) (int, int) {
+				k.Refused(0, 0, 0, 0)
+				book(k, 1, 200, 5000)
+				c, w := tally(k.Refused(s, 995_000, 0, 0)) // 1 of 201: to 995025, the edge there
+				for i := range int64(6) {
+					c2, w2 := tally(k.Refused(s+5000*(i+1), 996_000+i, 0, 0)) // the second storms: 2 of the 0 gone since
+					c, w = c+c2, w+w2
+				}
+				return c, w
+			},
+			cuts: 2, wakes: 1,
+			checks: []check{exactly(s+10_000, 497_512), exactly(s+10_000+Climb, 995_025)},
+		},
+		"refusals of requests booked before the cut, fewer than three in four of those gone since, do not storm": {
+			play: func(k *Rate) (int, int) {
+				k.Refused(0, 0, 0, 0)
+				book(k, 1, 200, 5000)
+				c, w := tally(k.Refused(s, 995_000, 0, 0))
+				book(k, s, 10, 1000)
+				for i := range int64(4) {
+					c2, w2 := tally(k.Refused(s+10_000+i, 996_000+i, 0, 0)) // 4 of the 10 gone since: 8 would storm
+					c, w = c+c2, w+w2
+				}
+				return c, w
+			},
+			cuts: 1, checks: []check{exactly(s+10_000, 995_025)},
+		},
+		"a held key does not storm: its sleepers book anew after the hold": {
+			play: func(k *Rate) (int, int) {
+				k.Refused(0, 0, 0, 0)
+				book(k, 1, 200, 5000)
+				c, w := tally(k.Refused(s, 995_000, 0, 0))
+				k.Held(2 * s)
+				for i := range int64(6) {
+					c2, w2 := tally(k.Refused(s+5000*(i+1), 996_000+i, 0, 0))
+					c, w = c+c2, w+w2
+				}
+				return c, w
+			},
+			cuts: 1, checks: []check{exactly(s+30_000, 995_025)},
 		},
 		"with no success heard, refusals of all (HAProxy's memory) cut again, and the edge stands": {
 			play: func(k *Rate) (int, int) {
