@@ -346,9 +346,14 @@ func (m *modelCheck) refusal(step int) {
 // refusalOf tells the key of booking bk that the upstream refused its
 // request, or served it.
 func (m *modelCheck) refusalOf(step int, bk modelBooking, served bool) {
-	r, _, _ := m.limiterOf(bk.key)
 	// A refusal that brought a hold looks back at the hold before.
-	before := []int64{0, m.holdEnds[bk.key], bk.b.Now - m.rng.Int64N(1_000_000)}[m.rng.IntN(3)]
+	m.refusalAfter(step, bk, served, []int64{0, m.holdEnds[bk.key], bk.b.Now - m.rng.Int64N(1_000_000)}[m.rng.IntN(3)])
+}
+
+// refusalAfter is refusalOf, for a refusal whose hold came after the one
+// that ended at before (0: it brought none).
+func (m *modelCheck) refusalAfter(step int, bk modelBooking, served bool, before int64) {
+	r, _, _ := m.limiterOf(bk.key)
 	share, now, err := storeOf(r).Refused(context.Background(), bk.key, bk.b, served, before, "pace-model-holds")
 	if err != nil {
 		m.t.Fatalf("step %d: refused: %v", step, err)
@@ -380,8 +385,8 @@ func (m *modelCheck) recover(step int) {
 }
 
 // storm opens the rate of a key of its own, cuts it a little with a
-// refusal after 20 requests, and then refuses two requests booked before
-// that cut: the second storms (see internal/steer's Rate.storm), in the
+// refusal after 20 requests gone, and then refuses two requests booked
+// before that cut: the second storms (see internal/steer's Rate.storm), in the
 // script as in the model.
 func (m *modelCheck) storm(step int) {
 	const key = "st"
@@ -389,15 +394,17 @@ func (m *modelCheck) storm(step int) {
 		m.reserveWith(step, store.Request{Key: key, Costs: uniform(1, store.MaxLimits), Settled: true}, MaxDelay, 0)
 		return m.bookings[len(m.bookings)-1]
 	}
-	m.refusalOf(step, book(), false) // opens the rate
+	m.refusalAfter(step, book(), false, 0) // opens the rate
 	var early []modelBooking
 	for range 20 {
 		early = append(early, book())
 	}
-	m.refusalOf(step, book(), false) // 1 of 21
+	_, a, _ := m.limiterOf(key)
+	time.Sleep(time.Duration(30*a) * time.Microsecond) // until the 20 are gone from the rate's schedule
+	m.refusalAfter(step, book(), false, 0)             // 1 of 21
 	cuts := m.counts["rate-cut"]
-	m.refusalOf(step, early[0], false)
-	m.refusalOf(step, early[1], false)
+	m.refusalAfter(step, early[0], false, 0)
+	m.refusalAfter(step, early[1], false, 0)
 	if m.counts["rate-cut"] != cuts+1 {
 		m.t.Errorf("two refusals of requests booked before a small cut made %d cuts, want the storm's 1", m.counts["rate-cut"]-cuts)
 	}
