@@ -1,8 +1,10 @@
 package fleetsim
 
 import (
+	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestCaseText: a case drawn, written and read back is the same case, so
@@ -56,6 +58,26 @@ func TestFoundCases(t *testing.T) {
 		}
 		if r := Run(t, c); len(r.Violations) > 0 {
 			t.Errorf("%s:\n%s", c, strings.Join(r.Violations, "\n"))
+		}
+	}
+}
+
+// TestIETFCountersOfAWindow: a window states its length as the policy's w,
+// as express-rate-limit does (a window of 2 s with 300 ms left: w=2, t=1,
+// the seconds left rounded up); a bucket, which has no window, states the
+// time until it is full.
+func TestIETFCountersOfAWindow(t *testing.T) {
+	for _, tc := range []struct {
+		v              verdict
+		policy, fields string
+	}{
+		{verdict{limit: 100, left: 40, reset: 300 * time.Millisecond, window: 2 * time.Second}, `"default";q=100;w=2`, `"default";r=40;t=1`},
+		{verdict{limit: 10, left: 4, reset: 2500 * time.Millisecond}, `"default";q=10;w=3`, `"default";r=4;t=3`},
+	} {
+		h := http.Header{}
+		writeCounters(h, "ietf", tc.v, time.Unix(1_800_000_000, 0))
+		if p, f := h.Get("RateLimit-Policy"), h.Get("RateLimit"); p != tc.policy || f != tc.fields {
+			t.Errorf("%+v: RateLimit-Policy %s, RateLimit %s; want %s and %s", tc.v, p, f, tc.policy, tc.fields)
 		}
 	}
 }

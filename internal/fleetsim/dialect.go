@@ -65,7 +65,11 @@ func writeCounters(h http.Header, dialect string, v verdict, now time.Time) {
 		h.Set("X-RateLimit-Reset", strconv.FormatInt(int64(math.Ceil(float64(now.Add(v.reset).UnixNano())/1e9)), 10))
 		h.Set("X-RateLimit-Resource", "core")
 	case "ietf":
-		h.Set("RateLimit-Policy", fmt.Sprintf(`"default";q=%d;w=%d`, v.limit, max(resetSeconds, 1)))
+		w := max(resetSeconds, 1)
+		if v.window > 0 {
+			w = int64(math.Ceil(v.window.Seconds())) // express-rate-limit's: its window's length
+		}
+		h.Set("RateLimit-Policy", fmt.Sprintf(`"default";q=%d;w=%d`, v.limit, w))
 		h.Set("RateLimit", fmt.Sprintf(`"default";r=%d;t=%d`, v.left, resetSeconds))
 	}
 }

@@ -23,6 +23,9 @@ type verdict struct {
 	limit int           // units in a full bucket or window
 	reset time.Duration // until the bucket is full, or the window ends
 	wait  time.Duration // for a refusal: until the request would be admitted
+	// window is the time limit is for, as a window states it (0 for the
+	// others, whose policy states their reset)
+	window time.Duration
 }
 
 // newModel returns the model of c's family.
@@ -173,7 +176,7 @@ func (w *window) admit(now time.Time, cost int) verdict {
 			w.end = now.Truncate(w.length).Add(w.length)
 		}
 	}
-	v := verdict{limit: w.count, reset: w.end.Sub(now)}
+	v := verdict{limit: w.count, reset: w.end.Sub(now), window: w.length}
 	if w.used+cost <= w.count {
 		w.used += cost
 		v.ok = true
