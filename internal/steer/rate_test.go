@@ -103,45 +103,23 @@ func TestKeyRate(t *testing.T) {
 			cuts: 1, wakes: 1,
 			checks: []check{exactly(200_000, Full/2)},
 		},
-		"a storm of refusals of requests booked before a small cut (HAProxy, over its limit, refuses them all) halves the edge and wakes the sleepers, once": {
+		"a storm of refusals of requests booked before a small cut (HAProxy, over its limit, refuses them all) halves the rate, never below half the edge, wakes the sleepers, once, and the edge stays": {
 			play: func(k *Rate) (int, int) {
-				k.Refused(0, 0, 0, 0)
-				book(k, 1, 200, 5000)
-				c, w := tally(k.Refused(s, 995_000, 0, 0)) // 1 of 201: to 995025, the edge there
-				for i := range int64(6) {
-					c2, w2 := tally(k.Refused(s+5000*(i+1), 996_000+i, 0, 0)) // the second storms: 2 of the 0 gone since
-					c, w = c+c2, w+w2
-				}
-				return c, w
+				return refusedAfterASmallCut(k, 0, s+5000, s+10_000, s+15_000, s+20_000, s+25_000, s+30_000) // the second storms: 2 of the 0 gone since
 			},
 			cuts: 2, wakes: 1,
 			checks: []check{exactly(s+10_000, 497_512), exactly(s+10_000+Climb, 995_025)},
 		},
 		"refusals of requests booked before the cut, fewer than three in four of those gone since, do not storm": {
 			play: func(k *Rate) (int, int) {
-				k.Refused(0, 0, 0, 0)
-				book(k, 1, 200, 5000)
-				c, w := tally(k.Refused(s, 995_000, 0, 0))
-				book(k, s, 10, 1000)
-				for i := range int64(4) {
-					c2, w2 := tally(k.Refused(s+10_000+i, 996_000+i, 0, 0)) // 4 of the 10 gone since: 8 would storm
-					c, w = c+c2, w+w2
-				}
-				return c, w
+				return refusedAfterASmallCut(k, 10, s+10_000, s+10_001, s+10_002, s+10_003) // 4 of the 10 gone since: 8 would storm
 			},
 			cuts: 1, checks: []check{exactly(s+10_000, 995_025)},
 		},
 		"a held key does not storm: its sleepers book anew after the hold": {
 			play: func(k *Rate) (int, int) {
-				k.Refused(0, 0, 0, 0)
-				book(k, 1, 200, 5000)
-				c, w := tally(k.Refused(s, 995_000, 0, 0))
 				k.Held(2 * s)
-				for i := range int64(6) {
-					c2, w2 := tally(k.Refused(s+5000*(i+1), 996_000+i, 0, 0))
-					c, w = c+c2, w+w2
-				}
-				return c, w
+				return refusedAfterASmallCut(k, 0, s+5000, s+10_000, s+15_000, s+20_000, s+25_000, s+30_000)
 			},
 			cuts: 1, checks: []check{exactly(s+30_000, 995_025)},
 		},
@@ -212,6 +190,23 @@ func book(k *Rate, at, n, gap int64) {
 	for i := range n {
 		k.Book(at+i*gap, at+i*gap, 1000, false)
 	}
+}
+
+// refusedAfterASmallCut opens k's rate, cuts it by 1/201 at 1 s with a
+// refusal after 200 requests gone (to 995025, the edge there), books more,
+// 1 ms apart from then, and at each time given refuses a request booked
+// before that cut; it returns the cuts and wakes since the opening.
+func refusedAfterASmallCut(k *Rate, more int64, at ...int64) (cuts, wakes int) {
+	const s = 1_000_000
+	k.Refused(0, 0, 0, 0)
+	book(k, 1, 200, 5000)
+	cuts, wakes = tally(k.Refused(s, 995_000, 0, 0))
+	book(k, s, more, 1000)
+	for i, t := range at {
+		c, w := tally(k.Refused(t, 996_000+int64(i), 0, 0))
+		cuts, wakes = cuts+c, wakes+w
+	}
+	return cuts, wakes
 }
 
 // tally counts one Refused's cut and wake.
