@@ -14,8 +14,8 @@
 -- gone since the last refusal weighed (booked, and no longer held by the
 -- rate's bucket) and this one, or, for one that brought a hold after a
 -- hold since the last cut ended, the share the upstream's burst was of
--- what went since (see rate_held_weight), half at most; a cut of an eighth or more
--- wakes the sleepers too. A success of a request booked since the
+-- what went since (see rate_held_weight), half at most; a cut of an eighth
+-- or more wakes the sleepers too. A success of a request booked since the
 -- last cut says that the upstream accepts again: a later cut may lower the
 -- edge.
 --
@@ -30,6 +30,12 @@
 -- Returns {now, share}: the share of its configured rate the key goes at
 -- after a cut, in parts per million; 0 when nothing was cut.
 
+-- wake_sleepers tells the fleet that the key's rate opened or was cut
+-- deep enough: the requests asleep in their bookings book anew.
+local function wake_sleepers()
+  redis.call('PUBLISH', ARGV[3], ARGV[4] .. '\nrate ' .. string.format('%d', now))
+end
+
 local r = read_rate(1, time(2, read(2, 'GET')))
 local decided, burst = tonumber(ARGV[2]), tonumber(ARGV[5])
 if ARGV[1] == 'served' then
@@ -42,7 +48,7 @@ end
 if not r then
   write_rate(KEYS[1], {edge = rate_full, bottom = rate_full, cut = now, heard = false, tat = now, step = 0, booked = 0, gone = 0,
     refused = -burst, sure = false})
-  redis.call('PUBLISH', ARGV[3], ARGV[4] .. '\nrate ' .. string.format('%d', now))
+  wake_sleepers()
   return {now, 0}
 end
 if decided < r.cut then
@@ -50,7 +56,7 @@ if decided < r.cut then
   local stormed = rate_storm(r)
   write_rate(KEYS[1], r)
   if not stormed then return {now, 0} end
-  redis.call('PUBLISH', ARGV[3], ARGV[4] .. '\nrate ' .. string.format('%d', now))
+  wake_sleepers()
   return {now, r.bottom}
 end
 
@@ -80,6 +86,6 @@ end
 r.gone = rate_gone(r)
 write_rate(KEYS[1], r)
 if wake then
-  redis.call('PUBLISH', ARGV[3], ARGV[4] .. '\nrate ' .. string.format('%d', now))
+  wake_sleepers()
 end
 return {now, r.bottom}

@@ -8,10 +8,10 @@ import (
 // Refused tells key's rate what became of the request booked as b: the
 // upstream refused it (served false: the rate may be cut, and the fleet
 // told on channel), or served it. before, for a refusal that brought a
-// hold of the key, is when the hold before that one ended (0 for none):
-// a refusal after a hold weighs more (see internal/steer). It returns the share of its configured
-// rate the key goes at after a cut, in parts per million (0: nothing was
-// cut), and the Redis TIME it used.
+// hold of the key, is when the hold before that one ended (0 for none): a
+// refusal after a hold weighs more (see internal/steer). It returns the
+// share of its configured rate the key goes at after a cut, in parts per
+// million (0: nothing was cut), and the Redis TIME it used.
 func (s *Store) Refused(ctx context.Context, key string, b Booking, served bool, before int64, channel string) (share, now int64, err error) {
 	op := "refused"
 	if served {
