@@ -110,7 +110,9 @@ const (
 // sync is sync.lua for one bucket stored as tat and s (nil when not
 // steered): it returns the bucket's new TAT and steering, and 0 (stale), 1
 // (applied) or 2 (applied, and learned anew).
-func (s *steerModel) sync(tat, a, b, finish, booked, due int64, burst bool, cost int64, refused bool, left, reset int64, refills bool, learned, held, now int64) (int64, *steerModel, int64) {
+func (s *steerModel) sync(tat, a, b, finish, booked, due int64, burst bool, cost int64, refused bool, st store.Steer, held, now int64) (int64, *steerModel, int64) {
+	left, reset, learned := st.Remaining, st.Reset.Microseconds(), st.Learned
+	refills := st.Refills || st.Rounded
 	fresh := s == nil || (booked > s.synced && due >= s.order)
 	slower := learned > s.interval(a)
 	_, unit, spreading, _ := s.step(tat, a, b, now, now)
@@ -124,7 +126,7 @@ func (s *steerModel) sync(tat, a, b, finish, booked, due int64, burst bool, cost
 	}
 	old, result, ahead := tat, int64(1), int64(0)
 	if fresh {
-		s, left = s.takeIn(tat, a, finish, booked, due, burst, cost, left, refills, held, now)
+		s, left = s.takeIn(tat, a, finish, booked, due, burst, cost, left, refills, st.Rounded, held, now)
 	}
 	if learned > 0 && learned != s.learned {
 		before := s.interval(a)
@@ -152,8 +154,9 @@ func (s *steerModel) sync(tat, a, b, finish, booked, due int64, burst bool, cost
 }
 
 // takeIn is take_in: it returns the steering and the units left. held is
-// when the key's latest hold ends (0: none).
-func (s *steerModel) takeIn(tat, a, finish, booked, due int64, burst bool, cost, left int64, refills bool, held, now int64) (*steerModel, int64) {
+// when the key's latest hold ends (0: none); level, the reading is a level
+// alone.
+func (s *steerModel) takeIn(tat, a, finish, booked, due int64, burst bool, cost, left int64, refills, level bool, held, now int64) (*steerModel, int64) {
 	switch {
 	case s != nil:
 		left -= max(s.booked-booked, 0)
@@ -168,7 +171,7 @@ func (s *steerModel) takeIn(tat, a, finish, booked, due int64, burst bool, cost,
 		s = &steerModel{ceiling: cmp.Or(tat, now)} // the bucket alone: its TAT, or now for an empty one
 	}
 	s.believed = s.foreign
-	if !first && !burst && held <= s.seen {
+	if !first && !burst && !level && held <= s.seen {
 		s.estimateForeign(a, left, due, refills, now)
 	}
 	s.seen, s.left, s.base, s.synced = due, max(left, -1<<53), booked, s.booked

@@ -149,7 +149,7 @@ func (m *bucketModel) settle(key string, a, b, units, spent, now int64) {
 func (m *bucketModel) sync(key, bucket string, a, b int64, bk store.Booking, i int, st store.Steer, refused bool, now int64) int64 {
 	s := m.steers[bucket]
 	tat, s, result := s.sync(m.tat[bucket], a, b, bk.Finishes[i], bk.Booked[i], bk.Due(), bk.Delay == 0, int64(bk.Costs[i]), refused,
-		st.Remaining, st.Reset.Microseconds(), st.Refills, st.Learned, m.holds[key], now)
+		st, m.holds[key], now)
 	if result > 0 || (refused && s != nil) {
 		m.tat[bucket], m.steers[bucket] = tat, s
 		s.written(now)

@@ -100,6 +100,29 @@ func TestFleetLeavesTheForeignShare(t *testing.T) {
 	}
 }
 
+// TestFleetReadsABucketsRoundedReset: an upstream of 200/s burst 10 (and
+// one of slack) that states its counters as API gateways do, in GitHub's
+// fields: its burst as the limit, and the time until it is full as the
+// reset, in whole seconds (1 while it refills, in 50 ms at most). The
+// fleet, configured at 200/s burst 10, reads each reset of a second as a
+// level alone, not a window spent until it: in 4 s, at least 95% of the
+// 810 both allow, with at most 2 429s after the first second.
+func TestFleetReadsABucketsRoundedReset(t *testing.T) {
+	srv := redistest.Start(t)
+	warmScript(t, srv)
+	api := startQuotaAPI(t, quotaapi.Config{Dialect: quotaapi.Gateway, Rate: 200, Burst: 11})
+	start := time.Now().Add(time.Second)
+	const run = 4 * time.Second
+	runFleet(t, 4, fleetWorker{Addr: srv.Addr, Limit: "200/s burst 10", Goroutines: 8, URL: api.URL(), Start: start, End: start.Add(run)})
+	arrivals := api.Arrivals()
+	logSeconds(t, arrivals, start, start.Add(run))
+	all, late := tallyOf(arrivals, start, start.Add(run)), tallyOf(arrivals, start.Add(time.Second), start.Add(run))
+	t.Logf("%d served, %.1f%% of 810; %d 429s, %d after the first second", all.ok, 100*float64(all.ok)/810, all.refused, late.refused)
+	if all.ok < 770 || late.refused > 2 {
+		t.Errorf("%d served and %d 429s after the first second; want at least 770 (95%% of 810) and at most 2", all.ok, late.refused)
+	}
+}
+
 // TestFleetSpreadsAWindow: GitHub's quota, shortened: 600 per 20 s window,
 // stated in GitHub's headers; the fleet (configured at 100/s, which would
 // spend the window in seconds and then stall) starts 12 s into a window of

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetpace/pace/headers"
 	"github.com/fleetpace/pace/internal/quotaapi"
 	"github.com/fleetpace/pace/internal/store"
 	"github.com/redis/go-redis/v9"
@@ -162,7 +163,7 @@ func TestRefusalsExplainedDoNotCut(t *testing.T) {
 	c := newTestRedis(t)
 	for name, header := range map[string][]string{
 		"Retry-After":        {"Retry-After", "1"},
-		"a spent window":     {"X-RateLimit-Limit", "100", "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "1"},
+		"a spent window":     {"X-RateLimit-Limit", "100", "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "30"},
 		"a spent bucket":     {"X-Ratelimit-Remaining-Requests", "0", "X-Ratelimit-Reset-Requests", "100ms"},
 		"units left: unsaid": {"X-Ratelimit-Remaining-Requests", "30", "X-Ratelimit-Reset-Requests", "100ms"},
 	} {
@@ -199,6 +200,22 @@ func TestRefusalsExplainedDoNotCut(t *testing.T) {
 					t.Errorf("the key's rate cut: %v, want %v", cut, want)
 				}
 			})
+		}
+	}
+}
+
+// TestRoundedResetsExplainNothing: a refusal whose only reading says the
+// quota is spent until a reset a second away or less, in whole seconds,
+// is not explained by it: that may be a token bucket's time until it is
+// full, which the fleet emptied by going too fast (headers.Reading.Rounded).
+// The same reading with a reset of 2 s, a window's, explains it.
+func TestRoundedResetsExplainNothing(t *testing.T) {
+	limits := newNamedLimits([]Limit{PerSecond(100)})
+	for reset, want := range map[string]bool{"1": false, "2": true} {
+		resp := &http.Response{StatusCode: http.StatusTooManyRequests, Header: http.Header{}}
+		resp.Header.Set("RateLimit", `"default";r=0;t=`+reset)
+		if got := limits.explains(headers.Hear(resp, time.Now(), time.Hour)); got != want {
+			t.Errorf("a 429 of a quota spent for %s s: explained %v, want %v", reset, got, want)
 		}
 	}
 }

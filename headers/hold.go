@@ -46,7 +46,10 @@ type Hold struct {
 //   - on any status, a reading (ParseReadings) of a window with no unit
 //     left: a hold of its quota until the window resets, as GitHub says
 //     with its 403s (X-RateLimit-Remaining: 0) and the IETF draft with
-//     "default";r=0;t=30, or RateLimit-Remaining: 0 with RateLimit-Reset.
+//     "default";r=0;t=30, or RateLimit-Remaining: 0 with RateLimit-Reset;
+//     not a reset a second away or less, said in whole seconds (t=1): the
+//     quota may be a token bucket's, whose next unit comes long before the
+//     second ends (see Reading.Rounded).
 //
 // When several say so, the longest hold wins. A value that is malformed,
 // negative, in the past, or contradicted by its own headers (a remaining
@@ -137,7 +140,7 @@ func Hear(resp *http.Response, now time.Time, max time.Duration) Word {
 		w.Holds = append(w.Holds, h)
 	}
 	for _, r := range w.Readings {
-		if r.Remaining == 0 && !r.Refills {
+		if r.Remaining == 0 && !r.Refills && !r.Rounded {
 			h := Hold{Reason: status + r.Header, Quota: r.Name, OnlyReading: len(w.Readings) == 1, OwnQuota: r.OwnQuota}
 			w.Holds = append(w.Holds, capHold(r.Reset.Seconds(), max, h))
 		}

@@ -42,7 +42,13 @@ func TestParseHold(t *testing.T) {
 			"Beta-Ratelimit", `"tenant-app-quota";r=0;t=2788`, "X-Beta-Ratelimit-Reason", "jira-quota-tenant-based"), 2788 * time.Second},
 		"IETF RateLimit, two quotas spent": {response(429,
 			"RateLimit", `"burst";r=0;t=30, "daily";r=0;t=3600`), time.Hour},
-		"IETF RateLimit, left":             {response(200, "RateLimit", `"default";r=50;t=30`), 0},
+		"IETF RateLimit, left": {response(200, "RateLimit", `"default";r=50;t=30`), 0},
+		// A second or less, in whole seconds: perhaps a token bucket's time
+		// until it is full (see Reading.Rounded).
+		"IETF spent for 1 s, 200":          {response(200, "RateLimit", `"default";r=0;t=1`), 0},
+		"IETF spent for 1 s, 429":          {response(429, "RateLimit", `"default";r=0;t=1`), 0},
+		"IETF spent for 2 s, 429":          {response(429, "RateLimit", `"default";r=0;t=2`), 2 * time.Second},
+		"a gateway's, spent for 1 s":       {response(200, "X-RateLimit-Limit", "10", "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "1"), 0},
 		"IETF older fields":                {response(429, "RateLimit-Limit", "100", "RateLimit-Remaining", "0", "RateLimit-Reset", "50"), 50 * time.Second},
 		"IETF older dictionary":            {response(200, "RateLimit", "limit=100, remaining=0, reset=50"), 50 * time.Second},
 		"503 HTTP-date":                    {response(503, "Retry-After", "Tue, 14 Nov 2023 22:15:20 GMT"), 2 * time.Minute},

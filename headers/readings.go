@@ -37,6 +37,15 @@ type Reading struct {
 	// resets, or, when Refills, until the quota is full again.
 	Reset   time.Duration
 	Refills bool
+	// Rounded is a window's reset said in whole seconds that may be a
+	// moment away: a second or less (two against the response's Date, which
+	// is a second late at most). The quota may come back at any time until
+	// then, all at once as a window's, or a few units at a time as a token
+	// bucket's that states the time until it is full (API gateways do so in
+	// GitHub's or the IETF draft's fields). Such a reading says how much is
+	// left, not that nothing comes back before its reset: it holds nothing,
+	// explains no refusal, and tells no rate of others.
+	Rounded bool
 	// Header is what said so, such as "x-ratelimit-remaining: 299,
 	// x-ratelimit-reset: 1700000600".
 	Header string
@@ -127,6 +136,7 @@ type readingClock struct {
 	header http.Header
 	now    time.Time
 	read   bool
+	dated  bool // now is the Date's: up to a second before the arrival
 }
 
 func (c *readingClock) at() time.Time {
@@ -134,7 +144,7 @@ func (c *readingClock) at() time.Time {
 		c.read = true
 		date, err := http.ParseTime(c.header.Get("Date"))
 		if err == nil && (c.now.Before(date.Add(-time.Second)) || c.now.After(date.Add(2*time.Second))) {
-			c.now = date
+			c.now, c.dated = date, true
 		}
 	}
 	return c.now
@@ -180,7 +190,7 @@ func readPrefixed(h http.Header, f prefixedNames, clock *readingClock) (Reading,
 			return r, false
 		}
 	}
-	r.Reset, ok = secondsOrEpoch(reset, clock, f.epochs)
+	r.Reset, r.Rounded, ok = secondsOrEpoch(reset, clock, f.epochs)
 	return r, ok
 }
 
@@ -202,7 +212,7 @@ func readIETF(h http.Header, names ietfFields) []Reading {
 		r := Reading{Name: item.name, Header: names.field + ": " + field}
 		var ok1, ok2 bool
 		r.Remaining, ok1 = count(item.params["r"])
-		r.Reset, ok2 = secondsOrEpoch(item.params["t"], nil, false)
+		r.Reset, r.Rounded, ok2 = secondsOrEpoch(item.params["t"], nil, false)
 		if !ok1 || !ok2 {
 			continue
 		}
@@ -226,7 +236,7 @@ func readIETFDictionary(dict map[string]string, policies []sfItem, header, polic
 	r := Reading{Header: header}
 	var ok1, ok2, ok3 bool
 	r.Remaining, ok1 = count(dict["remaining"])
-	r.Reset, ok2 = secondsOrEpoch(dict["reset"], nil, false)
+	r.Reset, r.Rounded, ok2 = secondsOrEpoch(dict["reset"], nil, false)
 	r.Limit, ok3 = count(cmp.Or(dict["limit"], "0"))
 	if !ok1 || !ok2 || !ok3 {
 		return nil
@@ -316,19 +326,26 @@ func count(s string) (int64, bool) {
 }
 
 // secondsOrEpoch reads a reset in seconds (whole or decimal) from now, or,
-// with epochs, a Unix time above 1,000,000,000 taken against clock.
-func secondsOrEpoch(s string, clock *readingClock, epochs bool) (time.Duration, bool) {
+// with epochs, a Unix time above 1,000,000,000 taken against clock;
+// rounded, it was said in whole seconds and may be a moment away: a second
+// or less, or two against the Date, itself a second late at most (see
+// Reading.Rounded).
+func secondsOrEpoch(s string, clock *readingClock, epochs bool) (reset time.Duration, rounded, ok bool) {
 	seconds, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
 	if err != nil || math.IsNaN(seconds) || math.IsInf(seconds, 0) || seconds < 0 {
-		return 0, false
+		return 0, false, false
 	}
+	whole, slack := seconds == math.Trunc(seconds), 1.0
 	if epochs && seconds > 1e9 {
 		seconds -= float64(clock.at().UnixNano()) / 1e9
+		if clock.dated {
+			slack = 2
+		}
 	}
 	if seconds > store.MaxDelay.Seconds() {
-		return 0, false
+		return 0, false, false
 	}
-	return time.Duration(seconds * float64(time.Second)), true
+	return time.Duration(seconds * float64(time.Second)), whole && seconds <= slack, true
 }
 
 // sfItem is an item of a structured header list: its name and parameters.

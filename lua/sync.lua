@@ -12,8 +12,13 @@
 -- what is left for the fleet, when that is lower (no reading refills the
 -- bucket: the configured limit is a ceiling), and the bucket then refills
 -- at the fleet's interval; a window's units left for the fleet are spread
--- evenly until it resets. An advertised limit may be learned: its interval,
--- which the limiter has bounded, replaces the bucket's.
+-- evenly until it resets. A window's reset a second away or less, said in
+-- whole seconds (a level alone), may be a token bucket's time until it is
+-- full: the reading sets the level, as a quota's that refills, and tells no
+-- rate of others (a window read as refilling seems spent by others; a
+-- bucket read as a window spreads a few units over a second). An
+-- advertised limit may be learned: its interval, which the limiter has
+-- bounded, replaces the bucket's.
 --
 -- A reading applies only if its request was booked after the last reading
 -- was applied, and in order (see ORDER in common.lua): an older reading,
@@ -35,10 +40,10 @@
 --           and burst; the bucket's TAT and count of units booked after the
 --           request's booking (see reserve.lua), the request's due time,
 --           whether it went without waiting (1) or not (0), and its cost
---           under the bucket; the units left,
---           the microseconds until the reset or refill, whether the quota
---           refills (1) or is a window (0); and the interval advertised, or
---           0 when not learning
+--           under the bucket; the units left, the microseconds until the
+--           reset or refill, whether the quota refills (1), is a window (0)
+--           or a level alone (2); and the interval advertised, or 0 when
+--           not learning
 --
 -- Returns {now, result_1, ..., result_n, synced_1, ..., synced_n}: 0 when
 -- the reading was stale, 1 when it was applied, 2 when it was applied and
@@ -189,7 +194,7 @@ local function reading(i)
   return {a = tonumber(ARGV[o]), b = tonumber(ARGV[o + 1]), finish = tonumber(ARGV[o + 2]),
     booked = tonumber(ARGV[o + 3]), due = tonumber(ARGV[o + 4]), burst = ARGV[o + 5] == '1',
     cost = tonumber(ARGV[o + 6]), left = tonumber(ARGV[o + 7]), reset = tonumber(ARGV[o + 8]),
-    refills = ARGV[o + 9] == '1', learned = tonumber(ARGV[o + 10])}
+    refills = ARGV[o + 9] ~= '0', level = ARGV[o + 9] == '2', learned = tonumber(ARGV[o + 10])}
 end
 
 -- take_in takes a fresh reading r into the steering of a bucket stored as
@@ -202,7 +207,7 @@ local function take_in(tat, steer, r)
   steer = steer or {seen = 0, till = 0, spread = 0, learned = 0, left = 0, base = 0, synced = 0, booked = 0, foreign = 0, order = 0,
     ceiling = tat or now}
   steer.believed = steer.foreign
-  if not first and not r.burst and held <= steer.seen then estimate_foreign(steer, r.a, left, r.due, r.refills) end
+  if not first and not r.burst and not r.level and held <= steer.seen then estimate_foreign(steer, r.a, left, r.due, r.refills) end
   steer.seen, steer.left, steer.base, steer.synced = r.due, math.max(left, -2^53), r.booked, steer.booked
   if first or r.burst then steer.seen = 0 end
   return steer, left

@@ -95,3 +95,29 @@ func TestSmallBucketInTheBody(t *testing.T) {
 	loopCase{spec: "upstream=strict body=shopify duration=4s", served: 0.9, refused: 0.01}.check(t,
 		"rate=200 burst=10 limit='400/s burst 10'", "rate=400 burst=20 limit='800/s burst 20'")
 }
+
+// TestCountersOfABucket: a token bucket that states its counters in
+// GitHub's or the IETF draft's fields, as API gateways do: its burst as the
+// limit, the time until it is full as the reset, in whole seconds. pace
+// read each as a window: units left spread over the second, and none left
+// held the fleet until the reset, where the bucket refills in milliseconds
+// (4% to 47% served in 4 s). A reset a second away or less (two against
+// the Date) is read as a level alone now: 97.7% to 99.4%.
+func TestCountersOfABucket(t *testing.T) {
+	loopCase{spec: "duration=4s", served: 0.95, refused: 0.005}.check(t,
+		"upstream=strict counters=ietf rate=150 burst=10", "upstream=nginx counters=github rate=400 burst=10",
+		"upstream=nginx counters=ietf rate=50 burst=5", "upstream=strict counters=github rate=50 burst=20")
+}
+
+// TestRoundedWindows: windows and HAProxy's sliding window, stating their
+// counters so, lose nothing to it. A window of a second says its reset is
+// a second away in every reading: spread over that second, its units left
+// went at half their pace (53% to 64% served in 4 s before; 92% to 100%
+// now). Under pace at twice a window's rate, the window runs dry halfway,
+// and its refusals, which hold nothing now, steer the rate: 3 or 4 of them
+// in the last quarter of each window (3.3% after the first second).
+func TestRoundedWindows(t *testing.T) {
+	loopCase{spec: "duration=4s", served: 0.9, refused: 0.04}.check(t,
+		"upstream=window counters=ietf rate=50", "upstream=window counters=github rate=100 limit='200/s burst 10'",
+		"upstream=haproxy counters=ietf rate=100")
+}

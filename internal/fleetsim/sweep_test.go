@@ -13,14 +13,14 @@ import (
 )
 
 var (
-	seeds    = flag.Int("seeds", 0, "runs drawn across the space, seeds 1 to N (0: the 200 of go test)")
+	seeds    = flag.Int("seeds", 0, "runs drawn across the space, seeds 1 to N (0: the 150 of go test)")
 	caseSpec = flag.String("case", "", "run one case: key=value pairs, such as \"upstream=nginx rate=50 limit='100/s burst 5'\"")
 	jsonOut  = flag.String("json", "", "write the runs' results to this file as JSON")
 )
 
 // defaultSeeds is how many drawn runs go test makes without -seeds: about
 // 20 s here (see race_test.go).
-var defaultSeeds = 200
+var defaultSeeds = 150
 
 // TestSweep runs cases drawn across the upstreams' whole space (or the one
 // -case names), checks the invariants in each, and logs a table of what

@@ -32,6 +32,10 @@ const (
 	// -remaining-requests and -reset-requests (until the bucket is full,
 	// as a Go duration) of a token bucket.
 	OpenAI Dialect = "openai"
+	// Gateway states x-ratelimit-limit (its burst), -remaining and -reset
+	// (until the bucket is full, in whole seconds, rounded up) of a token
+	// bucket, as API gateways state theirs in GitHub's fields.
+	Gateway Dialect = "gateway"
 	// Shopify answers every request 200, as Shopify's GraphQL Admin API
 	// does, with the bucket (Burst points, restored at Rate a second, each
 	// request Cost) in its body's extensions.cost.throttleStatus, and a
@@ -40,13 +44,14 @@ const (
 	Shopify Dialect = "shopify"
 )
 
-// ParseDialect reads a dialect's name: "github", "ietf", "openai" or "".
+// ParseDialect reads a dialect's name: "github", "ietf", "openai",
+// "gateway", "shopify" or "".
 func ParseDialect(s string) (Dialect, error) {
 	switch d := Dialect(s); d {
-	case Silent, GitHub, IETF, OpenAI, Shopify:
+	case Silent, GitHub, IETF, OpenAI, Gateway, Shopify:
 		return d, nil
 	}
-	return Silent, fmt.Errorf("dialect %q: want github, ietf, openai or shopify", s)
+	return Silent, fmt.Errorf("dialect %q: want github, ietf, openai, gateway or shopify", s)
 }
 
 // Windowed reports whether the dialect counts a fixed window, rather than a
@@ -56,7 +61,7 @@ func (d Dialect) Windowed() bool { return d == GitHub || d == IETF }
 // Config is what a server enforces and says.
 type Config struct {
 	Dialect Dialect
-	// Rate and Burst are the token bucket that Silent and OpenAI enforce;
+	// Rate and Burst are the token bucket that Silent, OpenAI and Gateway enforce;
 	// a Rate of 0 enforces none.
 	Rate  float64
 	Burst int
@@ -342,12 +347,22 @@ func (s *Server) state(now time.Time, left int, h http.Header) {
 		h.Set("RateLimit-Policy", fmt.Sprintf(`"default";q=%d;w=%d`, c.Count, int64(math.Ceil(c.Window.Seconds()))))
 		h.Set("RateLimit", fmt.Sprintf(`"default";r=%d;t=%d`, left, int64(math.Ceil(end.Sub(now).Seconds()))))
 	case OpenAI:
-		if s.bucket == nil {
-			return
+		if s.bucket != nil {
+			h.Set("X-Ratelimit-Limit-Requests", strconv.Itoa(int(math.Round(c.Rate*60))))
+			h.Set("X-Ratelimit-Remaining-Requests", strconv.Itoa(left))
+			h.Set("X-Ratelimit-Reset-Requests", s.untilFull(now).Round(time.Millisecond).String())
 		}
-		full := time.Duration((float64(c.Burst) - s.bucket.TokensAt(now)) / c.Rate * float64(time.Second))
-		h.Set("X-Ratelimit-Limit-Requests", strconv.Itoa(int(math.Round(c.Rate*60))))
-		h.Set("X-Ratelimit-Remaining-Requests", strconv.Itoa(left))
-		h.Set("X-Ratelimit-Reset-Requests", full.Round(time.Millisecond).String())
+	case Gateway:
+		if s.bucket != nil {
+			h.Set("X-RateLimit-Limit", strconv.Itoa(c.Burst))
+			h.Set("X-RateLimit-Remaining", strconv.Itoa(left))
+			h.Set("X-RateLimit-Reset", strconv.FormatInt(int64(math.Ceil(s.untilFull(now).Seconds())), 10))
+		}
 	}
+}
+
+// untilFull is the time from now until the bucket is full.
+func (s *Server) untilFull(now time.Time) time.Duration {
+	c := s.config
+	return time.Duration((float64(c.Burst) - s.bucket.TokensAt(now)) / c.Rate * float64(time.Second))
 }

@@ -32,6 +32,7 @@ type Steer struct {
 	Remaining int64         // the units the upstream has left
 	Reset     time.Duration // from now until the window resets, or the quota is full
 	Refills   bool          // the units come back a few at a time, as a bucket's do
+	Rounded   bool          // a window's reset a second away or less, said in whole seconds (headers.Reading.Rounded)
 	Learned   int64         // the interval learned, in microseconds; 0 when not learning
 }
 
@@ -55,7 +56,7 @@ func (s *Store) Sync(ctx context.Context, key string, b Booking, steers []Steer,
 	for _, st := range steers {
 		syncKeys = append(syncKeys, keys[st.Limit])
 		args = append(args, s.limitArgs[3*st.Limit+1], s.limitArgs[3*st.Limit+2], b.Finishes[st.Limit], b.Booked[st.Limit],
-			b.Due(), flag(b.Delay == 0), b.Costs[st.Limit], st.Remaining, st.Reset.Microseconds(), flag(st.Refills), st.Learned)
+			b.Due(), flag(b.Delay == 0), b.Costs[st.Limit], st.Remaining, st.Reset.Microseconds(), st.kind(), st.Learned)
 	}
 	syncKeys = append(syncKeys, s.HoldKey(key))
 	var reply [1 + 2*MaxLimits]int64
@@ -90,4 +91,14 @@ func BucketBurst(limits []Limit) int {
 		}
 	}
 	return least
+}
+
+// kind is how sync.lua takes st's units left: 0 a window's, 1 a quota's
+// that refills, 2 a level alone (Rounded: the quota may come back at any
+// time before the reset, so the reading tells no rate of others).
+func (st Steer) kind() int {
+	if st.Rounded {
+		return 2
+	}
+	return flag(st.Refills)
 }
