@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/fleetpace/pace/headers"
@@ -16,8 +17,9 @@ import (
 // (ShopifyCounters). Set as a Transport's or a Rule's BodyCounters, the
 // readings it returns steer the request's key on a Redis once the body
 // reaches EOF or is closed, as the headers' do (see Redis.Sync), unless
-// IgnoreCounters; a body never closed says nothing. The body then comes
-// wrapped, as for a Settler.
+// IgnoreCounters; a reading Refused (THROTTLED) is a refusal too, which
+// the refusals' loop weighs, unless IgnoreRefusals. A body never closed
+// says nothing. The body then comes wrapped, as for a Settler.
 type BodyCounters func(resp *http.Response, ends usage.Ends) []headers.Reading
 
 // ShopifyCounters reads the cost bucket that Shopify's GraphQL Admin API
@@ -43,6 +45,7 @@ func ShopifyCounters(_ *http.Response, ends usage.Ends) []headers.Reading {
 		Remaining: int64(math.Floor(th.Available)),
 		Reset:     secondsOf((th.Maximum - th.Available) / th.RestoreRate),
 		Refills:   true,
+		Refused:   th.Throttled,
 		Header:    said,
 	}}
 }
@@ -53,14 +56,17 @@ func secondsOf(s float64) time.Duration {
 }
 
 // heedBody hands the counters that resp's body (its ends) states to p's
-// limiter, as of arrival, when the headers came. The refusals' loop heard
-// the response already.
+// limiter, as of arrival, when the headers came, and the refusal a reading
+// says the body makes (THROTTLED) to the refusals' loop, which heard the
+// headers already.
 func (p pacing) heedBody(ctx context.Context, resp *http.Response, ends usage.Ends, arrival time.Time) {
 	readings := p.counters(resp, ends)
 	if len(readings) == 0 {
 		return
 	}
+	w := headers.Word{Readings: readings, Status: resp.StatusCode, At: arrival,
+		Refused: slices.ContainsFunc(readings, func(r headers.Reading) bool { return r.Refused })}
 	scope := p.scope
-	scope.refusals = false
-	p.backend.heed(ctx, p.key, p.grant, headers.Word{Readings: readings, Status: resp.StatusCode, At: arrival}, scope)
+	scope.refusals = scope.refusals && w.Refused
+	p.backend.heed(ctx, p.key, p.grant, w, scope)
 }

@@ -13,7 +13,8 @@ import (
 
 // explains reports whether w explains its refusal for n: a reading of one
 // of the limits with no unit left, which steers the key's buckets (not one
-// Rounded, perhaps a token bucket's that the fleet emptied); or a
+// Rounded, perhaps a token bucket's that the fleet emptied, nor one that
+// is the refusal, THROTTLED in a body); or a
 // hold of the key beside readings of its limits, which steer them while
 // the hold pauses it. Any other refusal steers the key's rate (see
 // internal/steer), one that a hold alone explains too: the hold pauses
@@ -24,7 +25,7 @@ import (
 func (n namedLimits) explains(w headers.Word) bool {
 	read := false
 	for _, r := range w.Readings {
-		if r.Rounded || n.limitOf(r.Name, r.OwnQuota, len(w.Readings) == 1) < 0 {
+		if r.Rounded || r.Refused || n.limitOf(r.Name, r.OwnQuota, len(w.Readings) == 1) < 0 {
 			continue
 		}
 		if r.Remaining == 0 {

@@ -46,6 +46,10 @@ type Reading struct {
 	// left, not that nothing comes back before its reset: it holds nothing,
 	// explains no refusal, and tells no rate of others.
 	Rounded bool
+	// Refused: the answer that said so refused the request in its body, as
+	// Shopify's THROTTLED does in a 200. Such a refusal says the fleet
+	// outran the quota's refills, as a 429 does: it explains nothing.
+	Refused bool
 	// Header is what said so, such as "x-ratelimit-remaining: 299,
 	// x-ratelimit-reset: 1700000600".
 	Header string
