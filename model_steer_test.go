@@ -112,7 +112,10 @@ const (
 // (applied) or 2 (applied, and learned anew).
 func (s *steerModel) sync(tat, a, b, finish, booked, due int64, burst bool, cost int64, refused bool, st store.Steer, held, now int64) (int64, *steerModel, int64) {
 	left, reset, learned := st.Remaining, st.Reset.Microseconds(), st.Learned
-	refills := st.Refills || st.Rounded
+	refills, level := st.Refills || st.Rounded, st.Rounded
+	if level && s != nil && s.till > now { // a window's last second
+		refills, level = false, false
+	}
 	fresh := s == nil || (booked > s.synced && due >= s.order)
 	slower := learned > s.interval(a)
 	_, unit, spreading, _ := s.step(tat, a, b, now, now)
@@ -126,7 +129,7 @@ func (s *steerModel) sync(tat, a, b, finish, booked, due int64, burst bool, cost
 	}
 	old, result, ahead := tat, int64(1), int64(0)
 	if fresh {
-		s, left = s.takeIn(tat, a, finish, booked, due, burst, cost, left, refills, st.Rounded, held, now)
+		s, left = s.takeIn(tat, a, finish, booked, due, burst, cost, left, refills, level, held, now)
 	}
 	if learned > 0 && learned != s.learned {
 		before := s.interval(a)
@@ -143,7 +146,7 @@ func (s *steerModel) sync(tat, a, b, finish, booked, due int64, burst bool, cost
 		if spreading && tat > 0 && ahead == 0 {
 			last, booked = tat-unit, tat-unit
 		}
-		tat = s.spend(tat, free, last, a, b, cost, left+ahead, reset, refills, now)
+		tat = s.spend(tat, free, last, a, b, cost, left+ahead, reset, refills, level, now)
 		if ahead == 0 && max(s.allow(tat, a, b, 1, now, now), now) <= booked {
 			s.movedBack(free)
 		}
@@ -191,7 +194,7 @@ func (s *steerModel) refuse(booked, cost int64) {
 }
 
 // spend is spend.
-func (s *steerModel) spend(tat, free, last, a, b, cost, left, reset int64, refills bool, now int64) int64 {
+func (s *steerModel) spend(tat, free, last, a, b, cost, left, reset int64, refills, level bool, now int64) int64 {
 	others := float64(max(s.believed, 0))
 	s.probing = false
 	if refills {
@@ -201,8 +204,12 @@ func (s *steerModel) spend(tat, free, last, a, b, cost, left, reset int64, refil
 			spare = int64(math.Ceil(others / 2e7))
 		}
 		mine := left - cost - min(spare, b/2)
+		full := now + (b-min(mine, b))*i
+		if level {
+			full = min(full, now+reset)
+		}
 		s.till, s.spread = 0, 0
-		return max(s.ceiling, now+(b-min(mine, b))*i)
+		return max(s.ceiling, full)
 	}
 	mine := left - int64(math.Ceil(others*float64(reset)/1e12))
 	s.till, s.spread = now+reset, 0

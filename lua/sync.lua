@@ -118,33 +118,37 @@ local function estimate_foreign(steer, a, left, due, refills)
   steer.foreign = f
 end
 
--- spend applies a reading's units left (less those booked since its
--- request, which cost cost) to a bucket stored as tat and steer, until its
--- reset or refill, and returns the bucket's new TAT: a quota that refills
--- gets that level, less a request's cost for the jitter of arrivals and
--- what others spend in 50 ms (half the burst at most; until their rate is
--- estimated, what the bucket refills in 50 ms: the rest of the burst is the
--- headroom that a pause of the fleet's, or a clump of arrivals, spends
--- before the upstream's bucket is full and its refills are lost), but
--- never before its CEILING (see common.lua), the bucket alone: no reading
--- refills it beyond what the limit itself allows;
--- a window's units, less what others spend until its reset, are spread
--- from free, the next time free after those booked already, or, when the
--- bucket was spreading, from last, the due time of the last unit booked, at
--- the new spread (none left before the reset: the schedule stands, held
--- until it). When others seem to spend all the window has left, the fleet
--- still books a unit every probe (or spreads what is left, if slower; the
--- last unit before the reset at most): else, held until the reset, it
--- would never hear that they stopped.
-local function spend(tat, free, last, steer, a, b, cost, left, reset, refills)
-  local others = math.max(steer.believed, 0)
-  if refills then
+-- spend applies reading r's units left (left: less those booked since its
+-- request, which cost r.cost) to a bucket stored as tat and steer, until
+-- its reset or refill, and returns the bucket's new TAT: a quota that
+-- refills gets that level, less a request's cost for the jitter of arrivals
+-- and what others spend in 50 ms (half the burst at most; until their rate
+-- is estimated, what the bucket refills in 50 ms: the rest of the burst is
+-- the headroom that a pause of the fleet's, or a clump of arrivals, spends
+-- before the upstream's bucket is full and its refills are lost), but never
+-- before its CEILING (see common.lua), the bucket alone: no reading refills
+-- it beyond what the limit itself allows; a level alone holds the bucket no
+-- later than its reset, when the quota is full (an hourly quota's bucket,
+-- refilled at its rate, would stay low for the hour); a window's units,
+-- less what others spend until its reset, are spread from free, the next
+-- time free after those booked already, or, when the bucket was spreading,
+-- from last, the due time of the last unit booked, at the new spread (none
+-- left before the reset: the schedule stands, held until it). When others
+-- seem to spend all the window has left, the fleet still books a unit every
+-- probe (or spreads what is left, if slower; the last unit before the reset
+-- at most): else, held until the reset, it would never hear that they
+-- stopped.
+local function spend(tat, free, last, steer, a, b, r, left)
+  local others, cost, reset = math.max(steer.believed, 0), r.cost, r.reset
+  if r.refills then
     local i = fleet_interval(steer, a, b)
     local spare = math.ceil(50000 / i)
     if steer.foreign ~= 0 then spare = math.ceil(others / 2e7) end
     local mine = left - cost - math.min(spare, math.floor(b / 2))
+    local level = now + (b - math.min(mine, b)) * i
+    if r.level then level = math.min(level, now + reset) end
     steer.till, steer.spread = 0, 0
-    return math.max(steer.ceiling, now + (b - math.min(mine, b)) * i)
+    return math.max(steer.ceiling, level)
   end
   local mine = left - math.ceil(others * reset / 1e12)
   steer.till, steer.spread = now + reset, 0
@@ -219,6 +223,8 @@ end
 local function steer_bucket(i, r, refused)
   local a, b = r.a, r.b
   local tat, steer = read_bucket(i)
+  -- A level alone of a window the bucket is spreading is its last second.
+  if r.level and steer and steer.till > now then r.refills, r.level = false, false end
   local fresh = not steer or (r.booked > steer.synced and r.due >= steer.order)
   local slower = r.learned > interval(steer, a)
   local _, unit, spreading = bucket_step(tat, steer, a, b, now)
@@ -246,7 +252,7 @@ local function steer_bucket(i, r, refused)
     -- the bookings to come may go before some of them (see ORDER).
     local last, booked = nil, free - 1
     if spreading and tat and ahead == 0 then last, booked = tat - unit, tat - unit end
-    tat = spend(tat, free, last, steer, a, b, r.cost, left + ahead, r.reset, r.refills)
+    tat = spend(tat, free, last, steer, a, b, r, left + ahead)
     if ahead == 0 and math.max(bucket_allow(tat, steer, a, b, 1, now), now) <= booked then moved_back(steer, free) end
   elseif ahead > 0 then -- an older reading, of a slower limit: the units ahead, at the new pace
     tat = now + math.max(math.ceil((old - now) / unit) - ahead, 0) * fleet_interval(steer, a, b)
