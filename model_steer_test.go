@@ -111,10 +111,10 @@ const (
 // steered): it returns the bucket's new TAT and steering, and 0 (stale), 1
 // (applied) or 2 (applied, and learned anew).
 func (s *steerModel) sync(tat, a, b, finish, booked, due int64, burst bool, cost int64, refused bool, st store.Steer, held, now int64) (int64, *steerModel, int64) {
-	left, reset, learned := st.Remaining, st.Reset.Microseconds(), st.Learned
+	left, reset, early, learned := st.Remaining, st.Reset.Microseconds(), st.Early.Microseconds(), st.Learned
 	refills, level := st.Refills || st.Rounded, st.Rounded
-	if level && s != nil && s.till > now { // a window's last second
-		refills, level = false, false
+	if level && s != nil && s.till > now { // a window's last second, spread until its stated reset
+		refills, level, early = false, false, 0
 	}
 	fresh := s == nil || (booked > s.synced && due >= s.order)
 	slower := learned > s.interval(a)
@@ -146,7 +146,7 @@ func (s *steerModel) sync(tat, a, b, finish, booked, due int64, burst bool, cost
 		if spreading && tat > 0 && ahead == 0 {
 			last, booked = tat-unit, tat-unit
 		}
-		tat = s.spend(tat, free, last, a, b, cost, left+ahead, reset, refills, level, now)
+		tat = s.spend(tat, free, last, a, b, cost, left+ahead, reset, early, refills, level, now)
 		if ahead == 0 && max(s.allow(tat, a, b, 1, now, now), now) <= booked {
 			s.movedBack(free)
 		}
@@ -194,7 +194,7 @@ func (s *steerModel) refuse(booked, cost int64) {
 }
 
 // spend is spend.
-func (s *steerModel) spend(tat, free, last, a, b, cost, left, reset int64, refills, level bool, now int64) int64 {
+func (s *steerModel) spend(tat, free, last, a, b, cost, left, reset, early int64, refills, level bool, now int64) int64 {
 	others := float64(max(s.believed, 0))
 	s.probing = false
 	if refills {
@@ -220,7 +220,7 @@ func (s *steerModel) spend(tat, free, last, a, b, cost, left, reset int64, refil
 		}
 		return tat
 	case mine > 0:
-		s.spread = int64(math.Ceil(float64(s.till-free) / float64(mine)))
+		s.spread = max(int64(math.Ceil(float64(s.till-early-free)/float64(mine))), 1)
 	default:
 		s.probing = true
 		s.spread = min(max(syncProbe, int64(math.Ceil(float64(s.till-free)/float64(left)))), s.till-free)

@@ -25,7 +25,7 @@ import (
 func (n namedLimits) explains(w headers.Word) bool {
 	read := false
 	for _, r := range w.Readings {
-		if r.Rounded || r.Refused || n.limitOf(r.Name, r.OwnQuota, len(w.Readings) == 1) < 0 {
+		if r.Rounded() || r.Refused || n.limitOf(r.Name, r.OwnQuota, len(w.Readings) == 1) < 0 {
 			continue
 		}
 		if r.Remaining == 0 {

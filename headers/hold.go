@@ -140,7 +140,7 @@ func Hear(resp *http.Response, now time.Time, max time.Duration) Word {
 		w.Holds = append(w.Holds, h)
 	}
 	for _, r := range w.Readings {
-		if r.Remaining == 0 && !r.Refills && !r.Rounded {
+		if r.Remaining == 0 && !r.Refills && !r.Rounded() {
 			h := Hold{Reason: status + r.Header, Quota: r.Name, OnlyReading: len(w.Readings) == 1, OwnQuota: r.OwnQuota}
 			w.Holds = append(w.Holds, capHold(r.Reset.Seconds(), max, h))
 		}

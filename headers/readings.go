@@ -37,15 +37,10 @@ type Reading struct {
 	// resets, or, when Refills, until the quota is full again.
 	Reset   time.Duration
 	Refills bool
-	// Rounded is a window's reset said in whole seconds that may be a
-	// moment away: a second or less (two against the response's Date, which
-	// is a second late at most). The quota may come back at any time until
-	// then, all at once as a window's, or a few units at a time as a token
-	// bucket's that states the time until it is full (API gateways do so in
-	// GitHub's or the IETF draft's fields). Such a reading says how much is
-	// left, not that nothing comes back before its reset: it holds nothing,
-	// explains no refusal, and tells no rate of others.
-	Rounded bool
+	// Early is how much sooner than Reset the reset may come: a reset said
+	// in whole seconds is rounded up, by a second at most (two against the
+	// response's Date, itself a second late at most); else 0.
+	Early time.Duration
 	// Refused: the answer that said so refused the request in its body, as
 	// Shopify's THROTTLED does in a 200. Such a refusal says the fleet
 	// outran the quota's refills, as a 429 does: it explains nothing.
@@ -58,6 +53,16 @@ type Reading struct {
 	// core), which a reading is about alone, even as a response's only one.
 	OwnQuota bool
 }
+
+// Rounded reports whether r's reset, said in whole seconds, may be a
+// moment away: no later than it may be early (see Early). The quota may
+// come back at any time until then, all at once as a window's, or a few
+// units at a time as a token bucket's that states the time until it is
+// full (API gateways do so in GitHub's or the IETF draft's fields). Such a
+// reading says how much is left, not that nothing comes back before its
+// reset: it holds nothing, explains no refusal, and tells no rate of
+// others.
+func (r Reading) Rounded() bool { return r.Early > 0 && r.Reset <= r.Early }
 
 // ParseReadings reads what a response says of the upstream's quotas; now is
 // when it arrived. It reads every dialect pace knows, on any status:
@@ -194,7 +199,7 @@ func readPrefixed(h http.Header, f prefixedNames, clock *readingClock) (Reading,
 			return r, false
 		}
 	}
-	r.Reset, r.Rounded, ok = secondsOrEpoch(reset, clock, f.epochs)
+	r.Reset, r.Early, ok = secondsOrEpoch(reset, clock, f.epochs)
 	return r, ok
 }
 
@@ -216,7 +221,7 @@ func readIETF(h http.Header, names ietfFields) []Reading {
 		r := Reading{Name: item.name, Header: names.field + ": " + field}
 		var ok1, ok2 bool
 		r.Remaining, ok1 = count(item.params["r"])
-		r.Reset, r.Rounded, ok2 = secondsOrEpoch(item.params["t"], nil, false)
+		r.Reset, r.Early, ok2 = secondsOrEpoch(item.params["t"], nil, false)
 		if !ok1 || !ok2 {
 			continue
 		}
@@ -240,7 +245,7 @@ func readIETFDictionary(dict map[string]string, policies []sfItem, header, polic
 	r := Reading{Header: header}
 	var ok1, ok2, ok3 bool
 	r.Remaining, ok1 = count(dict["remaining"])
-	r.Reset, r.Rounded, ok2 = secondsOrEpoch(dict["reset"], nil, false)
+	r.Reset, r.Early, ok2 = secondsOrEpoch(dict["reset"], nil, false)
 	r.Limit, ok3 = count(cmp.Or(dict["limit"], "0"))
 	if !ok1 || !ok2 || !ok3 {
 		return nil
@@ -330,26 +335,26 @@ func count(s string) (int64, bool) {
 }
 
 // secondsOrEpoch reads a reset in seconds (whole or decimal) from now, or,
-// with epochs, a Unix time above 1,000,000,000 taken against clock;
-// rounded, it was said in whole seconds and may be a moment away: a second
-// or less, or two against the Date, itself a second late at most (see
-// Reading.Rounded).
-func secondsOrEpoch(s string, clock *readingClock, epochs bool) (reset time.Duration, rounded, ok bool) {
+// with epochs, a Unix time above 1,000,000,000 taken against clock, and
+// how much sooner it may come (see Reading.Early).
+func secondsOrEpoch(s string, clock *readingClock, epochs bool) (reset, early time.Duration, ok bool) {
 	seconds, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
 	if err != nil || math.IsNaN(seconds) || math.IsInf(seconds, 0) || seconds < 0 {
-		return 0, false, false
+		return 0, 0, false
 	}
-	whole, slack := seconds == math.Trunc(seconds), 1.0
+	if seconds == math.Trunc(seconds) {
+		early = time.Second
+	}
 	if epochs && seconds > 1e9 {
 		seconds -= float64(clock.at().UnixNano()) / 1e9
 		if clock.dated {
-			slack = 2
+			early *= 2
 		}
 	}
 	if seconds > store.MaxDelay.Seconds() {
-		return 0, false, false
+		return 0, 0, false
 	}
-	return time.Duration(seconds * float64(time.Second)), whole && seconds <= slack, true
+	return time.Duration(seconds * float64(time.Second)), early, true
 }
 
 // sfItem is an item of a structured header list: its name and parameters.

@@ -134,34 +134,38 @@ func TestParseReadings(t *testing.T) {
 	}
 }
 
-// TestRoundedResets: a window's reset said in whole seconds, a second away
-// or less, may be a token bucket's time until it is full (an API gateway
-// says `x-ratelimit-reset: 1` of a bucket that refills in 5 ms): such a
-// reading is Rounded. A reset further away, or said to the millisecond, or
-// of a quota that refills, is not.
+// TestRoundedResets: a reset said in whole seconds is rounded up, and may
+// come up to a second sooner (Early), two against a Date off the arrival
+// (the Date is a second late at most); a second away or less (two against
+// the Date), it may be a token bucket's time until it is full (an API
+// gateway says `x-ratelimit-reset: 1` of a bucket that refills in 5 ms):
+// such a reading is Rounded. A reset said to the millisecond, or of a
+// quota that refills, is neither.
 func TestRoundedResets(t *testing.T) {
 	for name, tc := range map[string]struct {
 		header  []string
+		early   time.Duration
 		rounded bool
 	}{
-		"a gateway's, a second":     {[]string{"X-RateLimit-Limit", "10", "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "1"}, true},
-		"IETF, t=1":                 {[]string{"RateLimit-Policy", `"default";q=1;w=1`, "RateLimit", `"default";r=0;t=1`}, true},
-		"IETF dictionary, reset=1":  {[]string{"RateLimit", "limit=10, remaining=0, reset=1"}, true},
-		"GitHub's, the next second": {dated("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", epoch(1)), true},
-		"IETF, t=2":                 {[]string{"RateLimit", `"default";r=0;t=2`}, false},
-		"GitHub's, in two seconds":  {dated("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", epoch(2)), false},
+		"a gateway's, a second":     {[]string{"X-RateLimit-Limit", "10", "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "1"}, time.Second, true},
+		"IETF, t=1":                 {[]string{"RateLimit-Policy", `"default";q=1;w=1`, "RateLimit", `"default";r=0;t=1`}, time.Second, true},
+		"IETF dictionary, reset=1":  {[]string{"RateLimit", "limit=10, remaining=0, reset=1"}, time.Second, true},
+		"GitHub's, the next second": {dated("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", epoch(1)), time.Second, true},
+		"IETF, t=2":                 {[]string{"RateLimit", `"default";r=0;t=2`}, time.Second, false},
+		"GitHub's, in two seconds":  {dated("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", epoch(2)), time.Second, false},
+		"GitHub's, in an hour":      {dated("X-RateLimit-Remaining", "4999", "X-RateLimit-Reset", epoch(3600)), time.Second, false},
 		// Against a Date an hour off (taken for the upstream's clock), which
 		// says the second the upstream answered in: up to a second late.
-		"GitHub's, two seconds after the Date":   {offDate("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", offEpoch(2)), true},
-		"GitHub's, three seconds after the Date": {offDate("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", offEpoch(3)), false},
-		"half a second, as decimals":             {[]string{"X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "0.5"}, false},
-		"a Unix time with decimals":              {dated("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", epoch(0)+".5"), false},
-		"OpenAI's, which refills":                {[]string{"x-ratelimit-remaining-requests", "0", "x-ratelimit-reset-requests", "1s"}, false},
+		"GitHub's, two seconds after the Date":   {offDate("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", offEpoch(2)), 2 * time.Second, true},
+		"GitHub's, three seconds after the Date": {offDate("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", offEpoch(3)), 2 * time.Second, false},
+		"half a second, as decimals":             {[]string{"X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "0.5"}, 0, false},
+		"a Unix time with decimals":              {dated("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", epoch(0)+".5"), 0, false},
+		"OpenAI's, which refills":                {[]string{"x-ratelimit-remaining-requests", "0", "x-ratelimit-reset-requests", "1s"}, 0, false},
 	} {
 		t.Run(name, func(t *testing.T) {
 			readings := ParseReadings(response(200, tc.header...), holdNow)
-			if len(readings) != 1 || readings[0].Rounded != tc.rounded {
-				t.Errorf("readings %+v, want one, Rounded %v", readings, tc.rounded)
+			if len(readings) != 1 || readings[0].Early != tc.early || readings[0].Rounded() != tc.rounded {
+				t.Errorf("readings %+v, want one, Early %v, Rounded %v", readings, tc.early, tc.rounded)
 			}
 		})
 	}
@@ -190,7 +194,7 @@ func FuzzParseReadings(f *testing.F) {
 			"anthropic-ratelimit-requests-remaining", remaining, "anthropic-ratelimit-requests-reset", rfc3339)
 		for _, r := range ParseReadings(resp, holdNow) {
 			if r.Remaining < 0 || (r.Limit > 0 && r.Remaining > r.Limit) || r.Limit < 0 || r.Reset <= 0 || r.Reset > store.MaxDelay || r.Window < 0 ||
-				(r.Rounded && (r.Refills || r.Reset > 2*time.Second)) {
+				(r.Early != 0 && (r.Refills || (r.Early != time.Second && r.Early != 2*time.Second))) || (r.Rounded() && r.Reset > 2*time.Second) {
 				t.Fatalf("unsound reading %+v", r)
 			}
 		}

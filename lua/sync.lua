@@ -12,7 +12,9 @@
 -- what is left for the fleet, when that is lower (no reading refills the
 -- bucket: the configured limit is a ceiling), and the bucket then refills
 -- at the fleet's interval; a window's units left for the fleet are spread
--- evenly until it resets. A window's reset a second away or less, said in
+-- evenly until the earliest it may reset (a reset said in whole seconds is
+-- rounded up: spread until it, the units of the rounding's time were never
+-- sent). A window's reset a second away or less, said in
 -- whole seconds (a level alone), may be a token bucket's time until it is
 -- full: the reading sets the level, as a quota's that refills, and tells no
 -- rate of others (a window read as refilling seems spent by others; a
@@ -36,12 +38,13 @@
 -- ARGV[1]   the Pub/Sub channel of holds; ARGV[2] the key, as the fleet
 --           names it (see hold.lua); ARGV[3] 1 when the upstream refused
 --           the request (a 429), else 0
--- ARGV[11i-7], ..., ARGV[11i+3]   for bucket i: its configured interval
+-- ARGV[12i-8], ..., ARGV[12i+3]   for bucket i: its configured interval
 --           and burst; the bucket's TAT and count of units booked after the
 --           request's booking (see reserve.lua), the request's due time,
 --           whether it went without waiting (1) or not (0), and its cost
 --           under the bucket; the units left, the microseconds until the
---           reset or refill, whether the quota refills (1), is a window (0)
+--           reset or refill and how many sooner it may come, whether the
+--           quota refills (1), is a window (0)
 --           or a level alone (2); and the interval advertised, or 0 when
 --           not learning
 --
@@ -130,9 +133,11 @@ end
 -- it beyond what the limit itself allows; a level alone holds the bucket no
 -- later than its reset, when the quota is full (an hourly quota's bucket,
 -- refilled at its rate, would stay low for the hour); a window's units,
--- less what others spend until its reset, are spread from free, the next
--- time free after those booked already, or, when the bucket was spreading,
--- from last, the due time of the last unit booked, at the new spread (none
+-- less what others spend until its reset, are spread, until the earliest
+-- it may come, from free, the next time free after those booked already,
+-- or, when the bucket was spreading, from last, the due time of the last
+-- unit booked, at the new spread (at the fleet's interval once that time
+-- has come; none
 -- left before the reset: the schedule stands, held until it). When others
 -- seem to spend all the window has left, the fleet still books a unit every
 -- probe (or spreads what is left, if slower; the last unit before the reset
@@ -154,7 +159,7 @@ local function spend(tat, free, last, steer, a, b, r, left)
   steer.till, steer.spread = now + reset, 0
   if left <= 0 or free >= steer.till then return tat or now end
   if mine > 0 then
-    steer.spread = math.ceil((steer.till - free) / mine)
+    steer.spread = math.max(math.ceil((steer.till - r.early - free) / mine), 1)
   else
     steer.spread = math.min(math.max(probe, math.ceil((steer.till - free) / left)), steer.till - free)
   end
@@ -194,11 +199,12 @@ end
 
 -- reading is what ARGV says of bucket i (see above).
 local function reading(i)
-  local o = 11 * i - 7
+  local o = 12 * i - 8
   return {a = tonumber(ARGV[o]), b = tonumber(ARGV[o + 1]), finish = tonumber(ARGV[o + 2]),
     booked = tonumber(ARGV[o + 3]), due = tonumber(ARGV[o + 4]), burst = ARGV[o + 5] == '1',
     cost = tonumber(ARGV[o + 6]), left = tonumber(ARGV[o + 7]), reset = tonumber(ARGV[o + 8]),
-    refills = ARGV[o + 9] ~= '0', level = ARGV[o + 9] == '2', learned = tonumber(ARGV[o + 10])}
+    early = tonumber(ARGV[o + 9]), refills = ARGV[o + 10] ~= '0', level = ARGV[o + 10] == '2',
+    learned = tonumber(ARGV[o + 11])}
 end
 
 -- take_in takes a fresh reading r into the steering of a bucket stored as
@@ -223,8 +229,9 @@ end
 local function steer_bucket(i, r, refused)
   local a, b = r.a, r.b
   local tat, steer = read_bucket(i)
-  -- A level alone of a window the bucket is spreading is its last second.
-  if r.level and steer and steer.till > now then r.refills, r.level = false, false end
+  -- A level alone of a window the bucket is spreading is its last second,
+  -- spread until the reset it states: the window may have ended already.
+  if r.level and steer and steer.till > now then r.refills, r.level, r.early = false, false, 0 end
   local fresh = not steer or (r.booked > steer.synced and r.due >= steer.order)
   local slower = r.learned > interval(steer, a)
   local _, unit, spreading = bucket_step(tat, steer, a, b, now)

@@ -122,6 +122,17 @@ func TestRoundedWindows(t *testing.T) {
 		"upstream=haproxy counters=ietf rate=100")
 }
 
+// TestWholeSecondResets: a window's reset said in whole seconds is rounded
+// up, by a second at most (two against the Date, itself up to a second
+// late): spread until the reset said, the units of that time were never
+// sent (85.6% to 93.2% served of windows of 10 s in 6 s). They are spread
+// until the earliest the reset may come now: 97.9% to 99.2%, no refusal.
+func TestWholeSecondResets(t *testing.T) {
+	loopCase{spec: "window=10s duration=6s", served: 0.95, refused: 0.005}.check(t,
+		"upstream=github counters=github rate=400 burst=10", "upstream=github counters=github rate=150 burst=5 procs=8 workers=2",
+		"upstream=window counters=ietf rate=400 burst=10", "upstream=window counters=github rate=200 burst=10")
+}
+
 // TestThrottledAboveTheBucket: Shopify's bucket stated in the body, under
 // pace at 1.5 to 2 times its restore rate (with counters in the headers
 // too, or 64 workers). A THROTTLED answer was taken for a refusal its

@@ -33,6 +33,7 @@ type Steer struct {
 	Reset     time.Duration // from now until the window resets, or the quota is full
 	Refills   bool          // the units come back a few at a time, as a bucket's do
 	Rounded   bool          // a window's reset a second away or less, said in whole seconds (headers.Reading.Rounded)
+	Early     time.Duration // how much sooner the reset may come (headers.Reading.Early)
 	Learned   int64         // the interval learned, in microseconds; 0 when not learning
 }
 
@@ -52,11 +53,11 @@ type SyncReply struct {
 func (s *Store) Sync(ctx context.Context, key string, b Booking, steers []Steer, refused bool, channel string) (SyncReply, error) {
 	keys := s.Keys(key, false)
 	syncKeys := make([]string, 0, len(steers)+1)
-	args := append(make([]any, 0, 3+11*len(steers)), channel, key, flag(refused))
+	args := append(make([]any, 0, 3+12*len(steers)), channel, key, flag(refused))
 	for _, st := range steers {
 		syncKeys = append(syncKeys, keys[st.Limit])
 		args = append(args, s.limitArgs[3*st.Limit+1], s.limitArgs[3*st.Limit+2], b.Finishes[st.Limit], b.Booked[st.Limit],
-			b.Due(), flag(b.Delay == 0), b.Costs[st.Limit], st.Remaining, st.Reset.Microseconds(), st.kind(), st.Learned)
+			b.Due(), flag(b.Delay == 0), b.Costs[st.Limit], st.Remaining, st.Reset.Microseconds(), st.Early.Microseconds(), st.kind(), st.Learned)
 	}
 	syncKeys = append(syncKeys, s.HoldKey(key))
 	var reply [1 + 2*MaxLimits]int64
