@@ -230,8 +230,11 @@ local function steer_bucket(i, r, refused)
   local a, b = r.a, r.b
   local tat, steer = read_bucket(i)
   -- A level alone of a window the bucket is spreading is its last second,
-  -- spread until the reset it states: the window may have ended already.
-  if r.level and steer and steer.till > now then r.refills, r.level, r.early = false, false, 0 end
+  -- spread until halfway through the time its reset may come in: spread at
+  -- once, its units drew refusals where the window had not ended; until
+  -- the reset said, they outlasted one that had, and the queue they left
+  -- held the next window back.
+  if r.level and steer and steer.till > now then r.refills, r.level, r.early = false, false, math.floor(r.early / 2) end
   local fresh = not steer or (r.booked > steer.synced and r.due >= steer.order)
   local slower = r.learned > interval(steer, a)
   local _, unit, spreading = bucket_step(tat, steer, a, b, now)
