@@ -19,14 +19,14 @@ type steerModel struct {
 }
 
 // fleetInterval is fleet_interval: the upstream's interval (the learned one,
-// or a), slowed by the share others spend, no slower than refills a burst
-// of b in a year.
+// or a), slowed by the share others spend (90% at most), no slower than
+// refills a burst of b in a year.
 func (s *steerModel) fleetInterval(a, b int64) int64 {
 	i := s.interval(a)
 	if s == nil || s.foreign <= 0 {
 		return i
 	}
-	i = int64(math.Ceil(float64(i) / (1 - math.Min(float64(s.foreign)*float64(i)/1e12, 0.99))))
+	i = int64(math.Ceil(float64(i) / (1 - math.Min(float64(s.foreign)*float64(i)/1e12, 0.9))))
 	return min(i, max(s.interval(a), int64(math.Floor(float64(store.MaxRefill.Microseconds())/float64(b)))))
 }
 

@@ -215,13 +215,18 @@ local function move_ceiling(steer, a, units, due)
 end
 
 -- fleet_interval is the interval the fleet books a bucket of burst b at:
--- the upstream's, slowed by the share others spend (at most 99% of it),
--- and never so slow that the burst would take more than a year to refill,
--- so that no schedule can reach beyond the horizon.
+-- the upstream's, slowed by the share others spend, 90% of it at most (a
+-- window read as a quota that refills refills nothing until its reset, and
+-- seems spent by others in full: slowed a hundredfold, the fleet's queue
+-- outlasted the window, and the readings of its requests, booked before
+-- the last one applied, were stale until it drained; a refusal steers a
+-- fleet that others leave less), and never so slow that the burst would
+-- take more than a year to refill, so that no schedule can reach beyond
+-- the horizon.
 local function fleet_interval(steer, a, b)
   local i = interval(steer, a)
   if not steer or steer.foreign <= 0 then return i end
-  i = math.ceil(i / (1 - math.min(steer.foreign * i / 1e12, 0.99)))
+  i = math.ceil(i / (1 - math.min(steer.foreign * i / 1e12, 0.9)))
   return math.min(i, math.max(interval(steer, a), math.floor(max_refill / b)))
 end
 
