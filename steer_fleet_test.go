@@ -100,6 +100,32 @@ func TestFleetLeavesTheForeignShare(t *testing.T) {
 	}
 }
 
+// TestFleetReadsASlowUpstream: an upstream of 100/s burst 10 that states
+// its counters as OpenAI does and takes 200 ms to answer, as an LLM API
+// does (it counts a request once answered). The fleet takes off what a
+// reading says is left the requests it booked since that one went (20
+// here), which the upstream counts over the next 200 ms, while its bucket
+// refills as many. Without those refills, each reading held the fleet
+// back (195 to 203 served of 300 after the first second, none refused).
+// Now: from the second second on, at least 95% of the 100/s, with at most
+// 2 429s.
+func TestFleetReadsASlowUpstream(t *testing.T) {
+	srv := redistest.Start(t)
+	warmScript(t, srv)
+	api := startQuotaAPI(t, quotaapi.Config{Dialect: quotaapi.OpenAI, Rate: 100, Burst: 10, Service: 200 * time.Millisecond})
+	start := time.Now().Add(time.Second)
+	const run = 4 * time.Second
+	runFleet(t, 2, fleetWorker{Addr: srv.Addr, Limit: "100/s burst 10", Goroutines: 32, URL: api.URL(), Start: start, End: start.Add(run)})
+	arrivals := api.Arrivals()
+	logSeconds(t, arrivals, start, start.Add(run))
+	all, late := tallyOf(arrivals, start, start.Add(run)), tallyOf(arrivals, start.Add(time.Second), start.Add(run))
+	t.Logf("%d served in 4 s, %.1f%% of the 410 both allow, %d 429s; after the first second, %d served, %.1f%% of 300, %d 429s",
+		all.ok, 100*float64(all.ok)/410, all.refused, late.ok, 100*float64(late.ok)/300, late.refused)
+	if late.ok < 285 || late.refused > 2 {
+		t.Errorf("after the first second, %d served and %d 429s; want at least 285 (95%% of 100/s) and at most 2", late.ok, late.refused)
+	}
+}
+
 // TestFleetReadsABucketsRoundedReset: an upstream of 200/s burst 10 (and
 // one of slack) that states its counters as API gateways do, in GitHub's
 // fields: its burst as the limit, and the time until it is full as the

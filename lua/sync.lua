@@ -9,7 +9,8 @@
 -- about half a second), and the fleet books at the upstream's rate less
 -- theirs, leaving them what they spend over the next 50 ms, or, for a
 -- window, until its reset. A quota that refills sets the bucket's level to
--- what is left for the fleet, when that is lower (no reading refills the
+-- what is left for the fleet (with what it refilled since the request
+-- went), when that is lower (no reading refills the
 -- bucket: the configured limit is a ceiling), and the bucket then refills
 -- at the fleet's interval; a window's units left for the fleet are spread
 -- evenly until the earliest it may reset (a reset said in whole seconds is
@@ -124,7 +125,10 @@ end
 -- spend applies reading r's units left (left: less those booked since its
 -- request, which cost r.cost) to a bucket stored as tat and steer, until
 -- its reset or refill, and returns the bucket's new TAT: a quota that
--- refills gets that level, less a request's cost for the jitter of arrivals
+-- refills gets that level, plus the fleet's share of what it refilled since
+-- the request went (the units booked since, taken off, were counted or are
+-- yet to be while it refilled; not for a level alone, which may be a
+-- window's last second), less a request's cost for the jitter of arrivals
 -- and what others spend in 50 ms (half the burst at most; until their rate
 -- is estimated, what the bucket refills in 50 ms: the rest of the burst is
 -- the headroom that a pause of the fleet's, or a clump of arrivals, spends
@@ -150,6 +154,7 @@ local function spend(tat, free, last, steer, a, b, r, left)
     local spare = math.ceil(50000 / i)
     if steer.foreign ~= 0 then spare = math.ceil(others / 2e7) end
     local mine = left - cost - math.min(spare, math.floor(b / 2))
+    if not r.level then mine = mine + math.floor(math.max(now - r.due, 0) / i) end
     local level = now + (b - math.min(mine, b)) * i
     if r.level then level = math.min(level, now + reset) end
     steer.till, steer.spread = 0, 0
