@@ -110,19 +110,29 @@ func TestFleetLeavesTheForeignShare(t *testing.T) {
 // Now: from the second second on, at least 95% of the 100/s, with at most
 // 2 429s.
 func TestFleetReadsASlowUpstream(t *testing.T) {
+	fleetKeepsTheRate(t, quotaapi.Config{Dialect: quotaapi.OpenAI, Rate: 100, Burst: 10, Service: 200 * time.Millisecond}, 2, 32)
+}
+
+// fleetKeepsTheRate runs procs processes of goroutines each for 4 s, at
+// the rate of the upstream of config and a burst of 10, and requires from
+// the second second on at least 95% of that rate, with at most 2 429s.
+func fleetKeepsTheRate(t *testing.T, config quotaapi.Config, procs, goroutines int) {
+	t.Helper()
 	srv := redistest.Start(t)
 	warmScript(t, srv)
-	api := startQuotaAPI(t, quotaapi.Config{Dialect: quotaapi.OpenAI, Rate: 100, Burst: 10, Service: 200 * time.Millisecond})
+	api := startQuotaAPI(t, config)
 	start := time.Now().Add(time.Second)
 	const run = 4 * time.Second
-	runFleet(t, 2, fleetWorker{Addr: srv.Addr, Limit: "100/s burst 10", Goroutines: 32, URL: api.URL(), Start: start, End: start.Add(run)})
+	runFleet(t, procs, fleetWorker{Addr: srv.Addr, Limit: fmt.Sprintf("%g/s burst 10", config.Rate), Goroutines: goroutines, URL: api.URL(),
+		Start: start, End: start.Add(run)})
 	arrivals := api.Arrivals()
 	logSeconds(t, arrivals, start, start.Add(run))
 	all, late := tallyOf(arrivals, start, start.Add(run)), tallyOf(arrivals, start.Add(time.Second), start.Add(run))
-	t.Logf("%d served in 4 s, %.1f%% of the 410 both allow, %d 429s; after the first second, %d served, %.1f%% of 300, %d 429s",
-		all.ok, 100*float64(all.ok)/410, all.refused, late.ok, 100*float64(late.ok)/300, late.refused)
-	if late.ok < 285 || late.refused > 2 {
-		t.Errorf("after the first second, %d served and %d 429s; want at least 285 (95%% of 100/s) and at most 2", late.ok, late.refused)
+	allowed, later := 10+4*config.Rate, 3*config.Rate
+	t.Logf("%d served in 4 s, %.1f%% of the %.0f both allow, %d 429s; after the first second, %d served, %.1f%% of %.0f, %d 429s",
+		all.ok, 100*float64(all.ok)/allowed, allowed, all.refused, late.ok, 100*float64(late.ok)/later, later, late.refused)
+	if float64(late.ok) < 0.95*later || late.refused > 2 {
+		t.Errorf("after the first second, %d served and %d 429s; want at least %.0f (95%% of %g/s) and at most 2", late.ok, late.refused, 0.95*later, config.Rate)
 	}
 }
 
@@ -135,20 +145,7 @@ func TestFleetReadsASlowUpstream(t *testing.T) {
 // least 95% of the 200/s, with at most 2 429s. (The first second is the
 // start's: a 429 of its jitter, under the race detector, opens the rate.)
 func TestFleetReadsABucketsRoundedReset(t *testing.T) {
-	srv := redistest.Start(t)
-	warmScript(t, srv)
-	api := startQuotaAPI(t, quotaapi.Config{Dialect: quotaapi.Gateway, Rate: 200, Burst: 11})
-	start := time.Now().Add(time.Second)
-	const run = 4 * time.Second
-	runFleet(t, 4, fleetWorker{Addr: srv.Addr, Limit: "200/s burst 10", Goroutines: 8, URL: api.URL(), Start: start, End: start.Add(run)})
-	arrivals := api.Arrivals()
-	logSeconds(t, arrivals, start, start.Add(run))
-	all, late := tallyOf(arrivals, start, start.Add(run)), tallyOf(arrivals, start.Add(time.Second), start.Add(run))
-	t.Logf("%d served in 4 s, %.1f%% of the 810 both allow, %d 429s; after the first second, %d served, %.1f%% of 600, %d 429s",
-		all.ok, 100*float64(all.ok)/810, all.refused, late.ok, 100*float64(late.ok)/600, late.refused)
-	if late.ok < 570 || late.refused > 2 {
-		t.Errorf("after the first second, %d served and %d 429s; want at least 570 (95%% of 200/s) and at most 2", late.ok, late.refused)
-	}
+	fleetKeepsTheRate(t, quotaapi.Config{Dialect: quotaapi.Gateway, Rate: 200, Burst: 11}, 4, 8)
 }
 
 // TestFleetSpreadsAWindow: GitHub's quota, shortened: 600 per 20 s window,
