@@ -146,7 +146,10 @@ func (s *steerModel) sync(tat, a, b, finish, booked, due int64, burst bool, cost
 		if spreading && tat > 0 && ahead == 0 {
 			last, booked = tat-unit, tat-unit
 		}
-		tat = s.spend(tat, free, last, a, b, cost, left+ahead, due, reset, early, refills, level, now)
+		if refills && (!level || st.Refills) { // what the quota refilled since the request went
+			left += max(now-due, 0) / s.fleetInterval(a, b)
+		}
+		tat = s.spend(tat, free, last, a, b, cost, left+ahead, reset, early, refills, level, now)
 		if ahead == 0 && max(s.allow(tat, a, b, 1, now, now), now) <= booked {
 			s.movedBack(free)
 		}
@@ -194,7 +197,7 @@ func (s *steerModel) refuse(booked, cost int64) {
 }
 
 // spend is spend.
-func (s *steerModel) spend(tat, free, last, a, b, cost, left, due, reset, early int64, refills, level bool, now int64) int64 {
+func (s *steerModel) spend(tat, free, last, a, b, cost, left, reset, early int64, refills, level bool, now int64) int64 {
 	others := float64(max(s.believed, 0))
 	s.probing = false
 	if refills {
@@ -204,9 +207,6 @@ func (s *steerModel) spend(tat, free, last, a, b, cost, left, due, reset, early 
 			spare = int64(math.Ceil(others / 2e7))
 		}
 		mine := left - cost - min(spare, b/2)
-		if !level {
-			mine += max(now-due, 0) / i
-		}
 		full := now + (b-min(mine, b))*i
 		if level {
 			full = min(full, now+reset)

@@ -123,13 +123,25 @@ func (r *Redis) steerings(ctx context.Context, key string, readings []headers.Re
 			r.config.observer.emit(ctx, Event{Kind: EventIgnored, Limiter: redisLimiter, Key: key, Delay: max(reading.Reset, window), Reason: reading.Header})
 			continue
 		}
-		st := steering{Steer: store.Steer{Limit: i, Remaining: reading.Remaining, Reset: reading.Reset - elapsed, Refills: reading.Refills, Rounded: reading.Rounded(), Early: reading.Early}, header: reading.Header}
+		st := steering{Steer: store.Steer{Limit: i, Remaining: reading.Remaining, Reset: reading.Reset - elapsed, Refills: refills(reading, l), Rounded: reading.Rounded(), Early: reading.Early}, header: reading.Header}
 		if learns {
 			st.Learned, st.bounded = l.learned(reading.Limit, window, bound)
 		}
 		steers = append(steers, st)
 	}
 	return steers
+}
+
+// refills reports whether reading is of a quota that refills: it says so,
+// or it is a level alone (Rounded) whose limit is no more than l's burst
+// and less than a second of l's rate: a token bucket's size and its time
+// until full, as API gateways state theirs. A window's last second cannot
+// be told from a bucket's level otherwise (a window of a second states its
+// count, a second of the rate or more), and the refills since its request
+// go only to a bucket's.
+func refills(reading headers.Reading, l Limit) bool {
+	size := float64(reading.Limit)
+	return reading.Refills || reading.Rounded() && size > 0 && size <= float64(l.burst) && size*float64(l.period) < l.count*float64(time.Second)
 }
 
 // plainSteers are what steers tell the store.

@@ -45,9 +45,9 @@
 --           whether it went without waiting (1) or not (0), and its cost
 --           under the bucket; the units left, the microseconds until the
 --           reset or refill and how many sooner it may come, whether the
---           quota refills (1), is a window (0)
---           or a level alone (2); and the interval advertised, or 0 when
---           not learning
+--           quota refills (1), is a window (0), a level alone (2) or a
+--           bucket's level alone (3: see refills in redis_steer.go); and the
+--           interval advertised, or 0 when not learning
 --
 -- Returns {now, result_1, ..., result_n, synced_1, ..., synced_n}: 0 when
 -- the reading was stale, 1 when it was applied, 2 when it was applied and
@@ -127,10 +127,10 @@ end
 -- its reset or refill, and returns the bucket's new TAT: a quota that
 -- refills gets that level, plus the fleet's share of what it refilled since
 -- the request went (the units booked since, taken off, were counted or are
--- yet to be while it refilled; not for a level alone, which may be a
--- window's last second), less a request's cost for the jitter of arrivals
--- and what others spend in 50 ms (half the burst at most; until their rate
--- is estimated, what the bucket refills in 50 ms: the rest of the burst is
+-- yet to be while it refilled; not for a level alone but a bucket's: it
+-- may be a window's last second), less a request's cost for the jitter of
+-- arrivals and what others spend in 50 ms (half the burst at most; until
+-- their rate is estimated, what the bucket refills in 50 ms: the rest of the burst is
 -- the headroom that a pause of the fleet's, or a clump of arrivals, spends
 -- before the upstream's bucket is full and its refills are lost), but never
 -- before its CEILING (see common.lua), the bucket alone: no reading refills
@@ -154,7 +154,7 @@ local function spend(tat, free, last, steer, a, b, r, left)
     local spare = math.ceil(50000 / i)
     if steer.foreign ~= 0 then spare = math.ceil(others / 2e7) end
     local mine = left - cost - math.min(spare, math.floor(b / 2))
-    if not r.level then mine = mine + math.floor(math.max(now - r.due, 0) / i) end
+    if r.refilled then mine = mine + math.floor(math.max(now - r.due, 0) / i) end
     local level = now + (b - math.min(mine, b)) * i
     if r.level then level = math.min(level, now + reset) end
     steer.till, steer.spread = 0, 0
@@ -205,10 +205,11 @@ end
 -- reading is what ARGV says of bucket i (see above).
 local function reading(i)
   local o = 12 * i - 8
+  local kind = ARGV[o + 10]
   return {a = tonumber(ARGV[o]), b = tonumber(ARGV[o + 1]), finish = tonumber(ARGV[o + 2]),
     booked = tonumber(ARGV[o + 3]), due = tonumber(ARGV[o + 4]), burst = ARGV[o + 5] == '1',
     cost = tonumber(ARGV[o + 6]), left = tonumber(ARGV[o + 7]), reset = tonumber(ARGV[o + 8]),
-    early = tonumber(ARGV[o + 9]), refills = ARGV[o + 10] ~= '0', level = ARGV[o + 10] == '2',
+    early = tonumber(ARGV[o + 9]), refills = kind ~= '0', level = kind == '2' or kind == '3', refilled = kind ~= '2',
     learned = tonumber(ARGV[o + 11])}
 end
 

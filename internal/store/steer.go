@@ -32,7 +32,7 @@ type Steer struct {
 	Remaining int64         // the units the upstream has left
 	Reset     time.Duration // from now until the window resets, or the quota is full
 	Refills   bool          // the units come back a few at a time, as a bucket's do
-	Rounded   bool          // a window's reset a second away or less, said in whole seconds (headers.Reading.Rounded)
+	Rounded   bool          // a reset a second away or less, said in whole seconds (headers.Reading.Rounded)
 	Early     time.Duration // how much sooner the reset may come (headers.Reading.Early)
 	Learned   int64         // the interval learned, in microseconds; 0 when not learning
 }
@@ -96,9 +96,14 @@ func BucketBurst(limits []Limit) int {
 
 // kind is how sync.lua takes st's units left: 0 a window's, 1 a quota's
 // that refills, 2 a level alone (Rounded: the quota may come back at any
-// time before the reset, so the reading tells no rate of others).
+// time before the reset, so the reading tells no rate of others), 3 a
+// level alone of a quota that refills (a bucket's, Rounded and Refills),
+// which counts its refills since the request too.
 func (st Steer) kind() int {
-	if st.Rounded {
+	switch {
+	case st.Rounded && st.Refills:
+		return 3
+	case st.Rounded:
 		return 2
 	}
 	return flag(st.Refills)
