@@ -35,7 +35,8 @@ type steering struct {
 //     50 ms (for a window, until its reset); when they stop, the estimate
 //     decays and the fleet speeds up again;
 //   - for a quota that refills (headers.Reading.Refills, a token bucket upstream),
-//     the bucket's level becomes what is left for the fleet;
+//     the bucket's level becomes what is left for the fleet, with what the
+//     quota refilled since the request went;
 //   - for a window, what is left for the fleet is spread evenly until the
 //     window resets, one request at a time, instead of a burst and then a
 //     stall; once none is left, requests wait for the reset and then go at

@@ -65,6 +65,10 @@ type Config struct {
 	// a Rate of 0 enforces none.
 	Rate  float64
 	Burst int
+	// Slack is tokens the bucket holds beyond Burst that its counters do
+	// not state: room for the jitter of arrivals, as the fleet's burst at
+	// the start reaches it in any order.
+	Slack int
 	// Count per Window is the fixed window that GitHub and IETF enforce;
 	// windows follow each other from WindowsFrom on (the Unix epoch when
 	// zero).
@@ -142,7 +146,7 @@ func Start(c Config) (*Server, error) {
 	}
 	s := &Server{config: c, addr: ln.Addr().String(), window: -1, closed: make(chan struct{})}
 	if c.Rate > 0 && !c.Dialect.Windowed() {
-		s.bucket = rate.NewLimiter(rate.Limit(c.Rate), c.Burst)
+		s.bucket = rate.NewLimiter(rate.Limit(c.Rate), c.Burst+c.Slack)
 	}
 	s.server = &http.Server{Handler: s, ReadHeaderTimeout: 5 * time.Second}
 	go s.server.Serve(ln)
@@ -304,7 +308,7 @@ func (s *Server) take(a Arrival, h http.Header) Arrival {
 	case c.Dialect.Windowed():
 		a.Left = c.Count - s.used
 	case s.bucket != nil:
-		a.Left = int(max(s.bucket.TokensAt(now), 0))
+		a.Left = int(max(min(s.bucket.TokensAt(now), float64(c.Burst)), 0)) // the slack unstated
 	}
 	if h != nil {
 		s.state(now, a.Left, h)
@@ -364,5 +368,5 @@ func (s *Server) state(now time.Time, left int, h http.Header) {
 // untilFull is the time from now until the bucket is full.
 func (s *Server) untilFull(now time.Time) time.Duration {
 	c := s.config
-	return time.Duration((float64(c.Burst) - s.bucket.TokensAt(now)) / c.Rate * float64(time.Second))
+	return time.Duration(max(float64(c.Burst)-s.bucket.TokensAt(now), 0) / c.Rate * float64(time.Second))
 }
