@@ -427,3 +427,34 @@ func (w *windowFleet) sync(i int, res *Reservation, left int64) {
 		w.t.Fatal(err)
 	}
 }
+
+// TestBucketsLevelAlone: a level alone (a reset a second away or less, in
+// whole seconds) is a token bucket's, whose refills since its request
+// count, only when its limit is no more than the bucket's burst and less
+// than a second of its rate; a window of a second states a second of the
+// rate or more, and a reading of a quota that refills says so itself.
+func TestBucketsLevelAlone(t *testing.T) {
+	level := func(limit int64) headers.Reading {
+		return headers.Reading{Limit: limit, Remaining: 3, Reset: time.Second, Early: time.Second}
+	}
+	gateway := PerSecond(100).WithBurst(10)
+	for _, c := range []struct {
+		name    string
+		reading headers.Reading
+		l       Limit
+		want    bool
+	}{
+		{"a gateway's bucket: its burst as the limit", level(10), gateway, true},
+		{"below the burst", level(5), gateway, true},
+		{"above the burst", level(11), gateway, false},
+		{"no limit said", level(0), gateway, false},
+		{"a window of a second, at the rate with its default burst", level(100), PerSecond(100), false},
+		{"a window holding a second of the rate", level(10), PerSecond(10).WithBurst(20), false},
+		{"a reset a second and more away: a window's", headers.Reading{Limit: 10, Remaining: 3, Reset: 2 * time.Second, Early: time.Second}, gateway, false},
+		{"a quota that refills says so", headers.Reading{Limit: 6000, Remaining: 3, Reset: 30 * time.Millisecond, Refills: true}, gateway, true},
+	} {
+		if got := refills(c.reading, c.l); got != c.want {
+			t.Errorf("%s: refills(%+v, %v) = %v, want %v", c.name, c.reading, c.l, got, c.want)
+		}
+	}
+}

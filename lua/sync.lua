@@ -10,8 +10,8 @@
 -- theirs, leaving them what they spend over the next 50 ms, or, for a
 -- window, until its reset. A quota that refills sets the bucket's level to
 -- what is left for the fleet (with what it refilled since the request
--- went), when that is lower (no reading refills the
--- bucket: the configured limit is a ceiling), and the bucket then refills
+-- went), when that is lower (no reading refills the bucket: the
+-- configured limit is a ceiling), and the bucket then refills
 -- at the fleet's interval; a window's units left for the fleet are spread
 -- evenly until the earliest it may reset (a reset said in whole seconds is
 -- rounded up: spread until it, the units of the rounding's time were never
@@ -130,9 +130,10 @@ end
 -- yet to be while it refilled; not for a level alone but a bucket's: it
 -- may be a window's last second), less a request's cost for the jitter of
 -- arrivals and what others spend in 50 ms (half the burst at most; until
--- their rate is estimated, what the bucket refills in 50 ms: the rest of the burst is
--- the headroom that a pause of the fleet's, or a clump of arrivals, spends
--- before the upstream's bucket is full and its refills are lost), but never
+-- their rate is estimated, what the bucket refills in 50 ms: the rest of
+-- the burst is the headroom that a pause of the fleet's, or a clump of
+-- arrivals, spends before the upstream's bucket is full and its refills
+-- are lost), but never
 -- before its CEILING (see common.lua), the bucket alone: no reading refills
 -- it beyond what the limit itself allows; a level alone holds the bucket no
 -- later than its reset, when the quota is full (an hourly quota's bucket,
