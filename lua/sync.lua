@@ -210,7 +210,7 @@ local function reading(i)
   return {a = tonumber(ARGV[o]), b = tonumber(ARGV[o + 1]), finish = tonumber(ARGV[o + 2]),
     booked = tonumber(ARGV[o + 3]), due = tonumber(ARGV[o + 4]), burst = ARGV[o + 5] == '1',
     cost = tonumber(ARGV[o + 6]), left = tonumber(ARGV[o + 7]), reset = tonumber(ARGV[o + 8]),
-    early = tonumber(ARGV[o + 9]), refills = kind ~= '0', level = kind == '2' or kind == '3', refilled = kind ~= '2',
+    early = tonumber(ARGV[o + 9]), refills = kind ~= '0', level = kind == '2' or kind == '3', refilled = kind == '1' or kind == '3',
     learned = tonumber(ARGV[o + 11])}
 end
 
