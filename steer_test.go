@@ -26,7 +26,11 @@ import (
 // probe, a rate that recovers and is dropped, and a storm of refusals.
 func TestSteeringMatchesModel(t *testing.T) {
 	m := newModelCheck(t, newTestRedis(t), 13)
-	for step := range 4500 {
+	kinds := []string{"granted", "refused", "granted-spread", "granted-held", "granted-steered", "refund-nothing",
+		"settle-up", "settle-down", "sync-stale", "sync-applied", "sync-learned", "sync-foreign", "hold",
+		"rate-served", "rate-unchanged"}
+	step := 0
+	for ; step < 4500 || step < 20000 && !m.exercised(kinds); step++ {
 		switch op := m.rng.IntN(26); {
 		case op < 12:
 			m.reserve(step)
@@ -45,12 +49,10 @@ func TestSteeringMatchesModel(t *testing.T) {
 		}
 		m.sameState(step)
 	}
-	m.probe(4500)
-	m.recover(4500)
-	m.storm(4500)
-	m.requireEach("granted", "refused", "granted-spread", "granted-held", "granted-steered", "refund-nothing",
-		"settle-up", "settle-down", "sync-stale", "sync-applied", "sync-learned", "sync-foreign", "hold",
-		"rate-served", "rate-unchanged")
+	m.probe(step)
+	m.recover(step)
+	m.storm(step)
+	m.requireEach(kinds...)
 	m.require("rate-cut", 5)       // a round of refusals lasts 100 ms at least: a few tens in the run
 	m.require("sync-probe", 1)     // others seem to spend all a window has left: rare at random, and once by probe
 	m.require("rate-recovered", 1) // a key's rate back at the configured rate, dropped
