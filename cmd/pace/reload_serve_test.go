@@ -159,11 +159,9 @@ func checkReloadOnHangup(t *testing.T, clients int) {
 		})
 	}
 	time.Sleep(2 * time.Second) // the clients' start, then a second at 100/s
-	r.rewrite(t, config("50/s burst 5"))
-	halved := time.Now()
+	halved := r.reload(t, config("50/s burst 5"), "pace serve: reloaded")
 	time.Sleep(2500 * time.Millisecond)
-	r.rewrite(t, "routes: [{name: api, limit: fast}]\n")
-	broken := time.Now()
+	broken := r.reload(t, "routes: [{name: api, limit: fast}]\n", "the configuration before it serves on")
 	time.Sleep(1500 * time.Millisecond)
 	close(stop)
 	wg.Wait()
@@ -206,6 +204,28 @@ func (r *replica) rewrite(t *testing.T, config string) {
 	}
 	if err := r.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// reload rewrites the replica's config, and returns when it logged a line
+// that holds outcome: the time the reload took effect, which a loaded
+// machine may delay past the SIGHUP.
+func (r *replica) reload(t *testing.T, config, outcome string) time.Time {
+	t.Helper()
+	for len(r.logs) > 0 {
+		<-r.logs
+	}
+	r.rewrite(t, config)
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case line := <-r.logs:
+			if strings.Contains(line, outcome) {
+				return time.Now()
+			}
+		case <-timeout:
+			t.Fatalf("the replica logged no %q within 10 s of a SIGHUP", outcome)
+		}
 	}
 }
 

@@ -53,7 +53,8 @@ func TestMain(m *testing.M) {
 type replica struct {
 	URL    string
 	cmd    *exec.Cmd
-	config string // the path of its config file
+	config string      // the path of its config file
+	logs   chan string // the lines it logs after it listens, while there is room
 }
 
 var listening = regexp.MustCompile(`msg="pace serve: listening" addr=(\S+)`)
@@ -92,11 +93,16 @@ func startReplicaWithin(t *testing.T, config string, descriptors int) *replica {
 	lines := bufio.NewScanner(stderr)
 	for lines.Scan() {
 		if m := listening.FindStringSubmatch(lines.Text()); m != nil {
+			r := &replica{URL: "http://" + m[1], cmd: cmd, config: path, logs: make(chan string, 256)}
 			go func() {
 				for lines.Scan() {
+					select {
+					case r.logs <- lines.Text():
+					default: // no test reads them: the replica never waits on its log
+					}
 				}
 			}()
-			return &replica{URL: "http://" + m[1], cmd: cmd, config: path}
+			return r
 		}
 	}
 	t.Fatalf("pace serve ended before it listened: %v", lines.Err())
