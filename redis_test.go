@@ -483,19 +483,22 @@ func (m *modelCheck) hold(step int) {
 	}
 }
 
-// requireEach fails the test if any kind of step happened fewer than 20
-// times: then the sequence did not exercise the scripts.
+// eachKind is how often a model check wants each kind of step it names.
+const eachKind = 20
+
+// requireEach fails the test if any kind of step happened fewer than
+// eachKind times: then the sequence did not exercise the scripts.
 func (m *modelCheck) requireEach(kinds ...string) {
 	m.t.Helper()
 	m.t.Logf("%v", m.counts)
 	for _, kind := range kinds {
-		m.require(kind, 20)
+		m.require(kind, eachKind)
 	}
 }
 
-// exercised reports whether each kind of step has come 20 times.
+// exercised reports whether each kind of step has come eachKind times.
 func (m *modelCheck) exercised(kinds []string) bool {
-	return !slices.ContainsFunc(kinds, func(kind string) bool { return m.counts[kind] < 20 })
+	return !slices.ContainsFunc(kinds, func(kind string) bool { return m.counts[kind] < eachKind })
 }
 
 // require fails the test if a kind of step happened fewer than least times.

@@ -109,8 +109,9 @@ func TestFleetLeavesTheForeignShare(t *testing.T) {
 // booked since that one went (20 here), which the upstream counts over the
 // next 200 ms, while its bucket refills as many. Without those refills,
 // each reading held the fleet back (after the first second, 185 to 188
-// served of 300 in OpenAI's fields, 197 in a gateway's; none refused). Now: from the second second on, at least 95% of the 100/s,
-// with at most 2 429s.
+// served of 300 in OpenAI's fields, 197 in a gateway's; none refused).
+// Now: from the second second on, at least 95% of the 100/s, with at most
+// 2 429s.
 func TestFleetReadsASlowUpstream(t *testing.T) {
 	for _, dialect := range []quotaapi.Dialect{quotaapi.OpenAI, quotaapi.Gateway} {
 		t.Run(string(dialect), func(t *testing.T) {

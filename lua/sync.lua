@@ -123,26 +123,24 @@ local function estimate_foreign(steer, a, left, due, refills)
 end
 
 -- spend applies reading r's units left (left: less those booked since its
--- request, which cost r.cost) to a bucket stored as tat and steer, until
--- its reset or refill, and returns the bucket's new TAT: a quota that
--- refills gets that level, plus the fleet's share of what it refilled since
--- the request went (the units booked since, taken off, were counted or are
--- yet to be while it refilled; not for a level alone but a bucket's: it
--- may be a window's last second), less a request's cost for the jitter of
--- arrivals and what others spend in 50 ms (half the burst at most; until
--- their rate is estimated, what the bucket refills in 50 ms: the rest of
--- the burst is the headroom that a pause of the fleet's, or a clump of
--- arrivals, spends before the upstream's bucket is full and its refills
--- are lost), but never
--- before its CEILING (see common.lua), the bucket alone: no reading refills
--- it beyond what the limit itself allows; a level alone holds the bucket no
+-- request, which cost r.cost) to a bucket stored as tat and steer, until its
+-- reset or refill, and returns the bucket's new TAT: a quota that refills
+-- gets that level, plus the fleet's share of what it refilled since the
+-- request went (the units booked since, taken off, were counted or are yet to
+-- be while it refilled; not for a level alone but a bucket's: it may be a
+-- window's last second), less a request's cost for the jitter of arrivals and
+-- what others spend in 50 ms (half the burst at most; until their rate is
+-- estimated, what the bucket refills in 50 ms: the rest of the burst is the
+-- headroom that a pause of the fleet's, or a clump of arrivals, spends before
+-- the upstream's bucket is full and its refills are lost), but never before
+-- its CEILING (see common.lua), the bucket alone: no reading refills it
+-- beyond what the limit itself allows; a level alone holds the bucket no
 -- later than its reset, when the quota is full (an hourly quota's bucket,
--- refilled at its rate, would stay low for the hour); a window's units,
--- less what others spend until its reset, are spread, until the earliest
--- it may come, from free, the next time free after those booked already,
--- or, when the bucket was spreading, from last, the due time of the last
--- unit booked, at the new spread (at the fleet's interval once that time
--- has come; none
+-- refilled at its rate, would stay low for the hour); a window's units, less
+-- what others spend until its reset, are spread, until the earliest it may
+-- come, from free, the next time free after those booked already, or, when
+-- the bucket was spreading, from last, the due time of the last unit booked,
+-- at the new spread (at the fleet's interval once that time has come; none
 -- left before the reset: the schedule stands, held until it). When others
 -- seem to spend all the window has left, the fleet still books a unit every
 -- probe (or spreads what is left, if slower; the last unit before the reset
