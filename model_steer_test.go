@@ -176,6 +176,9 @@ func (s *steerModel) takeIn(tat, a, finish, booked, due int64, burst bool, cost,
 	if first {
 		s = &steerModel{ceiling: cmp.Or(tat, now)} // the bucket alone: its TAT, or now for an empty one
 	}
+	if level {
+		s.foreign = 0
+	}
 	s.believed = s.foreign
 	if !first && !burst && !level && held <= s.seen {
 		s.estimateForeign(a, left, due, refills, now)

@@ -60,6 +60,7 @@ type Redis struct {
 	mismatches    mismatches     // when this process last reported each key's disagreement
 	retimes       steer.Retimes  // the fleet's retimes this process heard of
 	syncs         steer.Throttle // when each key may be steered next
+	windows       steer.Windows  // the quotas that say they refill and count down as windows
 	resubscribed  atomic.Int64   // UnixNano of the hold channel's last subscription after a break; MaxInt64 while broken; 0 before any break
 	listenOnce    sync.Once
 	stopListening func()

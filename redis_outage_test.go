@@ -42,6 +42,7 @@ type fakeStore struct {
 	calls           uint64
 	refunds         int
 	syncs           int
+	steered         []store.Steer   // what the last sync told
 	slotHolders     map[string]bool // ids holding a slot
 	repaid          map[string]int  // key → the units repaid under the first limit
 }
@@ -128,7 +129,7 @@ func (s *fakeStore) Settle(_ context.Context, key string, b store.Booking, actua
 func (s *fakeStore) Sync(_ context.Context, key string, b store.Booking, steers []store.Steer, refused bool, _ string) (store.SyncReply, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.syncs++
+	s.syncs, s.steered = s.syncs+1, steers
 	if s.down != nil {
 		return store.SyncReply{}, s.down
 	}

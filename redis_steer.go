@@ -36,7 +36,9 @@ type steering struct {
 //     decays and the fleet speeds up again;
 //   - for a quota that refills (headers.Reading.Refills, a token bucket upstream),
 //     the bucket's level becomes what is left for the fleet, with what the
-//     quota refilled since the request went;
+//     quota refilled since the request went; one that says so but counts
+//     down as a window does, two readings in a row, is read as a window
+//     (as a level alone where no reading said more than a second);
 //   - for a window, what is left for the fleet is spread evenly until the
 //     window resets, one request at a time, instead of a burst and then a
 //     stall; once none is left, requests wait for the reset and then go at
@@ -63,7 +65,8 @@ func (r *Redis) Sync(ctx context.Context, res *Reservation, readings []headers.R
 	if res == nil || res.limiter != r {
 		return &requestError{"pace: Sync: a reservation this limiter did not make"}
 	}
-	return r.sync(ctx, res.key, res.booked.redis, readings, refused, r.now())
+	now := r.now()
+	return r.sync(ctx, res.key, res.booked.redis, r.windows.Read(res.key, readings, now), refused, now)
 }
 
 // sync steers key by the readings of the response to the request booked as
@@ -171,8 +174,12 @@ func (r *Redis) heed(ctx context.Context, key string, g grant, w headers.Word, o
 	if t.leased && (w.Refused || len(w.Holds) > 0 || len(w.Readings) > 0) {
 		r.voidLeases(key) // the key books in Redis, where each loop steers it
 	}
+	counters := o.counters && len(w.Readings) > 0
+	if counters {
+		w.Readings = r.windows.Read(key, w.Readings, w.At) // as the quotas they are about are
+	}
 	before := heldBefore(w, func(h headers.Hold) (int64, error) { return r.hold(ctx, key, h) })
-	if o.counters && len(w.Readings) > 0 {
+	if counters {
 		r.sync(ctx, key, t.redis, w.Readings, w.Refused, w.At)
 	}
 	if o.refusals {

@@ -121,25 +121,51 @@ func TestFleetReadsASlowUpstream(t *testing.T) {
 }
 
 // fleetKeepsTheRate runs procs processes of goroutines each for 4 s, at
-// the rate of the upstream of config and a burst of 10, and requires from
-// the second second on at least 95% of that rate, with at most 2 429s.
+// the rate of the upstream of config (a window's count over its length,
+// its windows from the start on) and a burst of 10, and requires from the
+// second second on at least 95% of that rate, with at most 2 429s.
 func fleetKeepsTheRate(t *testing.T, config quotaapi.Config, procs, goroutines int) {
 	t.Helper()
 	srv := redistest.Start(t)
 	warmScript(t, srv)
+	start, rate := time.Now().Add(time.Second).Truncate(time.Millisecond), config.Rate
+	if config.Dialect.Windowed() {
+		config.WindowsFrom, rate = start, float64(config.Count)/config.Window.Seconds()
+	}
 	api := startQuotaAPI(t, config)
-	start := time.Now().Add(time.Second)
 	const run = 4 * time.Second
-	runFleet(t, procs, fleetWorker{Addr: srv.Addr, Limit: fmt.Sprintf("%g/s burst 10", config.Rate), Goroutines: goroutines, URL: api.URL(),
+	runFleet(t, procs, fleetWorker{Addr: srv.Addr, Limit: fmt.Sprintf("%g/s burst 10", rate), Goroutines: goroutines, URL: api.URL(),
 		Start: start, End: start.Add(run)})
 	arrivals := api.Arrivals()
 	logSeconds(t, arrivals, start, start.Add(run))
 	all, late := tallyOf(arrivals, start, start.Add(run)), tallyOf(arrivals, start.Add(time.Second), start.Add(run))
-	allowed, later := 10+4*config.Rate, 3*config.Rate
+	allowed, later := 10+4*rate, 3*rate
+	if config.Dialect.Windowed() {
+		allowed = 4 * rate // four seconds of windows from the start
+	}
 	t.Logf("%d served in 4 s, %.1f%% of the %.0f both allow, %d 429s; after the first second, %d served, %.1f%% of %.0f, %d 429s",
 		all.ok, 100*float64(all.ok)/allowed, allowed, all.refused, late.ok, 100*float64(late.ok)/later, later, late.refused)
 	if float64(late.ok) < 0.95*later || late.refused > 2 {
-		t.Errorf("after the first second, %d served and %d 429s; want at least %.0f (95%% of %g/s) and at most 2", late.ok, late.refused, 0.95*later, config.Rate)
+		t.Errorf("after the first second, %d served and %d 429s; want at least %.0f (95%% of %g/s) and at most 2", late.ok, late.refused, 0.95*later, rate)
+	}
+}
+
+// TestFleetReadsAWindowInOpenAIFields: an upstream of 100 per window of a
+// second, or of 400 per window of 2 s, that states its counters in
+// OpenAI's fields, its reset the time until the window resets. Read as a
+// quota that refills, it refilled nothing until its reset, and others
+// seemed to spend it all: the fleet slowed to a tenth of the rate (32.0%
+// and 21.8% of it after the first second, no 429). Two readings in a row
+// tell a window now (see steer.Windows): from the second second on, at
+// least 95% of the rate, with at most 2 429s.
+func TestFleetReadsAWindowInOpenAIFields(t *testing.T) {
+	for _, c := range []struct {
+		count  int
+		window time.Duration
+	}{{100, time.Second}, {400, 2 * time.Second}} {
+		t.Run(fmt.Sprintf("%d per %v", c.count, c.window), func(t *testing.T) {
+			fleetKeepsTheRate(t, quotaapi.Config{Dialect: quotaapi.OpenAIWindow, Count: c.count, Window: c.window}, 4, 4)
+		})
 	}
 }
 

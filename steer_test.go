@@ -135,6 +135,31 @@ func TestSyncTransitions(t *testing.T) {
 	}
 }
 
+// TestSyncReadsAWindow: Sync reads three readings 100 ms apart of a
+// quota that says it refills, in OpenAI's fields, but counts down as a
+// window of a second does (full at its reset whatever is spent): the
+// first two steer a quota that refills, the third, once two in a row told
+// the window, a level alone (see steer.Windows).
+func TestSyncReadsAWindow(t *testing.T) {
+	f := newFailoverTest(t, PerSecond(100).WithBurst(10), 1)
+	ctx := context.Background()
+	for i := range int64(3) {
+		res, err := f.r.Reserve(ctx, "k", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		at := time.Duration(i) * 100 * time.Millisecond
+		reading := headers.Reading{Name: "requests", Remaining: 90 - 10*i, Reset: time.Second - at, Refills: true}
+		if err := f.r.Sync(ctx, res, []headers.Reading{reading}, false); err != nil {
+			t.Fatal(err)
+		}
+		if got := f.store.steered; len(got) != 1 || got[0].Refills != (i < 2) || got[0].Rounded != (i == 2) {
+			t.Errorf("reading %d: steered %+v; want a quota that refills before the third, a level alone then", i, got)
+		}
+		f.clock.Advance(100 * time.Millisecond)
+	}
+}
+
 // TestSyncBadInput: Sync refuses a reservation it did not make, and ignores
 // readings that steer none of the quota's limits.
 func TestSyncBadInput(t *testing.T) {

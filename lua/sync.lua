@@ -214,13 +214,17 @@ end
 
 -- take_in takes a fresh reading r into the steering of a bucket stored as
 -- tat and steer (nil: not steered yet): the estimate of others' rate (none
--- across a hold), and the reading as the baseline of the next. It returns the steering and the
--- units left, less those booked after the request.
+-- across a hold; a level alone, which tells none, drops the one readings
+-- of another kind made, which would slow the fleet for good: a window
+-- read as refilling seemed spent by others in full), and the reading as
+-- the baseline of the next. It returns the steering and the units left,
+-- less those booked after the request.
 local function take_in(tat, steer, r)
   local left = r.left - since(tat, steer, r.a, r.finish, r.booked, r.due, r.burst, r.cost)
   local first = not steer
   steer = steer or {seen = 0, till = 0, spread = 0, learned = 0, left = 0, base = 0, synced = 0, booked = 0, foreign = 0, order = 0,
     ceiling = tat or now}
+  if r.level then steer.foreign = 0 end
   steer.believed = steer.foreign
   if not first and not r.burst and not r.level and held <= steer.seen then estimate_foreign(steer, r.a, left, r.due, r.refills) end
   steer.seen, steer.left, steer.base, steer.synced = r.due, math.max(left, -2^53), r.booked, steer.booked

@@ -32,6 +32,10 @@ const (
 	// -remaining-requests and -reset-requests (until the bucket is full,
 	// as a Go duration) of a token bucket.
 	OpenAI Dialect = "openai"
+	// OpenAIWindow states OpenAI's fields of a fixed window: the window's
+	// count, what is left of it, and the time until it resets (as a Go
+	// duration), as gateways in front of LLM APIs state theirs.
+	OpenAIWindow Dialect = "openai-window"
 	// Gateway states x-ratelimit-limit (its burst), -remaining and -reset
 	// (until the bucket is full, in whole seconds, rounded up) of a token
 	// bucket, as API gateways state theirs in GitHub's fields.
@@ -45,18 +49,18 @@ const (
 )
 
 // ParseDialect reads a dialect's name: "github", "ietf", "openai",
-// "gateway", "shopify" or "".
+// "openai-window", "gateway", "shopify" or "".
 func ParseDialect(s string) (Dialect, error) {
 	switch d := Dialect(s); d {
-	case Silent, GitHub, IETF, OpenAI, Gateway, Shopify:
+	case Silent, GitHub, IETF, OpenAI, OpenAIWindow, Gateway, Shopify:
 		return d, nil
 	}
-	return Silent, fmt.Errorf("dialect %q: want github, ietf, openai, gateway or shopify", s)
+	return Silent, fmt.Errorf("dialect %q: want github, ietf, openai, openai-window, gateway or shopify", s)
 }
 
 // Windowed reports whether the dialect counts a fixed window, rather than a
 // token bucket.
-func (d Dialect) Windowed() bool { return d == GitHub || d == IETF }
+func (d Dialect) Windowed() bool { return d == GitHub || d == IETF || d == OpenAIWindow }
 
 // Config is what a server enforces and says.
 type Config struct {
@@ -69,7 +73,7 @@ type Config struct {
 	// not state: room for the jitter of arrivals, as the fleet's burst at
 	// the start reaches it in any order.
 	Slack int
-	// Count per Window is the fixed window that GitHub and IETF enforce;
+	// Count per Window is the fixed window that the windowed dialects enforce;
 	// windows follow each other from WindowsFrom on (the Unix epoch when
 	// zero).
 	Window      time.Duration
@@ -356,6 +360,10 @@ func (s *Server) state(now time.Time, left int, h http.Header) {
 			h.Set("X-Ratelimit-Remaining-Requests", strconv.Itoa(left))
 			h.Set("X-Ratelimit-Reset-Requests", s.untilFull(now).Round(time.Millisecond).String())
 		}
+	case OpenAIWindow:
+		h.Set("X-Ratelimit-Limit-Requests", strconv.Itoa(c.Count))
+		h.Set("X-Ratelimit-Remaining-Requests", strconv.Itoa(left))
+		h.Set("X-Ratelimit-Reset-Requests", end.Sub(now).Round(time.Millisecond).String())
 	case Gateway:
 		if s.bucket != nil {
 			h.Set("X-RateLimit-Limit", strconv.Itoa(c.Burst))
