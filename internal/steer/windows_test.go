@@ -30,37 +30,37 @@ func TestWindowsTells(t *testing.T) {
 		told     string // after each reading
 	}{
 		"a window, spent": {
-			[]quotaReading{{0, 90, 1000 * ms}, {100 * ms, 80, 900 * ms}, {200 * ms, 70, 800 * ms}, {300 * ms, 60, 700 * ms}}, "uuww",
+			[]quotaReading{{0, 90, 1000 * ms}, {100 * ms, 80, 900 * ms}, {200 * ms, 70, 800 * ms}, {300 * ms, 60, 700 * ms}}, "--ww",
 		},
 		"a window, idle": {
-			[]quotaReading{{0, 90, 1000 * ms}, {100 * ms, 90, 900 * ms}, {200 * ms, 90, 800 * ms}}, "uuw",
+			[]quotaReading{{0, 90, 1000 * ms}, {100 * ms, 90, 900 * ms}, {200 * ms, 90, 800 * ms}}, "--w",
 		},
 		"a window's reset comes back full, and tells nothing": {
-			[]quotaReading{{0, 90, 200 * ms}, {100 * ms, 80, 100 * ms}, {200 * ms, 100, 1000 * ms}, {300 * ms, 90, 900 * ms}}, "uuuw",
+			[]quotaReading{{0, 90, 200 * ms}, {100 * ms, 80, 100 * ms}, {200 * ms, 100, 1000 * ms}, {300 * ms, 90, 900 * ms}}, "---w",
 		},
 		"a bucket spent as fast as it refills": {
-			[]quotaReading{{0, 50, 500 * ms}, {100 * ms, 50, 500 * ms}, {200 * ms, 50, 500 * ms}, {300 * ms, 50, 500 * ms}}, "uubb",
+			[]quotaReading{{0, 50, 500 * ms}, {100 * ms, 50, 500 * ms}, {200 * ms, 50, 500 * ms}, {300 * ms, 50, 500 * ms}}, "----",
 		},
 		"a bucket spent faster": {
-			[]quotaReading{{0, 50, 500 * ms}, {100 * ms, 40, 600 * ms}, {200 * ms, 30, 700 * ms}}, "uub",
+			[]quotaReading{{0, 50, 500 * ms}, {100 * ms, 40, 600 * ms}, {200 * ms, 30, 700 * ms}}, "---",
 		},
 		"a bucket idle tells nothing": {
-			[]quotaReading{{0, 50, 500 * ms}, {100 * ms, 60, 400 * ms}, {200 * ms, 70, 300 * ms}}, "uuu",
+			[]quotaReading{{0, 50, 500 * ms}, {100 * ms, 60, 400 * ms}, {200 * ms, 70, 300 * ms}}, "---",
 		},
 		"a bucket after a window's readings is a bucket after two": {
-			[]quotaReading{{0, 90, 1000 * ms}, {100 * ms, 80, 900 * ms}, {200 * ms, 70, 800 * ms}, {300 * ms, 70, 800 * ms}, {400 * ms, 70, 800 * ms}}, "uuwwb",
+			[]quotaReading{{0, 90, 1000 * ms}, {100 * ms, 80, 900 * ms}, {200 * ms, 70, 800 * ms}, {300 * ms, 70, 800 * ms}, {400 * ms, 70, 800 * ms}}, "--ww-",
 		},
 		"a window's reading heard 100 ms late turns nothing": {
-			[]quotaReading{{0, 90, 1000 * ms}, {100 * ms, 80, 900 * ms}, {200 * ms, 70, 800 * ms}, {400 * ms, 60, 700 * ms}, {500 * ms, 50, 500 * ms}}, "uuwww",
+			[]quotaReading{{0, 90, 1000 * ms}, {100 * ms, 80, 900 * ms}, {200 * ms, 70, 800 * ms}, {400 * ms, 60, 700 * ms}, {500 * ms, 50, 500 * ms}}, "--www",
 		},
 		"readings closer than WindowGap compare with the one before them": {
-			[]quotaReading{{0, 90, 1000 * ms}, {20 * ms, 89, 980 * ms}, {60 * ms, 85, 940 * ms}, {90 * ms, 84, 910 * ms}, {130 * ms, 80, 870 * ms}}, "uuuuw",
+			[]quotaReading{{0, 90, 1000 * ms}, {20 * ms, 89, 980 * ms}, {60 * ms, 85, 940 * ms}, {90 * ms, 84, 910 * ms}, {130 * ms, 80, 870 * ms}}, "----w",
 		},
 		"an older reading come late tells nothing": {
-			[]quotaReading{{100 * ms, 80, 900 * ms}, {0, 90, 1000 * ms}, {200 * ms, 70, 800 * ms}, {300 * ms, 60, 700 * ms}}, "uuuw",
+			[]quotaReading{{100 * ms, 80, 900 * ms}, {0, 90, 1000 * ms}, {200 * ms, 70, 800 * ms}, {300 * ms, 60, 700 * ms}}, "---w",
 		},
 		"HAProxy's sliding window, spent at its rate": { // its count at the period's end is still the last period's
-			[]quotaReading{{0, 50, 300 * ms}, {100 * ms, 50, 200 * ms}, {200 * ms, 50, 100 * ms}, {300 * ms, 52, 1000 * ms}, {400 * ms, 51, 900 * ms}}, "uuwww",
+			[]quotaReading{{0, 50, 300 * ms}, {100 * ms, 50, 200 * ms}, {200 * ms, 50, 100 * ms}, {300 * ms, 52, 1000 * ms}, {400 * ms, 51, 900 * ms}}, "--www",
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
