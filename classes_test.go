@@ -21,9 +21,11 @@ import (
 // loaded machine shuffles (a waiter that wakes after the next one's turn
 // books after it: 28 of 40 near their place once, beside a CPU hog) nor of
 // their wake-ups; a batch request whose turn would pass its deadline is
-// refused at once. Each is measured on the limiter's clock, as booked, not
-// by when its goroutine ran: the critical request by the delay it was
-// booked, the line by the last turn it gave, the refusal by its kind.
+// refused at once (one whose goroutine ran so late that the schedule came
+// within its class's horizon books within it, as the class allows). Each
+// is measured on the limiter's clock, as booked, not by when its goroutine
+// ran: the critical request by the delay it was booked, the line by the
+// last turn it gave, the refusal by its kind.
 //
 // The same holds under a daily cap beside the per-second limit (the
 // README's AllOf): the horizon is sized by the per-second limit, which
@@ -36,9 +38,13 @@ func TestClassesKeepRoomForCritical(t *testing.T) {
 	var joined atomic.Int32   // batch requests booked or deferred
 	var dues sync.Map         // each batch waiter's first turn, or its booked time, by its number
 	var critical atomic.Int64 // the critical request's booked delay
+	var newcomer atomic.Int64 // the last batch request's booked delay, -1 for none
 	observe := WithObserver(func(ctx context.Context, e Event) {
 		if classOf(ctx) == ClassCritical && e.Kind == EventWait {
 			critical.Store(int64(e.Delay))
+		}
+		if ctx.Value(newcomerKey{}) != nil && e.Kind == EventWait {
+			newcomer.Store(int64(e.Delay))
 		}
 		if classOf(ctx) == ClassBatch && (e.Kind == EventWait || e.Kind == EventClass) {
 			joined.Add(1)
@@ -50,23 +56,29 @@ func TestClassesKeepRoomForCritical(t *testing.T) {
 	perSecond := PerSecond(50).WithBurst(1)
 	for quotaName, q := range map[string]Quota{"per second": perSecond, "under a daily cap": AllOf(perSecond, Per(100000, 24*time.Hour))} {
 		for name, l := range slotters(t, q, observe) {
-			t.Run(quotaName+"/"+name, func(t *testing.T) { checkRoomForCritical(t, l, interval, &joined, &dues, &critical) })
+			t.Run(quotaName+"/"+name, func(t *testing.T) { checkRoomForCritical(t, l, interval, &joined, &dues, &critical, &newcomer) })
 		}
 	}
 }
 
-// waiterKey is the context key of a batch waiter's number.
-type waiterKey struct{}
+// waiterKey is the context key of a batch waiter's number; newcomerKey
+// marks the batch request that comes after the critical one.
+type (
+	waiterKey   struct{}
+	newcomerKey struct{}
+)
 
 // checkRoomForCritical is TestClassesKeepRoomForCritical on l, whose
 // interval is interval; joined counts the batch requests that booked or
 // deferred, dues keeps the first turn of each (or the time it was booked
-// for), by its number, and critical the critical request's booked delay.
-func checkRoomForCritical(t *testing.T, l Limiter, interval time.Duration, joined *atomic.Int32, dues *sync.Map, critical *atomic.Int64) {
+// for), by its number, critical the critical request's booked delay, and
+// newcomer the delay the last batch request was booked, if it was.
+func checkRoomForCritical(t *testing.T, l Limiter, interval time.Duration, joined *atomic.Int32, dues *sync.Map, critical, newcomer *atomic.Int64) {
 	batch := WithClass(context.Background(), ClassBatch)
 	joined.Store(0)
 	dues.Clear()
 	critical.Store(-1)
+	newcomer.Store(-1)
 	var wg sync.WaitGroup
 	began := time.Now()
 	for i := range 40 {
@@ -82,7 +94,7 @@ func checkRoomForCritical(t *testing.T, l Limiter, interval time.Duration, joine
 	if err := l.Wait(WithClass(context.Background(), ClassCritical), "k", 1); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(batch, 100*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.WithValue(batch, newcomerKey{}, true), 100*time.Millisecond)
 	start := time.Now()
 	err := l.Wait(ctx, "k", 1)
 	refusedIn := time.Since(start)
@@ -107,8 +119,15 @@ func checkRoomForCritical(t *testing.T, l Limiter, interval time.Duration, joine
 		t.Errorf("the critical request was booked to wait %v (-1ns: not granted), want at most two intervals (%v)", booked, 2*interval)
 	}
 	var deadline *DeadlineError // refused as booked, not by its context's end
-	if !errors.As(err, &deadline) {
-		t.Errorf("a batch request whose turn passes its deadline: %v after %v, want a *DeadlineError at once", err, refusedIn)
+	switch booked := time.Duration(newcomer.Load()); {
+	case err == nil && booked >= 0 && booked <= interval/2:
+		// It came once the critical request's booking was within its
+		// class's horizon (the goroutine ran late: 11 ms after the
+		// critical request's turn once, in a loaded make test), and booked
+		// as its class allows, the line's waiters deferred.
+		t.Logf("the batch request came when the schedule was %v ahead, within its horizon (%v), and booked", booked, interval/2)
+	case !errors.As(err, &deadline):
+		t.Errorf("a batch request whose turn passes its deadline: %v after %v (booked %v, -1ns: not), want a *DeadlineError at once, or a booking within its horizon (%v)", err, refusedIn, booked, interval/2)
 	}
 	near := 0 // within 3 places of where they came
 	for at, i := range order {
