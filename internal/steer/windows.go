@@ -17,7 +17,7 @@ import (
 // its reset, which stays put while its units are spent. Read as refilling,
 // a window refilled nothing until its reset, and others seemed to spend
 // all of it (22% to 40% served in the simulator). Two readings in a row,
-// each WindowGap or more after the one before, with no unit back, that
+// each windowGap or more after the one before, with no unit back, that
 // count as a window's tell a window; two that count as a bucket's turn it
 // back (one reading whose response was heard late, on a busy machine,
 // does not). A key's quota is forgotten a minute after its last reading.
@@ -27,10 +27,10 @@ type Windows struct {
 	keys expiring.Map[map[string]*quotaClock] // each key's quotas, by name
 }
 
-// WindowGap is the least time between two readings that Windows compares:
+// windowGap is the least time between two readings that Windows compares:
 // the moment a reading says the quota is full is as late as its response
 // was heard, whose jitter must be well below half of it.
-const WindowGap = 50 * time.Millisecond
+const windowGap = 50 * time.Millisecond
 
 // turnReadings is how many readings in a row, counting as the kind the
 // quota is not told to be, turn it.
@@ -99,7 +99,7 @@ func (w *Windows) tell(key, name string, left int64, reset time.Duration, at tim
 	q.longest = max(q.longest, reset)
 	gap, full := at.Sub(q.at), at.Add(reset)
 	switch {
-	case !q.at.IsZero() && gap < WindowGap: // or an older reading come late
+	case !q.at.IsZero() && gap < windowGap: // or an older reading come late
 		return q.window, q.level(at)
 	case !q.at.IsZero() && left <= q.left: // else units came back: a bucket's refill, or a window's reset
 		q.counted(full.Sub(q.full) < gap/2, at)

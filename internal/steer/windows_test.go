@@ -53,7 +53,7 @@ func TestWindowsTells(t *testing.T) {
 		"a window's reading heard 100 ms late turns nothing": {
 			[]quotaReading{{0, 90, 1000 * ms}, {100 * ms, 80, 900 * ms}, {200 * ms, 70, 800 * ms}, {400 * ms, 60, 700 * ms}, {500 * ms, 50, 500 * ms}}, "--www",
 		},
-		"readings closer than WindowGap compare with the one before them": {
+		"readings closer than windowGap compare with the one before them": {
 			[]quotaReading{{0, 90, 1000 * ms}, {20 * ms, 89, 980 * ms}, {60 * ms, 85, 940 * ms}, {90 * ms, 84, 910 * ms}, {130 * ms, 80, 870 * ms}}, "----w",
 		},
 		"an older reading come late tells nothing": {
