@@ -127,9 +127,12 @@ func (s *steerModel) sync(tat, a, b, finish, booked, due int64, burst bool, cost
 	if !fresh && !slower {
 		return tat, s, 0
 	}
-	old, result, ahead := tat, int64(1), int64(0)
+	old, result, ahead, since := tat, int64(1), int64(0), int64(0)
 	if fresh {
 		s, left = s.takeIn(tat, a, finish, booked, due, burst, cost, left, refills, level, held, now)
+		if !level || st.Refills { // a bucket's level alone: see spend
+			since = max(st.Remaining-left, 0)
+		}
 	}
 	if learned > 0 && learned != s.learned {
 		before := s.interval(a)
@@ -149,7 +152,7 @@ func (s *steerModel) sync(tat, a, b, finish, booked, due int64, burst bool, cost
 		if refills && (!level || st.Refills) { // what the quota refilled since the request went
 			left += max(now-due, 0) / s.fleetInterval(a, b)
 		}
-		tat = s.spend(tat, free, last, a, b, cost, left+ahead, reset, early, refills, level, now)
+		tat = s.spend(tat, free, last, a, b, cost, left+ahead, since, reset, early, refills, level, now)
 		if ahead == 0 && max(s.allow(tat, a, b, 1, now, now), now) <= booked {
 			s.movedBack(free)
 		}
@@ -200,7 +203,7 @@ func (s *steerModel) refuse(booked, cost int64) {
 }
 
 // spend is spend.
-func (s *steerModel) spend(tat, free, last, a, b, cost, left, reset, early int64, refills, level bool, now int64) int64 {
+func (s *steerModel) spend(tat, free, last, a, b, cost, left, since, reset, early int64, refills, level bool, now int64) int64 {
 	others := float64(max(s.believed, 0))
 	s.probing = false
 	if refills {
@@ -212,7 +215,7 @@ func (s *steerModel) spend(tat, free, last, a, b, cost, left, reset, early int64
 		mine := left - cost - min(spare, b/2)
 		full := now + (b-min(mine, b))*i
 		if level {
-			full = min(full, now+reset)
+			full = min(full, now+reset+since*i)
 		}
 		s.till, s.spread = 0, 0
 		return max(s.ceiling, full)

@@ -53,9 +53,14 @@ func (n namedLimits) limitOf(name string, own, only bool) int {
 }
 
 // holds reports whether h holds a key of these limits: a hold of the whole
-// key, or of a quota one of them is.
+// key, or of a quota one of them is; not one a bucket's level alone said
+// (see bucketLevel).
 func (n namedLimits) holds(h headers.Hold) bool {
-	return h.Quota == "" || n.limitOf(h.Quota, h.OwnQuota, h.OnlyReading) >= 0
+	i := n.limitOf(h.Quota, h.OwnQuota, h.OnlyReading)
+	if h.Reading != nil && i >= 0 && bucketLevel(*h.Reading, n.limits[i]) {
+		return false
+	}
+	return h.Quota == "" || i >= 0
 }
 
 // reportRate tells o that limiter cut key's rate, after the refusal the

@@ -133,7 +133,8 @@ type Transport struct {
 	// request's limiter, which must be Local or Redis (see Pool).
 	Pool *Pool
 
-	repeats repeatedHolds // see headers.Hold.Repeats
+	repeats repeatedHolds  // see headers.Hold.Repeats
+	clocks  upstreamClocks // see headers.Clock
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -178,7 +179,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return resp, err
 	}
 	arrival := time.Now()
-	p.heed(req.Context(), resp, sent, arrival, &t.repeats)
+	p.heed(req.Context(), resp, sent, arrival, t)
 	if p.slot != nil || (p.res != nil && p.settle != nil) || p.readsBody() {
 		resp.Body, handed = p.endingBody(req.Context(), resp, arrival), true
 	}
@@ -310,17 +311,19 @@ func (t *Transport) waitFor(req *http.Request, p pacing, cost int, estimate func
 // heed hands what resp, to the request sent at sent, which arrived at
 // arrival, says of p's key to p's limiter, when it is pace's own: its holds
 // (unless p's scope ignores them; on a Pool, a rejected credential's),
-// counters and refusals, each hold that repeats lengthened by repeats. A
+// counters and refusals, on the key's upstream clock that t keeps, each
+// hold that repeats lengthened by t's repeats. A
 // refusal's body is read first (within the context's budget: WithBodyBudget), up to
 // headers.BodySize and bodyWait, for the hold it asks for
 // (headers.HearBody), and passed on whole. It runs past the request's
 // context: the response has been counted already. Failures reach the
 // limiter's observer.
-func (p pacing) heed(ctx context.Context, resp *http.Response, sent, arrival time.Time, repeats *repeatedHolds) {
+func (p pacing) heed(ctx context.Context, resp *http.Response, sent, arrival time.Time, t *Transport) {
 	if p.backend == nil {
 		return
 	}
-	w := headers.Hear(resp, arrival, p.backend.longestHold())
+	repeats := &t.repeats
+	w := t.clocks.of(p.key, arrival).Hear(resp, sent, arrival, p.backend.longestHold())
 	if !p.scope.holds {
 		w.Holds = nil // see Transport.IgnoreHolds
 	} else if headers.Refuses(resp) && len(w.Holds) == 0 && resp.Body != nil {

@@ -33,6 +33,11 @@ type Hold struct {
 	// so it is about a quota's only rate limit too, unless OwnQuota: it
 	// names a quota of its own (see Reading.OwnQuota).
 	OnlyReading, OwnQuota bool
+
+	// Reading is the reading that said so, or nil: a Rounded one may be a
+	// token bucket's, empty for a moment, which a limiter whose limit
+	// refills the reading's Limit within a second holds nothing for.
+	Reading *Reading
 }
 
 // ParseHold reads what a response says of the quota and returns the hold it
@@ -132,7 +137,12 @@ type Word struct {
 // Hear reads what resp, which arrived at now, says: its readings, and the
 // holds they and its Retry-After ask for, each capped at max.
 func Hear(resp *http.Response, now time.Time, max time.Duration) Word {
-	clock := readingClock{header: resp.Header, now: now}
+	return hear(resp, readingClock{header: resp.Header, now: now}, max)
+}
+
+// hear is Hear on clock.
+func hear(resp *http.Response, clock readingClock, max time.Duration) Word {
+	now := clock.now
 	w := Word{Readings: readAll(resp.Header, &clock), At: now, Status: resp.StatusCode,
 		Refused: resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable}
 	status := strconv.Itoa(resp.StatusCode) + " "
@@ -140,8 +150,8 @@ func Hear(resp *http.Response, now time.Time, max time.Duration) Word {
 		w.Holds = append(w.Holds, h)
 	}
 	for _, r := range w.Readings {
-		if r.Remaining == 0 && !r.Refills && !r.Rounded() {
-			h := Hold{Reason: status + r.Header, Quota: r.Name, OnlyReading: len(w.Readings) == 1, OwnQuota: r.OwnQuota}
+		if r.Remaining == 0 && !r.Refills && r.Reset > r.Early { // else it may be now
+			h := Hold{Reason: status + r.Header, Quota: r.Name, OnlyReading: len(w.Readings) == 1, OwnQuota: r.OwnQuota, Reading: &r}
 			w.Holds = append(w.Holds, capHold(r.Reset.Seconds(), max, h))
 		}
 	}

@@ -54,15 +54,17 @@ type Reading struct {
 	OwnQuota bool
 }
 
-// Rounded reports whether r's reset, said in whole seconds, may be a
-// moment away: no later than it may be early (see Early). The quota may
-// come back at any time until then, all at once as a window's, or a few
-// units at a time as a token bucket's that states the time until it is
-// full (API gateways do so in GitHub's or the IETF draft's fields). Such a
-// reading says how much is left, not that nothing comes back before its
-// reset: it holds nothing, explains no refusal, and tells no rate of
-// others.
-func (r Reading) Rounded() bool { return r.Early > 0 && r.Reset <= r.Early }
+// Rounded reports whether r's reset, said in whole seconds, may come
+// within a second: sooner than a second after it may be early (see
+// Early), as a reset of 1 s may be now and a Unix time 1.3 s away may be
+// 0.3 s away. The quota may come back at any time until then, all at once
+// as a window's, or a few units at a time as a token bucket's that states
+// the time until it is full (API gateways do so in GitHub's or the IETF
+// draft's fields). Such a reading says how much is left, not that nothing
+// comes back before its reset: it explains no refusal and tells no rate
+// of others; it holds nothing when its reset may be now (a limiter holds
+// nothing for a bucket's level either: see Hold.Reading).
+func (r Reading) Rounded() bool { return r.Early > 0 && r.Reset-r.Early < time.Second }
 
 // ParseReadings reads what a response says of the upstream's quotas; now is
 // when it arrived. It reads every dialect pace knows, on any status:
@@ -140,21 +142,31 @@ func (s *readingSet) add(r Reading, ok bool) {
 // readingClock is the clock a Unix or RFC 3339 reset is taken against: the
 // arrival, or the response's Date, read once, when needed. The Date says
 // when the upstream answered, to the second: the arrival, more precise,
-// stands unless the two clocks disagree by more.
+// stands unless the two clocks disagree by more; where they disagree, the
+// upstream's Clock, once it knows their offset within a second, moves the
+// arrival by it (see Clock).
 type readingClock struct {
-	header http.Header
-	now    time.Time
-	read   bool
-	dated  bool // now is the Date's: up to a second before the arrival
+	header   http.Header
+	now      time.Time
+	sent     time.Time // when the request went, for upstream
+	upstream *Clock    // nil: none kept
+	read     bool
+	slack    time.Duration // how much later than now the upstream's clock may read: a second, for the Date's
 }
 
 func (c *readingClock) at() time.Time {
-	if !c.read {
-		c.read = true
-		date, err := http.ParseTime(c.header.Get("Date"))
-		if err == nil && (c.now.Before(date.Add(-time.Second)) || c.now.After(date.Add(2*time.Second))) {
-			c.now, c.dated = date, true
-		}
+	if c.read {
+		return c.now
+	}
+	c.read = true
+	date, err := http.ParseTime(c.header.Get("Date"))
+	if err != nil {
+		return c.now
+	}
+	if lo, width, ok := c.upstream.learn(date, c.sent, c.now); ok {
+		c.now, c.slack = c.now.Add(lo), width
+	} else if c.now.Before(date.Add(-time.Second)) || c.now.After(date.Add(2*time.Second)) {
+		c.now, c.slack = date, time.Second
 	}
 	return c.now
 }
@@ -347,8 +359,8 @@ func secondsOrEpoch(s string, clock *readingClock, epochs bool) (reset, early ti
 	}
 	if epochs && seconds > 1e9 {
 		seconds -= float64(clock.at().UnixNano()) / 1e9
-		if clock.dated {
-			early *= 2
+		if early > 0 {
+			early += clock.slack
 		}
 	}
 	if seconds > store.MaxDelay.Seconds() {

@@ -171,6 +171,25 @@ func TestRoundedResets(t *testing.T) {
 	}
 }
 
+// TestRoundedUnixTimes: a Unix time is rounded up to the upstream's next
+// second, so a reset said in one may come a second sooner: at 0.7 s past
+// a second, one said for the next second but one (1.3 s away) may be 0.3 s
+// away, a token bucket's that is full in a moment, and is Rounded; it
+// still holds the key at nothing left (it may be a window's: see
+// bucketLevel in package pace). One 2.3 s away is not Rounded.
+func TestRoundedUnixTimes(t *testing.T) {
+	now := holdNow.Add(700 * time.Millisecond)
+	for reset, rounded := range map[int64]bool{1: true, 2: true, 3: false} {
+		w := Hear(response(200, dated("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", epoch(reset))...), now, time.Hour)
+		if len(w.Readings) != 1 || w.Readings[0].Rounded() != rounded || w.Readings[0].Early != time.Second {
+			t.Errorf("reset at %d s: readings %+v, want one, Early 1s, Rounded %v", reset, w.Readings, rounded)
+		}
+		if held := len(w.Holds) == 1; held != (reset > 1) {
+			t.Errorf("reset at %d s: holds %+v, want one: %v", reset, w.Holds, reset > 1)
+		}
+	}
+}
+
 // offDate adds a Date header an hour behind holdNow to headers, and
 // offEpoch is a Unix time s seconds after that Date.
 func offDate(header ...string) []string {
@@ -194,7 +213,7 @@ func FuzzParseReadings(f *testing.F) {
 			"anthropic-ratelimit-requests-remaining", remaining, "anthropic-ratelimit-requests-reset", rfc3339)
 		for _, r := range ParseReadings(resp, holdNow) {
 			if r.Remaining < 0 || (r.Limit > 0 && r.Remaining > r.Limit) || r.Limit < 0 || r.Reset <= 0 || r.Reset > store.MaxDelay || r.Window < 0 ||
-				(r.Early != 0 && (r.Refills || (r.Early != time.Second && r.Early != 2*time.Second))) || (r.Rounded() && r.Reset > 2*time.Second) {
+				(r.Early != 0 && (r.Refills || (r.Early != time.Second && r.Early != 2*time.Second))) || (r.Rounded() && r.Reset >= r.Early+time.Second) {
 				t.Fatalf("unsound reading %+v", r)
 			}
 		}

@@ -136,7 +136,11 @@ end
 -- its CEILING (see common.lua), the bucket alone: no reading refills it
 -- beyond what the limit itself allows; a level alone holds the bucket no
 -- later than its reset, when the quota is full (an hourly quota's bucket,
--- refilled at its rate, would stay low for the hour); a window's units, less
+-- refilled at its rate, would stay low for the hour), and, a bucket's,
+-- than the units booked since its request (r.since), which the upstream
+-- had not counted, take to refill after it (else a reading that said a
+-- bucket is full soon gave back units the fleet had booked already, and
+-- drew a refusal; a window's reset does not wait for them); a window's units, less
 -- what others spend until its reset, are spread, until the earliest it may
 -- come, from free, the next time free after those booked already, or, when
 -- the bucket was spreading, from last, the due time of the last unit booked,
@@ -155,7 +159,7 @@ local function spend(tat, free, last, steer, a, b, r, left)
     local mine = left - cost - math.min(spare, math.floor(b / 2))
     if r.refilled then mine = mine + math.floor(math.max(now - r.due, 0) / i) end
     local level = now + (b - math.min(mine, b)) * i
-    if r.level then level = math.min(level, now + reset) end
+    if r.level then level = math.min(level, now + reset + (r.refilled and r.since * i or 0)) end
     steer.till, steer.spread = 0, 0
     return math.max(steer.ceiling, level)
   end
@@ -255,7 +259,10 @@ local function steer_bucket(i, r, refused)
     return 0, steer and steer.synced or 0
   end
   local old, left, result, ahead = tat, r.left, 1, 0
-  if fresh then steer, left = take_in(tat, steer, r) end
+  if fresh then
+    steer, left = take_in(tat, steer, r)
+    r.since = math.max(r.left - left, 0)
+  end
   if r.learned > 0 and r.learned ~= steer.learned then
     -- The units booked to go after now book anew, at the new pace, and the
     -- bookings to come are not all new: no baseline. The bucket alone

@@ -133,10 +133,13 @@ func TestRefillsWhileTheResponseTravels(t *testing.T) {
 // a second away in every reading: spread over that second, its units left
 // went at half their pace (53% to 64% served in 4 s before; 92% to 100%
 // now). Under pace at twice a window's rate, the window runs dry halfway,
-// and its refusals, which hold nothing now, steer the rate: 3 or 4 of them
-// in the last quarter of each window (3.3% after the first second).
+// and its refusals, which hold nothing now, steer the rate: 3 to 6 of them
+// in the last quarter of each window (4.0% after the first second, where
+// it was 3.3% while the simulator's processes took every Unix time
+// against the upstream's Date, a second coarse, as no client whose clock
+// agrees does).
 func TestRoundedWindows(t *testing.T) {
-	loopCase{spec: "duration=4s", served: 0.9, refused: 0.04}.check(t,
+	loopCase{spec: "duration=4s", served: 0.9, refused: 0.045}.check(t,
 		"upstream=window counters=ietf rate=50", "upstream=window counters=github rate=100 limit='200/s burst 10'",
 		"upstream=haproxy counters=ietf rate=100")
 }

@@ -138,6 +138,7 @@ func writeJSON(path string, results []Result) error {
 	type jsonCase struct {
 		Case           string  `json:"case"`
 		Utilisation    float64 `json:"utilisation"`
+		Served         int     `json:"served"`
 		Demand         float64 `json:"demand"` // of what was allowed (see Result.Demand), 99 at most
 		Refused        int     `json:"refused"`
 		RefusedAfter1s int     `json:"refused_after_1s"`
@@ -150,7 +151,7 @@ func writeJSON(path string, results []Result) error {
 	}{Runs: len(results)}
 	for _, r := range results {
 		out.Violations += len(r.Violations)
-		out.Cases = append(out.Cases, jsonCase{r.Case.String(), r.Utilisation(), min(r.Demand/r.Allowed, 99), r.Refused, r.RefusedAfter1s, len(r.Violations)})
+		out.Cases = append(out.Cases, jsonCase{r.Case.String(), r.Utilisation(), r.Served, min(r.Demand/r.Allowed, 99), r.Refused, r.RefusedAfter1s, len(r.Violations)})
 	}
 	data, err := json.MarshalIndent(out, "", "  ")
 	if err != nil {
