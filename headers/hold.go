@@ -151,7 +151,8 @@ func hear(resp *http.Response, clock readingClock, max time.Duration) Word {
 	}
 	for _, r := range w.Readings {
 		if r.Remaining == 0 && !r.Refills && r.Reset > r.Early { // else it may be now
-			h := Hold{Reason: status + r.Header, Quota: r.Name, OnlyReading: len(w.Readings) == 1, OwnQuota: r.OwnQuota, Reading: &r}
+			said := r // on the heap for the holds alone
+			h := Hold{Reason: status + r.Header, Quota: r.Name, OnlyReading: len(w.Readings) == 1, OwnQuota: r.OwnQuota, Reading: &said}
 			w.Holds = append(w.Holds, capHold(r.Reset.Seconds(), max, h))
 		}
 	}
