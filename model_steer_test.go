@@ -113,8 +113,11 @@ const (
 func (s *steerModel) sync(tat, a, b, finish, booked, due int64, burst bool, cost int64, refused bool, st store.Steer, held, now int64) (int64, *steerModel, int64) {
 	left, reset, early, learned := st.Remaining, st.Reset.Microseconds(), st.Early.Microseconds(), st.Learned
 	refills, level := st.Refills || st.Rounded, st.Rounded
-	if level && s != nil && s.till > now { // a window's last second, spread until halfway through its rounding
-		refills, level, early = false, false, early/2
+	if level && s != nil && s.till > now { // a window's last seconds; its last, spread until halfway through its rounding
+		refills, level = false, false
+		if reset <= early {
+			early /= 2
+		}
 	}
 	fresh := s == nil || (booked > s.synced && due >= s.order)
 	slower := learned > s.interval(a)

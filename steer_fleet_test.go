@@ -181,6 +181,15 @@ func TestFleetReadsABucketsRoundedReset(t *testing.T) {
 	fleetKeepsTheRate(t, quotaapi.Config{Dialect: quotaapi.Gateway, Rate: 200, Burst: 11}, 4, 8)
 }
 
+// TestFleetReadsABucketsUnixReset: the same upstream, its bucket's reset
+// the Unix time it is full, rounded up to its next second, as GitHub
+// states its resets: at 0.7 s past a second, a bucket full in 50 ms says
+// it is full in 1.3 s, which, read as a window's, held the fleet until
+// then.
+func TestFleetReadsABucketsUnixReset(t *testing.T) {
+	fleetKeepsTheRate(t, quotaapi.Config{Dialect: quotaapi.GatewayUnix, Rate: 200, Burst: 10}, 4, 8)
+}
+
 // TestFleetSpreadsAWindow: GitHub's quota, shortened: 600 per 20 s window,
 // stated in GitHub's headers; the fleet (configured at 100/s, which would
 // spend the window in seconds and then stall) starts 12 s into a window of

@@ -242,12 +242,18 @@ end
 local function steer_bucket(i, r, refused)
   local a, b = r.a, r.b
   local tat, steer = read_bucket(i)
-  -- A level alone of a window the bucket is spreading is its last second,
-  -- spread until halfway through the time its reset may come in: spread at
-  -- once, its units drew refusals where the window had not ended; until
-  -- the reset said, they outlasted one that had, and the queue they left
-  -- held the next window back.
-  if r.level and steer and steer.till > now then r.refills, r.level, r.early = false, false, math.floor(r.early / 2) end
+  -- A level alone of a window the bucket is spreading is one of its last
+  -- seconds, spread as the window's; where its reset may be now, its last
+  -- second, spread until halfway through the time its reset may come in:
+  -- spread at once, its units drew refusals where the window had not
+  -- ended; until the reset said, they outlasted one that had, and the queue
+  -- they left held the next window back. (Halved in the second before too,
+  -- a window of 20 s in GitHub's fields drew a refusal at its end in about
+  -- one run in five.)
+  if r.level and steer and steer.till > now then
+    r.refills, r.level = false, false
+    if r.reset <= r.early then r.early = math.floor(r.early / 2) end
+  end
   local fresh = not steer or (r.booked > steer.synced and r.due >= steer.order)
   local slower = r.learned > interval(steer, a)
   local _, unit, spreading = bucket_step(tat, steer, a, b, now)

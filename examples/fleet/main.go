@@ -91,7 +91,7 @@ func main() {
 	flag.BoolVar(&c.DryRun, "dry-run", false, "the limiters are dry runs: nothing waits, and the waits they would impose are reported")
 	flag.BoolVar(&c.Priority, "priority", false, "the workers send batch requests, and the first process sends 10 critical requests a second beside them")
 	flag.IntVar(&c.Slack, "slack", 1, "tokens the built-in upstream's bucket holds beyond the limit's burst (0: exactly the limit)")
-	flag.StringVar(&c.Headers, "headers", "openai", "the built-in upstream states its counters as github, ietf, openai-window (a fixed window ten times as long as the run), openai, gateway (a token bucket: its burst, and whole seconds until full, in GitHub's fields) or \"\" (none) does")
+	flag.StringVar(&c.Headers, "headers", "openai", "the built-in upstream states its counters as github, ietf, openai-window (a fixed window ten times as long as the run), openai, gateway (a token bucket: its burst, and whole seconds until full, in GitHub's fields), gateway-unix (the same, its reset the Unix time it is full) or \"\" (none) does")
 	flag.Parse()
 	exampleproc.Main("fleet", c.check, func() (summary, error) { return run(c) }, c.JSON, summary.print)
 }

@@ -40,6 +40,9 @@ const (
 	// (until the bucket is full, in whole seconds, rounded up) of a token
 	// bucket, as API gateways state theirs in GitHub's fields.
 	Gateway Dialect = "gateway"
+	// GatewayUnix is Gateway with the reset the Unix time the bucket is
+	// full, rounded up to the next second, as GitHub states its resets.
+	GatewayUnix Dialect = "gateway-unix"
 	// Shopify answers every request 200, as Shopify's GraphQL Admin API
 	// does, with the bucket (Burst points, restored at Rate a second, each
 	// request Cost) in its body's extensions.cost.throttleStatus, and a
@@ -49,13 +52,13 @@ const (
 )
 
 // ParseDialect reads a dialect's name: "github", "ietf", "openai",
-// "openai-window", "gateway", "shopify" or "".
+// "openai-window", "gateway", "gateway-unix", "shopify" or "".
 func ParseDialect(s string) (Dialect, error) {
 	switch d := Dialect(s); d {
-	case Silent, GitHub, IETF, OpenAI, OpenAIWindow, Gateway, Shopify:
+	case Silent, GitHub, IETF, OpenAI, OpenAIWindow, Gateway, GatewayUnix, Shopify:
 		return d, nil
 	}
-	return Silent, fmt.Errorf("dialect %q: want github, ietf, openai, openai-window, gateway or shopify", s)
+	return Silent, fmt.Errorf("dialect %q: want github, ietf, openai, openai-window, gateway, gateway-unix or shopify", s)
 }
 
 // Windowed reports whether the dialect counts a fixed window, rather than a
@@ -65,7 +68,7 @@ func (d Dialect) Windowed() bool { return d == GitHub || d == IETF || d == OpenA
 // Config is what a server enforces and says.
 type Config struct {
 	Dialect Dialect
-	// Rate and Burst are the token bucket that Silent, OpenAI and Gateway enforce;
+	// Rate and Burst are the token bucket that Silent, OpenAI and the Gateways enforce;
 	// a Rate of 0 enforces none.
 	Rate  float64
 	Burst int
@@ -364,11 +367,15 @@ func (s *Server) state(now time.Time, left int, h http.Header) {
 		h.Set("X-Ratelimit-Limit-Requests", strconv.Itoa(c.Count))
 		h.Set("X-Ratelimit-Remaining-Requests", strconv.Itoa(left))
 		h.Set("X-Ratelimit-Reset-Requests", end.Sub(now).Round(time.Millisecond).String())
-	case Gateway:
+	case Gateway, GatewayUnix:
 		if s.bucket != nil {
+			reset := math.Ceil(s.untilFull(now).Seconds())
+			if c.Dialect == GatewayUnix {
+				reset = math.Ceil(float64(now.Add(s.untilFull(now)).UnixNano()) / 1e9)
+			}
 			h.Set("X-RateLimit-Limit", strconv.Itoa(c.Burst))
 			h.Set("X-RateLimit-Remaining", strconv.Itoa(left))
-			h.Set("X-RateLimit-Reset", strconv.FormatInt(int64(math.Ceil(s.untilFull(now).Seconds())), 10))
+			h.Set("X-RateLimit-Reset", strconv.FormatInt(int64(reset), 10))
 		}
 	}
 }
