@@ -16,9 +16,8 @@ import (
 // allow to agree are taken to agree, as by ParseReadings. Else, once the
 // offset is known within a second, times are taken against ours moved by
 // it, its uncertainty added to a whole-second reset's Early, rather than
-// against a Date of a coarse second (a reset said in whole seconds could
-// then come up to two seconds sooner than said, one a window's last two,
-// which a bucket's full in a moment cannot be told from). Bounds that
+// against a Date of a coarse second (against which a reset said in whole
+// seconds may come two seconds sooner than said). Bounds that
 // contradict the last ones (the upstream's clock stepped, or servers under
 // one name disagree) start anew. The zero Clock knows nothing; a Clock is
 // safe for concurrent use.
