@@ -369,9 +369,10 @@ func (s *Server) state(now time.Time, left int, h http.Header) {
 		h.Set("X-Ratelimit-Reset-Requests", end.Sub(now).Round(time.Millisecond).String())
 	case Gateway, GatewayUnix:
 		if s.bucket != nil {
-			reset := math.Ceil(s.untilFull(now).Seconds())
+			full := s.untilFull(now)
+			reset := math.Ceil(full.Seconds())
 			if c.Dialect == GatewayUnix {
-				reset = math.Ceil(float64(now.Add(s.untilFull(now)).UnixNano()) / 1e9)
+				reset = math.Ceil(float64(now.Add(full).UnixNano()) / 1e9)
 			}
 			h.Set("X-RateLimit-Limit", strconv.Itoa(c.Burst))
 			h.Set("X-RateLimit-Remaining", strconv.Itoa(left))
