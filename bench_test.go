@@ -117,21 +117,25 @@ func BenchmarkSlots(b *testing.B) {
 
 // BenchmarkTransportCounters: a request through a Transport on Redis, to
 // an in-process upstream (no network) whose response states OpenAI's
-// counters, read and synced at most every 50 ms; beside the same response
-// without counters, and with IgnoreCounters, in the same run.
+// counters, or GitHub's (a Unix time, whose window's phase is noted: see
+// steer.Phases), read and synced at most every 50 ms; beside the same
+// response without counters, and with IgnoreCounters, in the same run.
 func BenchmarkTransportCounters(b *testing.B) {
 	ctx := context.Background()
 	_, c := benchRedis(b)
 	r := mustRedis(b, c, unlimited, oneCallEach)
+	date := time.Now().UTC().Format(http.TimeFormat)
 	counters := http.Header{"X-Ratelimit-Limit-Requests": {"60000000"}, "X-Ratelimit-Remaining-Requests": {"999999"},
-		"X-Ratelimit-Reset-Requests": {"1ms"}, "Date": {time.Now().UTC().Format(http.TimeFormat)}}
+		"X-Ratelimit-Reset-Requests": {"1ms"}, "Date": {date}}
+	github := http.Header{"X-Ratelimit-Limit": {"9000000000000000"}, "X-Ratelimit-Remaining": {"8999999999999999"},
+		"X-Ratelimit-Reset": {strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10)}, "Date": {date}}
 	for _, mode := range benchModes {
 		var base float64
 		for _, variant := range []struct {
 			name   string
 			header http.Header
 			ignore bool
-		}{{"silent", http.Header{}, false}, {"openai", counters, false}, {"openai-ignored", counters, true}} {
+		}{{"silent", http.Header{}, false}, {"openai", counters, false}, {"github", github, false}, {"openai-ignored", counters, true}} {
 			client := &http.Client{Transport: &Transport{Limiter: r, IgnoreCounters: variant.ignore, Base: answering(variant.header)}}
 			b.Run(mode.name+"/"+variant.name, func(b *testing.B) {
 				loop(b, mode.parallel, func() error {

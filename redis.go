@@ -61,6 +61,7 @@ type Redis struct {
 	retimes       steer.Retimes  // the fleet's retimes this process heard of
 	syncs         steer.Throttle // when each key may be steered next
 	windows       steer.Windows  // the quotas that say they refill and count down as windows
+	phases        steer.Phases   // the windows that state their resets in whole seconds
 	resubscribed  atomic.Int64   // UnixNano of the hold channel's last subscription after a break; MaxInt64 while broken; 0 before any break
 	listenOnce    sync.Once
 	stopListening func()

@@ -187,6 +187,7 @@ func (r *Redis) heed(ctx context.Context, key string, g grant, w headers.Word, o
 	counters := o.counters && len(w.Readings) > 0
 	if counters {
 		w.Readings = r.windows.Read(key, w.Readings, w.At) // as the quotas they are about are
+		r.boundResets(key, &w)
 	}
 	before := heldBefore(w, func(h headers.Hold) (int64, error) { return r.hold(ctx, key, h) })
 	if counters {
@@ -195,6 +196,34 @@ func (r *Redis) heed(ctx context.Context, key string, g grant, w headers.Word, o
 	if o.refusals {
 		r.heedRate(ctx, key, t, w, before)
 	}
+}
+
+// boundResets bounds the resets of w's readings of key's buckets said in
+// whole seconds by the bucket's period (see steer.Phases), and shortens the
+// holds they asked for alike.
+func (r *Redis) boundResets(key string, w *headers.Word) {
+	bound := func(reading headers.Reading) headers.Reading {
+		i := r.limitOf(reading.Name, reading.OwnQuota, len(w.Readings) == 1)
+		if i < 0 || r.limits[i].kind != bucket || reading.Limit <= int64(r.limits[i].burst)+1 {
+			return reading // a bucket's size (nginx's is its burst and one): its level refills before its reset
+		}
+		return r.phases.Bound(key, reading, w.At, r.limits[i].period, r.limits[i].count)
+	}
+	for i, reading := range w.Readings {
+		w.Readings[i] = bound(reading)
+	}
+	holds := w.Holds[:0]
+	for _, h := range w.Holds {
+		if h.Reading != nil {
+			b := bound(*h.Reading)
+			if b.Reset <= b.Early {
+				continue // it may be now, as of a reading that holds nothing (see headers.Hear)
+			}
+			h.For, h.Reading = min(h.For, b.Reset), &b
+		}
+		holds = append(holds, h)
+	}
+	w.Holds = holds
 }
 
 // heedRate tells key's rate what became of the request booked as t, as w

@@ -255,6 +255,30 @@ func TestFleetSpreadsAWindow(t *testing.T) {
 	}
 }
 
+// TestFleetBoundsAUnixReset: GitHub's windows of 200 per 2 s, which turn a
+// tenth of a second past the upstream's second, so that each says its
+// reset, a Unix time rounded up, 0.9 s late; 4 x 8 on a real Redis at the
+// windows' own rate. Every response of a window was counted in it: the
+// fleet takes the window to end no later than 2 s after the first of them
+// came (steer.Phases), and serves both windows whole, with no 429.
+func TestFleetBoundsAUnixReset(t *testing.T) {
+	besideOthers(t)
+	srv := redistest.Start(t)
+	warmScript(t, srv)
+	start := time.Now().Add(1500 * time.Millisecond).Truncate(time.Second)
+	const window = 2 * time.Second
+	turn := start.Add(100 * time.Millisecond) // a window's start, 0.1 s past a second
+	api := startQuotaAPI(t, quotaapi.Config{Dialect: quotaapi.GitHub, Window: window, Count: 200, WindowsFrom: turn.Add(-window)})
+	end := turn.Add(2*window + 400*time.Millisecond)
+	runFleet(t, 4, fleetWorker{Addr: srv.Addr, Limit: "200/2s burst 10", Goroutines: 8, URL: api.URL(), Start: start, End: end})
+	logSeconds(t, api.Arrivals(), start, end)
+	got := tallyOf(api.Arrivals(), turn, turn.Add(2*window))
+	t.Logf("in the two windows from %v after the start, %d served of the 400 they allow, %d 429s", turn.Sub(start), got.ok, got.refused)
+	if got.ok < 380 || got.refused > 0 {
+		t.Errorf("%d served of the 400 two windows allow, %d 429s: want 380 at least (95%%), and none refused", got.ok, got.refused)
+	}
+}
+
 // nextPace is the pace at which a window ending at windowEnd has what the
 // upstream said it had left at from to spread: those units over the time
 // left, a second.

@@ -41,6 +41,9 @@ type Reading struct {
 	// in whole seconds is rounded up, by a second at most (two against the
 	// response's Date, itself a second late at most); else 0.
 	Early time.Duration
+	// Dated: the reset was said as a Unix time (GitHub's), one instant in
+	// every response of a window, rather than as seconds from now.
+	Dated bool
 	// Refused: the answer that said so refused the request in its body, as
 	// Shopify's THROTTLED does in a 200. Such a refusal says the fleet
 	// outran the quota's refills, as a 429 does: it explains nothing.
@@ -211,7 +214,7 @@ func readPrefixed(h http.Header, f prefixedNames, clock *readingClock) (Reading,
 			return r, false
 		}
 	}
-	r.Reset, r.Early, ok = secondsOrEpoch(reset, clock, f.epochs)
+	r.Reset, r.Early, r.Dated, ok = secondsOrEpoch(reset, clock, f.epochs)
 	return r, ok
 }
 
@@ -233,7 +236,7 @@ func readIETF(h http.Header, names ietfFields) []Reading {
 		r := Reading{Name: item.name, Header: names.field + ": " + field}
 		var ok1, ok2 bool
 		r.Remaining, ok1 = count(item.params["r"])
-		r.Reset, r.Early, ok2 = secondsOrEpoch(item.params["t"], nil, false)
+		r.Reset, r.Early, _, ok2 = secondsOrEpoch(item.params["t"], nil, false)
 		if !ok1 || !ok2 {
 			continue
 		}
@@ -257,7 +260,7 @@ func readIETFDictionary(dict map[string]string, policies []sfItem, header, polic
 	r := Reading{Header: header}
 	var ok1, ok2, ok3 bool
 	r.Remaining, ok1 = count(dict["remaining"])
-	r.Reset, r.Early, ok2 = secondsOrEpoch(dict["reset"], nil, false)
+	r.Reset, r.Early, _, ok2 = secondsOrEpoch(dict["reset"], nil, false)
 	r.Limit, ok3 = count(cmp.Or(dict["limit"], "0"))
 	if !ok1 || !ok2 || !ok3 {
 		return nil
@@ -347,26 +350,26 @@ func count(s string) (int64, bool) {
 }
 
 // secondsOrEpoch reads a reset in seconds (whole or decimal) from now, or,
-// with epochs, a Unix time above 1,000,000,000 taken against clock, and
-// how much sooner it may come (see Reading.Early).
-func secondsOrEpoch(s string, clock *readingClock, epochs bool) (reset, early time.Duration, ok bool) {
+// with epochs, a Unix time above 1,000,000,000 taken against clock
+// (dated), and how much sooner it may come (see Reading.Early).
+func secondsOrEpoch(s string, clock *readingClock, epochs bool) (reset, early time.Duration, dated, ok bool) {
 	seconds, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
 	if err != nil || math.IsNaN(seconds) || math.IsInf(seconds, 0) || seconds < 0 {
-		return 0, 0, false
+		return 0, 0, false, false
 	}
 	if seconds == math.Trunc(seconds) {
 		early = time.Second
 	}
-	if epochs && seconds > 1e9 {
+	if dated = epochs && seconds > 1e9; dated {
 		seconds -= float64(clock.at().UnixNano()) / 1e9
 		if early > 0 {
 			early += clock.slack
 		}
 	}
 	if seconds > store.MaxDelay.Seconds() {
-		return 0, 0, false
+		return 0, 0, false, false
 	}
-	return time.Duration(seconds * float64(time.Second)), early, true
+	return time.Duration(seconds * float64(time.Second)), early, dated, true
 }
 
 // sfItem is an item of a structured header list: its name and parameters.

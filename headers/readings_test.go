@@ -190,6 +190,27 @@ func TestRoundedUnixTimes(t *testing.T) {
 	}
 }
 
+// TestDatedResets: a reset said as a Unix time is Dated, one instant in
+// every response of its window; one said in seconds from now is not.
+func TestDatedResets(t *testing.T) {
+	for name, tc := range map[string]struct {
+		header []string
+		dated  bool
+	}{
+		"GitHub's Unix time":            {dated("X-RateLimit-Remaining", "10", "X-RateLimit-Reset", epoch(30)), true},
+		"a Unix time with decimals":     {dated("X-RateLimit-Remaining", "10", "X-RateLimit-Reset", epoch(30)+".25"), true},
+		"seconds from now":              {[]string{"X-RateLimit-Remaining", "10", "X-RateLimit-Reset", "30"}, false},
+		"the IETF draft's t":            {[]string{"RateLimit-Policy", `"default";q=100;w=60`, "RateLimit", `"default";r=10;t=30`}, false},
+		"OpenAI's time until full":      {[]string{"x-ratelimit-remaining-requests", "10", "x-ratelimit-reset-requests", "30s"}, false},
+		"the IETF draft's older fields": {[]string{"RateLimit", "limit=100, remaining=10, reset=30"}, false},
+	} {
+		readings := ParseReadings(response(200, tc.header...), holdNow)
+		if len(readings) != 1 || readings[0].Dated != tc.dated {
+			t.Errorf("%s: readings %+v, want one, Dated %v", name, readings, tc.dated)
+		}
+	}
+}
+
 // offDate adds a Date header an hour behind holdNow to headers, and
 // offEpoch is a Unix time s seconds after that Date.
 func offDate(header ...string) []string {

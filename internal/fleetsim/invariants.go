@@ -166,7 +166,7 @@ func (s *sim) checkHolds() []string {
 	if s.c.Faults != "none" {
 		return nil
 	}
-	trip := s.c.Latency + s.c.Jitter + time.Microsecond
+	trip := s.c.Latency + s.c.Jitter + 2*time.Microsecond // Redis's clock and the hold's length, each in whole µs
 	holds := s.holds()
 	for _, h := range s.up.answers {
 		asked := span{h.at, h.at.Add(min(h.hold, s.c.MaxHold) - trip)}
