@@ -206,10 +206,7 @@ func TestFleetReadsABucketsUnixReset(t *testing.T) {
 // goroutines each, before the first reading of the new window steers the
 // rest).
 func TestFleetSpreadsAWindow(t *testing.T) {
-	besideOthers(t)
-	srv := redistest.Start(t)
-	warmScript(t, srv)
-	start := time.Now().Add(1500 * time.Millisecond).Truncate(time.Second)
+	srv, start := fleetOnASecond(t)
 	const window = 20 * time.Second
 	from := start.Add(-12 * time.Second)
 	api := startQuotaAPI(t, quotaapi.Config{Dialect: quotaapi.GitHub, Window: window, Count: 600, WindowsFrom: from})
@@ -262,10 +259,7 @@ func TestFleetSpreadsAWindow(t *testing.T) {
 // fleet takes the window to end no later than 2 s after the first of them
 // came (steer.Phases), and serves both windows whole, with no 429.
 func TestFleetBoundsAUnixReset(t *testing.T) {
-	besideOthers(t)
-	srv := redistest.Start(t)
-	warmScript(t, srv)
-	start := time.Now().Add(1500 * time.Millisecond).Truncate(time.Second)
+	srv, start := fleetOnASecond(t)
 	const window = 2 * time.Second
 	turn := start.Add(100 * time.Millisecond) // a window's start, 0.1 s past a second
 	api := startQuotaAPI(t, quotaapi.Config{Dialect: quotaapi.GitHub, Window: window, Count: 200, WindowsFrom: turn.Add(-window)})
@@ -277,6 +271,16 @@ func TestFleetBoundsAUnixReset(t *testing.T) {
 	if got.ok < 380 || got.refused > 0 {
 		t.Errorf("%d served of the 400 two windows allow, %d 429s: want 380 at least (95%%), and none refused", got.ok, got.refused)
 	}
+}
+
+// fleetOnASecond starts a real redis-server for a fleet before a quotaapi of
+// windows, and returns it with the fleet's start: on a whole second, so
+// that the windows turn where the test puts them.
+func fleetOnASecond(t *testing.T) (*redistest.Server, time.Time) {
+	besideOthers(t)
+	srv := redistest.Start(t)
+	warmScript(t, srv)
+	return srv, time.Now().Add(1500 * time.Millisecond).Truncate(time.Second)
 }
 
 // nextPace is the pace at which a window ending at windowEnd has what the

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/fleetpace/pace/headers"
-	"github.com/fleetpace/pace/internal/expiring"
 )
 
 // Phases bounds, per key and quota, the reset of a window that states it
@@ -23,7 +22,7 @@ import (
 // Phases is ready.
 type Phases struct {
 	mu   sync.Mutex
-	keys expiring.Map[map[string]*phase] // each key's quotas, by name
+	keys keyQuotas[phase]
 }
 
 // phase is what a process heard of the window a quota is in: the reset
@@ -83,11 +82,7 @@ func (p *Phases) Bound(key string, r headers.Reading, at time.Time, period time.
 func (p *Phases) note(key, name string, latest, at time.Time, far bool, left, limit int64, period time.Duration) (phase, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	quotas, _ := p.keys.Get(key)
-	if quotas == nil {
-		quotas = make(map[string]*phase, 1)
-	}
-	p.keys.Put(key, quotas, at.Add(forgetAfter), at)
+	quotas := p.keys.of(key, at)
 	q := quotas[name]
 	switch {
 	case q == nil || latest.Sub(q.latest) >= period/2: // a new window

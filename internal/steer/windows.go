@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/fleetpace/pace/headers"
-	"github.com/fleetpace/pace/internal/expiring"
 )
 
 // Windows tells, per key and quota, whether a quota whose readings say it
@@ -24,7 +23,7 @@ import (
 // The zero Windows is ready.
 type Windows struct {
 	mu   sync.Mutex
-	keys expiring.Map[map[string]*quotaClock] // each key's quotas, by name
+	keys keyQuotas[quotaClock]
 }
 
 // windowGap is the least time between two readings that Windows compares:
@@ -86,11 +85,7 @@ func (w *Windows) Read(key string, readings []headers.Reading, at time.Time) []h
 func (w *Windows) tell(key, name string, left int64, reset time.Duration, at time.Time) (window, level bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	quotas, _ := w.keys.Get(key)
-	if quotas == nil {
-		quotas = make(map[string]*quotaClock, 1)
-	}
-	w.keys.Put(key, quotas, at.Add(forgetAfter), at)
+	quotas := w.keys.of(key, at)
 	q := quotas[name]
 	if q == nil {
 		q = &quotaClock{}
