@@ -258,7 +258,7 @@ func TestFleetSpreadsAWindow(t *testing.T) {
 // windows' own rate. Every response of a window was counted in it: the
 // fleet takes the window to end no later than 2 s after the first of them
 // came (steer.Phases): 82.0% of the two windows served before, 92.8% to
-// 98.8% now (a process's first response of a window comes later on a busy
+// 99.5% now (a process's first response of a window comes later on a busy
 // machine, and so does the end it bounds), with no 429.
 func TestFleetBoundsAUnixReset(t *testing.T) {
 	srv, start := fleetOnASecond(t)
