@@ -37,6 +37,7 @@ func newBucketModel() *bucketModel {
 // cost is a reservation's estimate when estimated; again, the request is
 // booked anew.
 func (m *bucketModel) reserve(key string, interval, burst, cost, budget, notBefore, now int64, estimated, again bool) store.Booking {
+	m.expire(key, now)
 	s, arrival := m.steers[key], max(now+notBefore, m.holds[key])
 	var b store.Booking
 	rate, unit := m.keyRate(key, now, &b), cost*s.interval(interval)
@@ -115,6 +116,7 @@ func (m *bucketModel) book(key string, a, finish, cost, spent, due, now int64) i
 // before now), each as a booking's would, and its CEILING by spent, the
 // units the fleet is known to have spent beyond what its booking counted.
 func (m *bucketModel) settle(key string, a, b, units, spent, now int64) {
+	m.expire(key, now)
 	tat, ok := m.tat[key]
 	s := m.steers[key]
 	_, unit, _, _ := s.step(tat, a, b, now, now)
@@ -147,6 +149,7 @@ func (m *bucketModel) settle(key string, a, b, units, spent, now int64) {
 // sync is sync.lua for one bucket of interval a and burst b, for a reading
 // of a request of key booked as bk. bucket is the bucket's Redis key.
 func (m *bucketModel) sync(key, bucket string, a, b int64, bk store.Booking, i int, st store.Steer, refused bool, now int64) int64 {
+	m.expire(bucket, now)
 	s := m.steers[bucket]
 	tat, s, result := s.sync(m.tat[bucket], a, b, bk.Finishes[i], bk.Booked[i], bk.Due(), bk.Delay == 0, int64(bk.Costs[i]), refused,
 		st, m.holds[key], now)
@@ -157,12 +160,27 @@ func (m *bucketModel) sync(key, bucket string, a, b int64, bk store.Booking, i i
 	return result
 }
 
+// expire drops the schedule of a bucket not steered once Redis has expired
+// it (common.lua's full_expiry: at the end of the second in which it is
+// full again, in whole milliseconds, gone once Redis's clock is past them):
+// a schedule that far back books as no schedule does, but the first
+// reading that steers the bucket takes it in as it stands.
+func (m *bucketModel) expire(key string, now int64) {
+	tat, ok := m.tat[key]
+	if !ok || m.steers[key] != nil || now/1000 <= (tat-tat%1_000_000)/1000+1000 {
+		return
+	}
+	delete(m.tat, key)
+	delete(m.gaps, key)
+}
+
 // hold is hold.lua, for a hold of key that outlasts the one in place: no
 // request before end.
 func (m *bucketModel) hold(key string, end int64) { m.holds[key] = end }
 
 // refund is refund.lua.
 func (m *bucketModel) refund(key string, finish, size, now int64) store.RefundResult {
+	m.expire(key, now)
 	tat, ok := m.tat[key]
 	if !ok || m.steers[key] != nil || finish <= now || finish > tat {
 		return store.RefundNothing

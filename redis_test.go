@@ -463,6 +463,22 @@ func (m *modelCheck) probeKey(step int, key string) (bool, steerModel) {
 	return m.counts["sync-probe"] > probes, s
 }
 
+// expired steers a key of its own with a reading that comes once Redis
+// has expired its bucket, not steered before (at the end of the second in
+// which it is full again; Redis's clock is this machine's): the reading
+// finds no schedule, in the script as in the model.
+func (m *modelCheck) expired(step int) {
+	const key = "expired"
+	m.reserveWith(step, store.Request{Key: key, Costs: uniform(1, store.MaxLimits), Settled: true}, MaxDelay, 0)
+	bk := m.bookings[len(m.bookings)-1]
+	gone := bk.b.Finishes[0] - bk.b.Finishes[0]%1_000_000 + 1_000_000
+	time.Sleep(time.Until(time.UnixMicro(gone + 2000)))
+	r, a, burst := m.limiterOf(key)
+	m.syncOne(step, r, a, burst, bk, store.Steer{Reset: time.Second}, false)
+	m.keys = append(m.keys, key)
+	m.sameState(step)
+}
+
 // hold holds a random key for up to 10 intervals.
 func (m *modelCheck) hold(step int) {
 	key := m.keys[m.rng.IntN(len(m.keys))]

@@ -23,7 +23,8 @@ import (
 // others' spending), holds, and refusals and successes that steer the
 // key's rate, between bookings, refunds and settlements, each bucket's
 // whole state compared after every step; then a window driven into a
-// probe, a rate that recovers and is dropped, and a storm of refusals.
+// probe, a rate that recovers and is dropped, a storm of refusals, and a
+// reading of a bucket Redis has expired.
 func TestSteeringMatchesModel(t *testing.T) {
 	m := newModelCheck(t, newTestRedis(t), 13)
 	kinds := []string{"granted", "refused", "granted-spread", "granted-held", "granted-steered", "refund-nothing",
@@ -52,6 +53,7 @@ func TestSteeringMatchesModel(t *testing.T) {
 	m.probe(step)
 	m.recover(step)
 	m.storm(step)
+	m.expired(step)
 	m.requireEach(kinds...)
 	m.require("rate-cut", 5)       // a round of refusals lasts 100 ms at least: a few tens in the run
 	m.require("sync-probe", 1)     // others seem to spend all a window has left: rare at random, and once by probe
