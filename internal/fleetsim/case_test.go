@@ -10,6 +10,7 @@ import (
 // TestCaseText: a case drawn, written and read back is the same case, so
 // that the seed a sweep prints replays its run.
 func TestCaseText(t *testing.T) {
+	t.Parallel()
 	for seed := range uint64(200) {
 		c := Draw(seed)
 		back, err := Parse(c.String())
@@ -24,6 +25,7 @@ func TestCaseText(t *testing.T) {
 
 // TestCaseErrors: a case that cannot run is an error that names the key.
 func TestCaseErrors(t *testing.T) {
+	t.Parallel()
 	for spec, want := range map[string]string{
 		"upstream=envoy":                     "upstream=envoy: want one of strict",
 		"rate=0":                             "rate=0",
@@ -45,6 +47,7 @@ func TestCaseErrors(t *testing.T) {
 // TestFoundCases: cases the sweep found breaking an invariant, each kept
 // here once fixed.
 func TestFoundCases(t *testing.T) {
+	t.Parallel()
 	for _, spec := range []string{
 		// A window's counters (IETF) spread what is left until the reset,
 		// and at the reset the bucket's burst went at once: 13 units in
@@ -67,6 +70,7 @@ func TestFoundCases(t *testing.T) {
 // the seconds left rounded up); a bucket, which has no window, states the
 // time until it is full.
 func TestIETFCountersOfAWindow(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		v              verdict
 		policy, fields string

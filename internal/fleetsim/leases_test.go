@@ -43,6 +43,7 @@ func TestTokenLeasesKeepTheBound(t *testing.T) {
 // TestTokenLeasesLeaveSlowKeysAlone: a fleet at the demo's 200/s leases
 // nothing; its run is the same, arrival for arrival, with leases on or off.
 func TestTokenLeasesLeaveSlowKeysAlone(t *testing.T) {
+	t.Parallel()
 	c, err := Parse("upstream=strict rate=200 burst=10 procs=3 workers=3 duration=3s")
 	if err != nil {
 		t.Fatal(err)

@@ -52,6 +52,7 @@ func grid(rates, bursts []int) []string {
 // first second, at bursts 2 to 20, from 50/s to 400/s; whole seconds, or
 // exactly until the upstream admits again.
 func TestRetryAfterAtTheLimit(t *testing.T) {
+	t.Parallel()
 	bars := func(up string) loopCase { return loopCase{spec: up, served: 0.95, refused: 0.005} }
 	bars("upstream=strict retry_after=1").check(t, grid([]int{50, 400}, []int{2, 10})...)
 	bars("upstream=strict retry_after=auto").check(t, grid([]int{150}, []int{5, 20})...)
@@ -66,6 +67,7 @@ func TestRetryAfterAtTheLimit(t *testing.T) {
 // rate and the second sets it, two holds of 8 s (74% to 78% measured,
 // where 8% to 60% was).
 func TestRetryAfterAboveTheLimit(t *testing.T) {
+	t.Parallel()
 	bars := loopCase{spec: "retry_after=1 duration=8s", served: 0.65, refused: 0.03}
 	bars.check(t, "upstream=nginx rate=50 burst=5 limit='100/s burst 5'", "upstream=nginx rate=150 burst=10 limit='187.5/s burst 10'",
 		"upstream=strict rate=400 burst=5 limit='800/s burst 5'", "upstream=strict rate=50 burst=10 limit='62.5/s burst 10'")
@@ -80,6 +82,7 @@ func TestRetryAfterAboveTheLimit(t *testing.T) {
 // under 250/s; 66% to 94% served). A storm of them now cuts again: 4 to
 // 26 refused after the first second (0.3% to 4.9%), 85% to 95% served.
 func TestStormAboveHAProxy(t *testing.T) {
+	t.Parallel()
 	bars := loopCase{spec: "upstream=haproxy duration=8s", served: 0.84, refused: 0.06}
 	bars.check(t, "rate=50 limit='100/s burst 5'", "rate=100 limit='200/s burst 10'", "rate=150 limit='187.5/s burst 5'",
 		"rate=200 limit='250/s burst 10'", "rate=400 limit='800/s burst 10'")
@@ -92,6 +95,7 @@ func TestStormAboveHAProxy(t *testing.T) {
 // and half the requests were THROTTLED (600 of about 1,600 after the
 // first second).
 func TestSmallBucketInTheBody(t *testing.T) {
+	t.Parallel()
 	loopCase{spec: "upstream=strict body=shopify duration=4s", served: 0.9, refused: 0.01}.check(t,
 		"rate=200 burst=10 limit='400/s burst 10'", "rate=400 burst=20 limit='800/s burst 20'")
 }
@@ -104,6 +108,7 @@ func TestSmallBucketInTheBody(t *testing.T) {
 // (4% to 47% served in 4 s). A reset a second away or less (two against
 // the Date) is read as a level alone now: 97.7% to 99.4%.
 func TestCountersOfABucket(t *testing.T) {
+	t.Parallel()
 	loopCase{spec: "duration=4s", served: 0.95, refused: 0.005}.check(t,
 		"upstream=strict counters=ietf rate=150 burst=10", "upstream=nginx counters=github rate=400 burst=10",
 		"upstream=nginx counters=ietf rate=50 burst=5", "upstream=strict counters=github rate=50 burst=20")
@@ -120,6 +125,7 @@ func TestCountersOfABucket(t *testing.T) {
 // those refills counts now: 86.7% to 96.6%, 1 refused after the first
 // second in the 10 runs.
 func TestRefillsWhileTheResponseTravels(t *testing.T) {
+	t.Parallel()
 	loopCase{spec: "latency=5ms", served: 0.85, refused: 0.005}.check(t,
 		"upstream=strict rate=200 burst=5 counters=openai jitter=10ms", "upstream=nginx rate=200 burst=5 counters=openai jitter=10ms",
 		"upstream=strict rate=50 burst=5 counters=openai jitter=30ms", "upstream=nginx rate=50 burst=5 counters=openai jitter=30ms",
@@ -139,6 +145,7 @@ func TestRefillsWhileTheResponseTravels(t *testing.T) {
 // against the upstream's Date, a second coarse, as no client whose clock
 // agrees does).
 func TestRoundedWindows(t *testing.T) {
+	t.Parallel()
 	loopCase{spec: "duration=4s", served: 0.9, refused: 0.045}.check(t,
 		"upstream=window counters=ietf rate=50", "upstream=window counters=github rate=100 limit='200/s burst 10'",
 		"upstream=haproxy counters=ietf rate=100")
@@ -150,6 +157,7 @@ func TestRoundedWindows(t *testing.T) {
 // sent (85.6% to 93.2% served of windows of 10 s in 6 s). They are spread
 // until the earliest the reset may come now: 97.9% to 99.2%, no refusal.
 func TestWholeSecondResets(t *testing.T) {
+	t.Parallel()
 	loopCase{spec: "window=10s duration=6s", served: 0.95, refused: 0.005}.check(t,
 		"upstream=github counters=github rate=400 burst=10", "upstream=github counters=github rate=150 burst=5 procs=8 workers=2",
 		"upstream=window counters=ietf rate=400 burst=10", "upstream=window counters=github rate=200 burst=10")
@@ -165,6 +173,7 @@ func TestWholeSecondResets(t *testing.T) {
 // one (a level alone where no reading said more than a second), 95.8% to
 // 99.9% served at the window's rate, 89.5% at twice it.
 func TestWindowsInOpenAIFields(t *testing.T) {
+	t.Parallel()
 	loopCase{spec: "counters=openai duration=4s", served: 0.95, refused: 0.005}.check(t,
 		"upstream=window rate=100 burst=10", "upstream=haproxy rate=100 burst=10", "upstream=window rate=400 burst=5 window=2s")
 	loopCase{spec: "counters=openai duration=4s", served: 0.85, refused: 0.03}.check(t,
@@ -179,6 +188,7 @@ func TestWindowsInOpenAIFields(t *testing.T) {
 // to 516 refused after the first second). It steers the rate now: none to
 // 5 after the first second, 87% to 98% served.
 func TestThrottledAboveTheBucket(t *testing.T) {
+	t.Parallel()
 	loopCase{spec: "upstream=strict body=shopify duration=4s", served: 0.85, refused: 0.015}.check(t,
 		"counters=ietf rate=400 burst=20 limit='800/s burst 20'", "rate=200 burst=10 limit='400/s burst 10' procs=16 workers=4",
 		"counters=github rate=100 burst=10 limit='150/s burst 10'", "rate=50 burst=20 limit='100/s burst 20'")
@@ -194,6 +204,7 @@ func TestThrottledAboveTheBucket(t *testing.T) {
 // in it: it resets no later than its length after the first of them
 // arrived (steer.Phases): 98.2% to 100% served, none refused.
 func TestWindowsInUnixTimes(t *testing.T) {
+	t.Parallel()
 	loopCase{spec: "upstream=github counters=github", served: 0.95, refused: 0.005}.check(t,
 		"window=1s rate=100 burst=18 procs=4 workers=1 latency=0s jitter=0s", "window=1s rate=50 burst=10",
 		"window=1s rate=200 burst=5 procs=8 workers=2", "window=1s rate=100 burst=10 limit='80/s burst 10'",

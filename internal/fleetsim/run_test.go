@@ -12,6 +12,7 @@ var raceDetector bool
 // event, on the virtual clock. (Not under the race detector, which
 // shuffles the goroutines of one instant: go test runs it.)
 func TestReplay(t *testing.T) {
+	t.Parallel()
 	if raceDetector {
 		t.Skip("the race detector shuffles the goroutines of one instant; go test ./internal/fleetsim runs this test")
 	}
@@ -40,6 +41,7 @@ func TestReplay(t *testing.T) {
 // and back could send about 100 a second, whatever the limits; sixteen at
 // 0.2 ms could send far more than a limit of 100/s allows.
 func TestDemand(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		spec        string
 		least, most float64 // of the units the run allowed
