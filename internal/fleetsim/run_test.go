@@ -14,7 +14,7 @@ var raceDetector bool
 func TestReplay(t *testing.T) {
 	t.Parallel()
 	if raceDetector {
-		t.Skip("the race detector shuffles the goroutines of one instant; go test ./internal/fleetsim runs this test")
+		t.Skip("the race detector shuffles the goroutines of one instant; go test ./internal/fleetsim runs this test, and make test after its race run")
 	}
 	for _, spec := range []string{
 		"upstream=nginx rate=100 burst=10 retry_after=1 procs=8 workers=3 latency=5ms jitter=10ms duration=3s seed=15",
