@@ -3,6 +3,7 @@ package pace
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -70,7 +71,8 @@ func TestRepayBounded(t *testing.T) {
 // what it granted alone, so that over the run the fleet stays within its
 // quota's b + r*t. The link comes back once the lone process has granted
 // tenLocal alone, however long its breaker took to confirm the outage on
-// this machine.
+// this machine (up to its bound), and the run goes on until the lone
+// process has had the time to return and repay.
 func TestLoneOutageRepays(t *testing.T) {
 	besideOthers(t)
 	ctx := context.Background()
@@ -81,31 +83,41 @@ func TestLoneOutageRepays(t *testing.T) {
 	const rate, burst, tenLocal = 20, 60, 10
 	limit := Per(burst, burst/rate*time.Second)
 	var repaid atomic.Int64
+	var story outageStory
 	observe := WithObserver(func(_ context.Context, e Event) {
 		if e.Kind == EventRepay && e.Err == nil {
 			repaid.Add(int64(e.Cost))
 		}
+		story.note(e)
 	})
 	opts := []Option{WithFleetSize(2), WithCooldown(50*time.Millisecond, 100*time.Millisecond)}
 	lone := mustRedis(t, redistest.ClientOf(t, proxy.Addr), limit, append(opts, observe)...)
 	other := mustRedis(t, srv.Client(t), limit, opts...)
 
-	const run = 6 * time.Second
+	// The run lasts 6 s, and at least comeBack after the link is back: the
+	// lone process returns, and books what it granted alone. Its breaker
+	// confirms the outage within 3 x 1.25 call timeouts (a second each at
+	// most) of the link's loss, and it grants tenLocal alone a second later
+	// at its share; in a loaded make test this took over 3 s once.
+	const run, comeBack, confirmed = 6 * time.Second, 2500 * time.Millisecond, 5 * time.Second
 	start := time.Now()
+	var end atomic.Int64
+	end.Store(start.Add(run).UnixNano())
+	running := func() bool { return time.Now().UnixNano() < end.Load() }
 	var mu sync.Mutex
 	var grants, local int
 	wentLocal := make(chan struct{})
 	var wg sync.WaitGroup
 	for _, r := range []*Redis{lone, other} {
 		wg.Go(func() {
-			for time.Since(start) < run {
+			for running() {
 				g, err := r.waitGrant(ctx, "k", 1)
 				if err != nil {
 					t.Error(err)
 					return
 				}
 				mu.Lock()
-				if time.Since(start) < run {
+				if running() {
 					grants++
 					if g.booking.limiter == "local" {
 						if local++; local == tenLocal {
@@ -118,22 +130,58 @@ func TestLoneOutageRepays(t *testing.T) {
 		})
 	}
 	time.Sleep(500 * time.Millisecond)
+	lost := time.Now()
 	proxy.SetLatency(3 * time.Second) // the lone process's calls time out
 	select {
 	case <-wentLocal:
-	case <-time.After(run / 2):
+	case <-time.After(confirmed):
 	}
+	alone := time.Since(lost)
 	proxy.SetLatency(0)
+	end.Store(max(end.Load(), time.Now().Add(comeBack).UnixNano()))
 	wg.Wait()
-	bound := burst + rate*run.Seconds()
-	t.Logf("%d grants in %v (b + r*t = %.0f), %d of them local; %d units repaid", grants, run, bound, local, repaid.Load())
+	length := time.Duration(end.Load() - start.UnixNano())
+	bound := burst + rate*length.Seconds()
+	t.Logf("%d grants in %v (b + r*t = %.0f), %d of them local; %d units repaid", grants, length.Round(time.Millisecond), bound, local, repaid.Load())
 	if local < tenLocal {
-		t.Fatalf("%d local grants in %v of a lost link: the lone process did not fall back", local, run/2)
+		t.Fatalf("%d local grants in %v of a lost link: the lone process did not fall back; its outage's events, from the start:\n%s", local, confirmed, story.told(start))
 	}
+	t.Logf("%d local grants %v after the link was lost", tenLocal, alone.Round(time.Millisecond))
 	if repaid.Load() < int64(local)*3/4 {
 		t.Errorf("%d units repaid of %d granted locally", repaid.Load(), local)
 	}
 	if float64(grants) > bound+3 {
 		t.Errorf("%d grants, beyond b + r*t = %.0f by more than 3", grants, bound)
 	}
+}
+
+// outageStory keeps the events of a limiter's outages (falling back,
+// probing, coming back, failed calls), with when each came, so that a
+// test of an outage that did not go as it should says how it went.
+type outageStory struct {
+	mu     sync.Mutex
+	events []string
+	at     []time.Time
+}
+
+func (s *outageStory) note(e Event) {
+	switch e.Kind {
+	case EventFallback, EventProbe, EventRecover, EventFail:
+	default:
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.events, s.at = append(s.events, fmt.Sprintf("%v %v", e.Kind, e.Err)), append(s.at, time.Now())
+}
+
+// told returns the events noted, a line each, timed from start.
+func (s *outageStory) told(start time.Time) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var b strings.Builder
+	for i, e := range s.events {
+		fmt.Fprintf(&b, "%v %s\n", s.at[i].Sub(start).Round(time.Millisecond), e)
+	}
+	return b.String()
 }
