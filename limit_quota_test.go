@@ -25,6 +25,17 @@ func modelLimits(r *Redis) [][3]int64 {
 	return limits
 }
 
+// modelBuckets are the buckets among limits, whose Redis keys are keys.
+func modelBuckets(keys []string, limits [][3]int64) []modelBucket {
+	var buckets []modelBucket
+	for i, l := range limits {
+		if store.Kind(l[0]) == store.Bucket {
+			buckets = append(buckets, modelBucket{keys[i], l[1], l[2]})
+		}
+	}
+	return buckets
+}
+
 func TestQuotaMatchesModel(t *testing.T) { checkQuotaMatchesModel(t, scriptRedis(t)) }
 
 // int64s converts costs for the model.
@@ -180,7 +191,7 @@ func checkQuotaMatchesModel(t *testing.T, c redis.UniversalClient) {
 			if err != nil {
 				t.Fatalf("step %d: refused: %v", step, err)
 			}
-			if want := model.buckets.refused(bk.key, bk.b, served, before, now, int64(store.BucketBurst(storeLimits(limiters[bk.limiter].limits, time.Now)))); share != want {
+			if want := model.buckets.refused(bk.key, modelBuckets(storeOf(limiters[bk.limiter]).Keys(bk.key, false), modelLimits(limiters[bk.limiter])), bk.b, served, before, now, int64(store.BucketBurst(storeLimits(limiters[bk.limiter].limits, time.Now)))); share != want {
 				t.Fatalf("step %d: refused(%s, booked at %d, served %v) at %d: script %d, model %d", step, bk.key, bk.b.Now, served, now, share, want)
 			}
 			counts[map[bool]string{true: "rate-cut", false: "rate-unchanged"}[share > 0]]++

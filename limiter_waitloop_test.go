@@ -75,7 +75,7 @@ func TestWaitLoop(t *testing.T) {
 			f.start(ctx, "k").end()
 			w := f.start(ctx, "k")
 			time.Sleep(50 * time.Millisecond)
-			f.r.retimes.Add("k", time.Now().UnixMicro(), true, time.Now())
+			f.r.retimes.Add("k", time.Now().UnixMicro(), 0, true, time.Now())
 			err, took := w.end()
 			if err != nil || took != 100*time.Millisecond || f.store.refunds != 1 || f.store.reserves != 3 {
 				t.Errorf("%v after %v, %d refunds, %d reserves; want the same time, 100 ms in, booked again after one refund", err, took, f.store.refunds, f.store.reserves)

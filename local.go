@@ -487,6 +487,34 @@ func (loc *Local) cancel(key string, b bucketsBooked, now time.Time) {
 	}
 }
 
+// trimQueues takes out of k's buckets, at now, the queue booked beyond
+// what a wake keeps (steer.Kept), as lua/refused.lua's trim_queues does,
+// and returns the due time past which a booking is no longer whole in
+// them, zero when it took nothing. Each bucket (of interval intervals[i])
+// is emptied anew at that time, the latest of theirs: a bucket that keeps
+// less keeps as much as the others here, never more than Redis's.
+func (k *localKey) trimQueues(now time.Time, intervals []int64) time.Time {
+	var whole time.Duration // how far ahead of now a bucket keeps whole bookings
+	for i, lim := range k.lims {
+		if lim != nil {
+			burst := int64(lim.Burst()) * intervals[i]
+			whole = max(whole, time.Duration(steer.Kept(burst)-burst)*time.Microsecond)
+		}
+	}
+	after := now.Add(whole)
+	if !k.last.After(after) {
+		return time.Time{}
+	}
+	for i, lim := range k.lims {
+		if lim != nil { // a window's bookings are given back whole
+			k.lims[i] = rate.NewLimiter(lim.Limit(), lim.Burst())
+			k.lims[i].AllowN(after, lim.Burst())
+		}
+	}
+	k.last = after
+	return after
+}
+
 // settle charges key's buckets, at now or its last reservation time, with
 // the difference between actual and estimate under each limit: a debt (of
 // a burst at most: see capDebts), or a credit that fills the bucket at most;
@@ -657,10 +685,20 @@ func (loc *Local) heedRate(ctx context.Context, key string, t booking, w headers
 		return
 	}
 	cut, wake := k.rate.Refused(now.UnixMicro(), t.start.UnixMicro(), loc.openBurst, before)
+	var after time.Time
+	if wake || cut {
+		after = k.trimQueues(now, loc.intervals)
+	}
+	if !wake && !after.IsZero() {
+		k.rate.Trim(after.UnixMicro(), now.UnixMicro())
+	}
 	fraction := k.rate.Bottom()
 	shard.mu.Unlock()
-	if wake {
-		loc.retimes.Add(key, now.UnixMicro(), true, now) // its sleepers book anew
+	switch {
+	case wake:
+		loc.retimes.Add(key, now.UnixMicro(), 0, true, now) // its sleepers book anew
+	case cut && !after.IsZero():
+		loc.retimes.Add(key, now.UnixMicro(), after.UnixMicro(), true, now) // those booked past after
 	}
 	if cut {
 		reportRate(ctx, loc.config.observer, localLimiter, key, fraction, w.Status)

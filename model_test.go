@@ -22,6 +22,8 @@ type bucketModel struct {
 	steers map[string]*steerModel     // key → its steering, once steered
 	holds  map[string]int64           // key → when its latest hold ends
 	rates  map[string]*steer.Rate     // key → its rate after refusals (steer.Rate is the model of rate.lua)
+
+	trimmed int // the buckets whose queue a wake trimmed (see trimQueues), for the model checks' counts
 }
 
 func newBucketModel() *bucketModel {
@@ -86,18 +88,67 @@ func (m *bucketModel) rateOf(key string) *steer.Rate {
 	return k
 }
 
-// refused is refused.lua: it returns the share the key's rate goes at
-// after a cut, or 0.
-func (m *bucketModel) refused(key string, b store.Booking, served bool, before, now, burst int64) int64 {
+// A modelBucket is one of a key's buckets in the model: its key in the
+// model's maps, its interval and its burst.
+type modelBucket struct {
+	key  string
+	a, b int64
+}
+
+// refused is refused.lua, for a key whose buckets are buckets: it returns
+// the share the key's rate goes at after a cut, or 0.
+func (m *bucketModel) refused(key string, buckets []modelBucket, b store.Booking, served bool, before, now, burst int64) int64 {
 	k := m.rateOf(key)
 	if served {
 		k.Served(b.Now)
 		return 0
 	}
-	if cut, _ := k.Refused(now, b.Now, burst, before); cut {
+	cut, wake := k.Refused(now, b.Now, burst, before)
+	switch {
+	case wake:
+		m.trimQueues(buckets, now)
+	case cut:
+		if after := m.trimQueues(buckets, now); after > 0 {
+			k.Trim(after, now)
+		}
+	}
+	if cut {
 		return k.Bottom()
 	}
 	return 0
+}
+
+// trimQueues is refused.lua's trim_queues: each bucket's schedule beyond
+// what a wake keeps (steer.Kept) is taken out, with its gaps there, and a
+// steered bucket's CEILING gives back the same units. It returns the
+// earliest due time past which a booking is no longer whole in a bucket,
+// 0 when it took nothing.
+func (m *bucketModel) trimQueues(buckets []modelBucket, now int64) (after int64) {
+	for _, bk := range buckets {
+		m.expire(bk.key, now)
+		tat, ok := m.tat[bk.key]
+		s := m.steers[bk.key]
+		_, unit, _, _ := s.step(tat, bk.a, bk.b, now, now)
+		kept := now + steer.Kept(bk.b*unit)
+		if !ok || tat <= kept {
+			continue
+		}
+		if s != nil && s.ceiling > now {
+			s.ceiling = max(s.ceiling-(tat-kept)/unit*s.interval(bk.a), now)
+		}
+		m.tat[bk.key] = kept
+		m.trimmed++
+		s.written(now)
+		for finish := range m.gaps[bk.key] {
+			if finish > kept {
+				delete(m.gaps[bk.key], finish)
+			}
+		}
+		if whole := kept - bk.b*unit; after == 0 || whole < after {
+			after = whole
+		}
+	}
+	return after
 }
 
 // book notes cost units booked at due in a bucket of interval a, leaving

@@ -73,8 +73,8 @@ func (r *Redis) receiveHolds(ctx context.Context, ps *redis.PubSub) {
 		case *redis.Message:
 			if key, end, d, ok := parseHoldMessage(m.Payload); ok {
 				r.heard(key, end, d)
-			} else if key, at, cut, ok := steer.ParseMessage(m.Payload); ok {
-				r.retimes.Add(key, at, cut, r.now())
+			} else if key, at, after, cut, ok := steer.ParseMessage(m.Payload); ok {
+				r.retimes.Add(key, at, after, cut, r.now())
 				r.voidLeases(key)
 			} else if id, ok := parseSlotMessage(m.Payload); ok {
 				r.slotWaiters.tell(id)

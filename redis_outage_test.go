@@ -99,7 +99,7 @@ func (s *fakeStore) Refused(_ context.Context, key string, b store.Booking, serv
 		return 0, 0, s.down
 	}
 	now := s.now().UnixMicro()
-	return s.model.refused(key, b, served, before, now, s.burst), now, nil
+	return s.model.refused(key, []modelBucket{{key, s.interval, s.burst}}, b, served, before, now, s.burst), now, nil
 }
 
 func (s *fakeStore) Refund(_ context.Context, key string, b store.Booking) ([store.MaxLimits]store.RefundResult, int64, error) {

@@ -265,7 +265,7 @@ func sleepRetimed(ctx context.Context, rt *steer.Retimes, key string, delay time
 	defer timer.Stop()
 	for {
 		wake := rt.Wake()
-		if err := rt.After(key, booked); err != nil {
+		if err := rt.After(key, booked, booked+delay.Microseconds()); err != nil {
 			return err
 		}
 		select {

@@ -361,13 +361,17 @@ func (m *modelCheck) refusalOf(step int, bk modelBooking, served bool) {
 // refusalAfter is refusalOf, for a refusal whose hold came after the one
 // that ended at before (0: it brought none).
 func (m *modelCheck) refusalAfter(step int, bk modelBooking, served bool, before int64) {
-	r, _, _ := m.limiterOf(bk.key)
+	r, a, burst := m.limiterOf(bk.key)
+	trimmed := m.model.trimmed
 	share, now, err := storeOf(r).Refused(context.Background(), bk.key, bk.b, served, before, "pace-model-holds")
 	if err != nil {
 		m.t.Fatalf("step %d: refused: %v", step, err)
 	}
-	if want := m.model.refused(bk.key, bk.b, served, before, m.now(step, now), int64(store.BucketBurst(storeLimits(r.limits, time.Now)))); share != want {
+	if want := m.model.refused(bk.key, []modelBucket{{bk.key, a, burst}}, bk.b, served, before, m.now(step, now), int64(store.BucketBurst(storeLimits(r.limits, time.Now)))); share != want {
 		m.t.Fatalf("step %d: refused(%s, booked at %d, served %v) at %d: script %d, model %d", step, bk.key, bk.b.Now, served, now, share, want)
+	}
+	if m.model.trimmed > trimmed {
+		m.counts["rate-trimmed"]++
 	}
 	switch {
 	case served:
@@ -477,6 +481,39 @@ func (m *modelCheck) expired(step int) {
 	m.syncOne(step, r, a, burst, bk, store.Steer{Reset: time.Second}, false)
 	m.keys = append(m.keys, key)
 	m.sameState(step)
+}
+
+// trimmed books two seconds of queue on each of two keys of the slowest
+// limit, the second steered, and refuses the last booking: the refusal
+// opens the key's rate, and its wake takes all but a second of the queue
+// out of the key's bucket (see lua/refused.lua's trim_queues), in the
+// script as in the model.
+func (m *modelCheck) trimmed(step int) {
+	for _, key := range []string{"r", "u"} {
+		r, a, burst := m.limiterOf(key)
+		var last modelBooking
+		for i := range 8 {
+			m.reserveWith(step, store.Request{Key: key, Costs: uniform(1, store.MaxLimits), Settled: true}, MaxDelay, 0)
+			last = m.bookings[len(m.bookings)-1]
+			if i == 0 && key == "u" {
+				m.syncOne(step, r, a, burst, last, store.Steer{Remaining: 100, Reset: time.Second, Refills: true}, false)
+				m.keys = append(m.keys, key)
+			}
+		}
+		trims := m.counts["rate-trimmed"]
+		m.refusalAfter(step, last, false, 0)
+		if m.counts["rate-trimmed"] != trims+1 {
+			m.t.Errorf("key %s: a refusal that opened the rate over a queue of %v trimmed no bucket", key, time.Duration(last.b.Delay))
+		}
+		stored, err := m.client.Get(context.Background(), DefaultPrefix+"{"+key+"}").Result()
+		if err != nil {
+			m.t.Fatalf("step %d: reading %s: %v", step, key, err)
+		}
+		if tat := strings.Fields(stored)[0]; tat != strconv.FormatInt(m.model.tat[key], 10) {
+			m.t.Fatalf("step %d: key %s's schedule in Redis ends at %s after the wake, in the model at %d", step, key, tat, m.model.tat[key])
+		}
+		m.sameState(step)
+	}
 }
 
 // hold holds a random key for up to 10 intervals.

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -248,7 +250,7 @@ func TestACutTellsOneSuccess(t *testing.T) {
 }
 
 // refusedRuns is a go-redis hook that counts the runs of the refused
-// script (lua/refused.lua, whose first argument after its two keys is
+// script (lua/refused.lua, whose first argument after its keys is
 // "refused" or "served") that reached Redis: an EVALSHA answered NOSCRIPT
 // is not one, the EVAL after it is.
 type refusedRuns struct{ n atomic.Int64 }
@@ -259,11 +261,13 @@ func (s *refusedRuns) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		args := cmd.Args()
-		if !store.IsScriptCall(cmd.Name()) || len(args) < 6 || err != nil && (strings.HasPrefix(err.Error(), "NOSCRIPT") || strings.Contains(err.Error(), "Function not found")) {
+		if !store.IsScriptCall(cmd.Name()) || len(args) < 4 || err != nil && (strings.HasPrefix(err.Error(), "NOSCRIPT") || strings.Contains(err.Error(), "Function not found")) {
 			return err
 		}
-		if op := fmt.Sprint(args[5]); fmt.Sprint(args[2]) == "2" && (op == "refused" || op == "served") {
-			s.n.Add(1)
+		if keys, _ := strconv.Atoi(fmt.Sprint(args[2])); 3+keys < len(args) {
+			if op := fmt.Sprint(args[3+keys]); op == "refused" || op == "served" {
+				s.n.Add(1)
+			}
 		}
 		return err
 	}
@@ -271,4 +275,48 @@ func (s *refusedRuns) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (s *refusedRuns) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// TestAWakeKeepsASecondOfTheQueue: 30 goroutines queued 2.5 s deep at
+// 10/s (their deadline), on Local and on Redis; the upstream refuses the
+// third request without saying why, which opens the key's rate and wakes
+// the sleepers. Each gave its booking back, but in Redis one with others
+// behind it stayed booked, as a gap, so each booked anew behind its own
+// old booking, and nothing went for as long as the queue was (2.2 s); in
+// Local, x/time/rate gives a reservation's tokens back only when none was
+// made after it, so the sleepers went on at once (0.1 s) or after the
+// queue, by the order they gave their bookings back. A wake now takes the
+// queue out but a second of it, in both: the next request goes a second
+// after the refusal (1.00 s measured on each), never sooner.
+func TestAWakeKeepsASecondOfTheQueue(t *testing.T) {
+	for name, newLimiter := range map[string]func(t *testing.T) Limiter{
+		"local": func(t *testing.T) Limiter { return mustLocal(t, PerSecond(10).WithBurst(1)) },
+		"redis": func(t *testing.T) Limiter {
+			c := newTestRedis(t)
+			r := mustRedis(t, c, PerSecond(10).WithBurst(1), sharedOnly)
+			r.listen()
+			waitForSubscriber(t, c, r.holdChannel())
+			return r
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var n atomic.Int64
+			api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				if n.Add(1) == 3 {
+					w.WriteHeader(http.StatusTooManyRequests)
+				}
+			}))
+			t.Cleanup(api.Close)
+			answers := sendFor(t, newLimiter(t), api.URL, 30, 2500*time.Millisecond, false)
+			refused := slices.IndexFunc(answers, func(a quotaapi.Arrival) bool { return a.Status != http.StatusOK })
+			if refused < 0 || refused+1 >= len(answers) {
+				t.Fatalf("%d answers, the refusal at %d: want a refusal and answers after it", len(answers), refused)
+			}
+			gap := answers[refused+1].At.Sub(answers[refused].At)
+			t.Logf("%d answers; the next %v after the refusal", len(answers), gap)
+			if gap < 850*time.Millisecond || gap > 1500*time.Millisecond {
+				t.Errorf("the next answer came %v after the refusal; want a second's brake (0.85 s to 1.5 s), not the queue's 3 s", gap)
+			}
+		})
+	}
 }

@@ -23,8 +23,8 @@ import (
 // others' spending), holds, and refusals and successes that steer the
 // key's rate, between bookings, refunds and settlements, each bucket's
 // whole state compared after every step; then a window driven into a
-// probe, a rate that recovers and is dropped, a storm of refusals, and a
-// reading of a bucket Redis has expired.
+// probe, a rate that recovers and is dropped, a storm of refusals, a
+// reading of a bucket Redis has expired, and queues a wake trims.
 func TestSteeringMatchesModel(t *testing.T) {
 	m := newModelCheck(t, newTestRedis(t), 13)
 	kinds := []string{"granted", "refused", "granted-spread", "granted-held", "granted-steered", "refund-nothing",
@@ -54,6 +54,7 @@ func TestSteeringMatchesModel(t *testing.T) {
 	m.recover(step)
 	m.storm(step)
 	m.expired(step)
+	m.trimmed(step)
 	m.requireEach(kinds...)
 	m.require("rate-cut", 5)       // a round of refusals lasts 100 ms at least: a few tens in the run
 	m.require("sync-probe", 1)     // others seem to spend all a window has left: rare at random, and once by probe

@@ -122,6 +122,14 @@ local function rate_held_weight(r, burst, before)
   return math.floor(unpaid * rate_full / (now - before))
 end
 
+-- rate_kept is how much of a bucket's schedule ahead of now a wake keeps
+-- (see refused.lua's trim_queues), for a bucket whose burst takes burst
+-- µs to refill (see internal/steer's Kept).
+local rate_keep = 1000000
+local function rate_kept(burst)
+  return math.max(burst, rate_keep)
+end
+
 -- rate_gone is how many of the requests booked have gone by now: all but
 -- those due after now, which r's bucket holds (the last one due ends its
 -- schedule a step later).

@@ -15,7 +15,8 @@
 -- rate's bucket) and this one, or, for one that brought a hold after a
 -- hold since the last cut ended, the share the upstream's burst was of
 -- what went since (see rate_held_weight), half at most; a cut of an eighth
--- or more wakes the sleepers too. A success of a request booked since the
+-- or more wakes the sleepers too, a smaller one those booked more than a
+-- second ahead (see trim_queues). A success of a request booked since the
 -- last cut says that the upstream accepts again: a later cut may lower the
 -- edge.
 --
@@ -26,14 +27,59 @@
 -- ARGV[5]  the smallest burst of the quota's buckets, 0 for none (see internal/steer's Rate.Refused)
 -- ARGV[6]  for a refusal that brought a hold of the key, when the hold
 --          before it ended, in microseconds of Redis's clock; else 0
+-- KEYS[2k+1], KEYS[2k+2]  the key's k-th bucket and its gaps (see refund.lua);
+-- ARGV[2k+5], ARGV[2k+6]  that bucket's interval and burst
 --
 -- Returns {now, share}: the share of its configured rate the key goes at
 -- after a cut, in parts per million; 0 when nothing was cut.
 
+-- trim_queues takes out of each of the key's buckets the schedule booked
+-- beyond rate_kept (see rate.lua), and returns the earliest due time past
+-- which a booking is no longer whole in it (the kept TAT less the burst),
+-- 0 when it took nothing. A woken sleeper gives its booking back, but
+-- one with others behind it stays booked (as a gap, or in a steered
+-- bucket), and each would book anew behind its own old booking. A steered
+-- bucket's CEILING gives back the same units.
+local function trim_queues()
+  local after = 0
+  for i = 3, #KEYS, 2 do
+    local a, b = tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5])
+    local tat, steer = read_bucket(i)
+    local _, unit = bucket_step(tat, steer, a, b, now)
+    local kept = now + rate_kept(b * unit)
+    if tat and tat > kept then
+      if steer and steer.ceiling > now then
+        local units = math.floor((tat - kept) / unit)
+        steer.ceiling = math.max(steer.ceiling - units * interval(steer, a), now)
+      end
+      write_bucket(KEYS[i], kept, steer)
+      redis.call('ZREMRANGEBYSCORE', KEYS[i + 1], '(' .. string.format('%d', kept), '+inf')
+      local whole = kept - b * unit
+      if after == 0 or whole < after then after = whole end
+    end
+  end
+  return after
+end
+
 -- wake_sleepers tells the fleet that the key's rate opened or was cut
--- deep enough: the requests asleep in their bookings book anew.
+-- deep enough: the requests asleep in their bookings book anew ("KEY\nrate
+-- NOW"), behind what trim_queues keeps.
 local function wake_sleepers()
+  trim_queues()
   redis.call('PUBLISH', ARGV[3], ARGV[4] .. '\nrate ' .. string.format('%d', now))
+end
+
+-- wake_queue, after a smaller cut, takes the queue beyond what a wake keeps
+-- out of the key's buckets and of r's, and tells the fleet ("KEY\nrate NOW
+-- AFTER"): the requests asleep in the bookings due after AFTER give them
+-- back and book anew, at the new rate, counted anew. Left booked, a queue
+-- seconds deep would go on at the old rate for as long.
+local function wake_queue(r)
+  local after = trim_queues()
+  if after == 0 then return end
+  r.tat = math.min(r.tat, after)
+  r.gone = rate_gone(r)
+  redis.call('PUBLISH', ARGV[3], ARGV[4] .. '\nrate ' .. string.format('%d %d', now, after))
 end
 
 local r = read_rate(1, time(2, read(2, 'GET')))
@@ -84,8 +130,10 @@ if wake then
   r.tat = now -- the sleepers book anew from now, counted anew
 end
 r.gone = rate_gone(r)
-write_rate(KEYS[1], r)
 if wake then
   wake_sleepers()
+else
+  wake_queue(r)
 end
+write_rate(KEYS[1], r)
 return {now, r.bottom}

@@ -210,3 +210,20 @@ func TestWindowsInUnixTimes(t *testing.T) {
 		"window=1s rate=200 burst=5 procs=8 workers=2", "window=1s rate=100 burst=10 limit='80/s burst 10'",
 		"window=2s rate=100 burst=10 duration=6s", "window=2s rate=400 burst=10 procs=8 workers=2 duration=6s")
 }
+
+// TestDeepFleetAfterAWake: many workers at a slow limit, whose requests
+// wait in a queue seconds deep when a refusal opens the key's rate or cuts
+// it. The sleepers woke and booked anew, each behind its own old booking,
+// which stayed in the key's bucket (kept as a gap, or by a steered
+// bucket): the fleet sent nothing for as long as the queue was (issue 43's
+// sweep: 26% to 33% served in these runs). A wake now keeps a second of
+// the queue, or the burst's refill if longer, as its brake, and a smaller
+// cut retimes the queue beyond it: 60% to 90%, one or two refusals after
+// the first second of 50 to 100 requests.
+func TestDeepFleetAfterAWake(t *testing.T) {
+	t.Parallel()
+	loopCase{spec: "procs=16 workers=3 rate=20", served: 0.55, refused: 0.05}.check(t,
+		"upstream=haproxy burst=9 counters=ietf latency=1ms jitter=1ms",
+		"upstream=window burst=13 window=2s retry_after=auto counters=github duration=5s latency=1ms jitter=30ms",
+		"upstream=haproxy burst=16 limit='10/s burst 16' counters=github workers=4 duration=6s latency=200µs jitter=10ms")
+}

@@ -69,7 +69,11 @@ import (
 //
 // Requests booked before a cut of wakeCut (1/8) or more, and still asleep,
 // wake and book anew, at the new rate; a smaller cut leaves them be. The
-// observer hears each cut and the recovery (EventRate).
+// wake takes their queue out of the key's buckets, all but the burst or a
+// second of it (see Kept), so that they do not book behind their own old
+// bookings; a smaller cut wakes the requests booked beyond that, whose
+// bookings it takes out too (see Trim). The observer hears each cut and
+// the recovery (EventRate).
 const (
 	Full    = 1_000_000 // the configured rate, in parts per million
 	maxCut  = 500_000
@@ -83,7 +87,18 @@ const (
 	// stormRefusals is how many refusals of requests booked before a cut
 	// show it was too small, when they are three in four of what went since.
 	stormRefusals = 2
+	keep          = 1_000_000 // µs: see Kept
 )
+
+// Kept is how much of a bucket's schedule ahead of now a wake keeps, for a
+// bucket whose burst takes burst µs to refill: the burst, or a second,
+// whichever is longer. It is the brake of a wake: the upstream still
+// counts what the fleet sent too fast (HAProxy's sliding window, refusals
+// too; a window, until its end), and the fleet going on at once at its new
+// rate would be refused again. A queue deeper than that is left by
+// sleepers who book anew: kept, it would stall a deep fleet at a slow limit
+// for as long as the queue was, seconds.
+func Kept(burst int64) int64 { return max(burst, keep) }
 
 // Rate is a key's rate after refusals, in whole microseconds and parts
 // per million: lua/rate.lua keeps the same in Redis, and the property
@@ -239,6 +254,15 @@ func (k *Rate) Refused(now, decided, burst, before int64) (cut, wake bool) {
 	}
 	k.gone = k.goneBy(now)
 	return true, wake
+}
+
+// Trim takes the requests due after after out of the rate's bucket, at
+// now, as a cut too small to wake every sleeper does when their queue was
+// deeper than a wake keeps (see Kept): those requests are gone, and book
+// anew, counted anew.
+func (k *Rate) Trim(after, now int64) {
+	k.tat = min(k.tat, after)
+	k.gone = k.goneBy(now)
 }
 
 // storm cuts the rate to half the edge, and wakes the sleepers, when the

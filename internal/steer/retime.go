@@ -14,21 +14,27 @@ import (
 // A retime voids the bookings made before it: their callers, asleep in any
 // process, wake and book anew, at the new pace. The sync script publishes
 // "KEY\nretime AT" on the hold channel when the interval a key learned
-// changed (lua/sync.lua, which takes the bookings out of the
-// schedule itself), and the refused script "KEY\nrate AT" when a refusal
-// cut the key's rate (lua/refused.lua: the callers give
-// their bookings back); AT is by Redis's clock, in microseconds. Each
+// changed (lua/sync.lua, which takes the bookings out of the schedule
+// itself); the refused script "KEY\nrate AT" when a refusal cut the key's
+// rate deep enough (lua/refused.lua: the callers give their bookings back,
+// and book anew at the new rate), and "KEY\nrate AT AFTER" when a smaller
+// cut did so to the bookings due after AFTER only, beyond what a wake keeps
+// (see Kept). AT and AFTER are by Redis's clock, in microseconds. Each
 // limiter notes when each key was retimed, and wakes its sleepers, which
 // book anew if theirs was.
 //
 // Retimes are the retimes one limiter heard of. The zero Retimes is ready.
 type Retimes struct {
 	mu   sync.Mutex
-	wake chan struct{}   // closed at the next retime
-	keys expiring.Latest // retimes of learned limits
-	cuts expiring.Latest // retimes of cut rates
-	told expiring.Latest // bookings whose success this process told Redis of (see News)
+	wake chan struct{}         // closed at the next retime
+	keys expiring.Latest       // retimes of learned limits
+	cuts expiring.Map[rateCut] // the latest cut of each key's rate
+	told expiring.Latest       // bookings whose success this process told Redis of (see News)
 }
+
+// A rateCut of a key's rate voids the bookings made before at and due
+// after after (0: all of them).
+type rateCut struct{ at, after int64 }
 
 var (
 	// ErrRetimed ends the sleep of a caller whose booking a retime voided:
@@ -50,16 +56,17 @@ func (r *Retimes) Wake() <-chan struct{} {
 	return r.wake
 }
 
-// Add notes that key was retimed at at (its rate cut, when cut), and wakes
-// the sleepers.
-func (r *Retimes) Add(key string, at int64, cut bool, now time.Time) {
+// Add notes that key was retimed at at (its rate cut, when cut, for the
+// bookings due after after: 0 for all), and wakes the sleepers.
+func (r *Retimes) Add(key string, at, after int64, cut bool, now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	heard := &r.keys
-	if cut {
-		heard = &r.cuts
+	forget := now.Add(time.Minute)
+	if !cut {
+		r.keys.Note(key, at, forget, now)
+	} else if old, ok := r.cuts.Get(key); !ok || at > old.at {
+		r.cuts.Put(key, rateCut{at, after}, forget, now)
 	}
-	heard.Note(key, at, now.Add(time.Minute), now)
 	if r.wake != nil {
 		close(r.wake)
 		r.wake = nil
@@ -67,12 +74,13 @@ func (r *Retimes) Add(key string, at int64, cut bool, now time.Time) {
 }
 
 // After returns ErrRecut when key's rate was cut after a booking decided
-// at booked (Redis's clock, in microseconds), ErrRetimed when key was
-// otherwise retimed after it, and nil when it was not.
-func (r *Retimes) After(key string, booked int64) error {
+// at booked, due at due (Redis's clock, in microseconds), and the cut
+// voided it; ErrRetimed when key was otherwise retimed after it; and nil
+// when it was not.
+func (r *Retimes) After(key string, booked, due int64) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if recut, ok := r.cuts.Get(key); ok && recut > booked {
+	if c, ok := r.cuts.Get(key); ok && c.at > booked && due > c.after {
 		return ErrRecut
 	}
 	if learned, ok := r.keys.Get(key); ok && learned > booked {
@@ -94,11 +102,11 @@ func (r *Retimes) After(key string, booked int64) error {
 func (r *Retimes) News(key string, booked int64, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	cut, known := r.cuts.Get(key)
-	if known && booked < cut {
+	c, known := r.cuts.Get(key)
+	if known && booked < c.at {
 		return false
 	}
-	if told, ok := r.told.Get(key); ok && (!known || told >= cut) && booked < told+tellAgain.Microseconds() {
+	if told, ok := r.told.Get(key); ok && (!known || told >= c.at) && booked < told+tellAgain.Microseconds() {
 		return false
 	}
 	r.told.Note(key, booked, now.Add(time.Minute), now)
@@ -110,14 +118,19 @@ func (r *Retimes) News(key string, booked int64, now time.Time) bool {
 const tellAgain = time.Second
 
 // ParseMessage reads what the sync and refused scripts publish on a
-// retime: the key, a newline, "retime" or "rate" (cut says which) and its
-// time, in microseconds of Redis's clock.
-func ParseMessage(payload string) (key string, at int64, cut, ok bool) {
+// retime: the key, a newline, "retime" or "rate" (cut says which), its
+// time, and, for a cut, the time after which the bookings it voids are due
+// (0 when it is not given: all), in microseconds of Redis's clock.
+func ParseMessage(payload string) (key string, at, after int64, cut, ok bool) {
 	key, rest, ok := strings.Cut(payload, "\n")
-	atText, found := strings.CutPrefix(rest, "retime ")
+	times, found := strings.CutPrefix(rest, "retime ")
 	if !found {
-		atText, cut = strings.CutPrefix(rest, "rate ")
+		times, cut = strings.CutPrefix(rest, "rate ")
 	}
+	atText, afterText, partial := strings.Cut(times, " ")
 	at, err := strconv.ParseInt(atText, 10, 64)
-	return key, at, cut, ok && (found || cut) && err == nil
+	if partial && err == nil {
+		after, err = strconv.ParseInt(afterText, 10, 64)
+	}
+	return key, at, after, cut, ok && (found || cut) && err == nil && (!partial || cut)
 }

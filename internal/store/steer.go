@@ -18,8 +18,19 @@ func (s *Store) Refused(ctx context.Context, key string, b Booking, served bool,
 		op = "served"
 	}
 	keys := []string{s.rateKey(key), s.HoldKey(key)}
+	args := []any{op, b.Now, channel, key, BucketBurst(s.limits), before}
+	if !served {
+		// A wake trims the key's buckets' queues (see lua/refused.lua).
+		gapped := s.Keys(key, true)
+		for i, l := range s.limits {
+			if l.Kind == Bucket {
+				keys = append(keys, gapped[2*i], gapped[2*i+1])
+				args = append(args, s.limitArgs[3*i+1], s.limitArgs[3*i+2])
+			}
+		}
+	}
 	var reply [2]int64
-	if err := int64Reply(s.calls.Run(ctx, refusedScript, keys, op, b.Now, channel, key, BucketBurst(s.limits), before), reply[:]); err != nil {
+	if err := int64Reply(s.calls.Run(ctx, refusedScript, keys, args...), reply[:]); err != nil {
 		return 0, 0, s.fail(key, "refused", keys, err)
 	}
 	return reply[1], reply[0], nil
