@@ -263,15 +263,16 @@ local function bucket_allow(tat, steer, a, b, cost, arrival)
 end
 
 -- emptied is a bucket's TAT finish after a booking that goes at once, at
--- due: an interval later (a second at most) when it left a bucket of a
--- burst (2 units or more) without a unit. The turns after a burst resume
--- that late, so that a burst that reaches the upstream late (the first
--- requests of a fleet open their connections; processes and the network
--- bunch and spread arrivals) does not make the turns after it early at an
--- upstream of the same limit, which would refuse them. It costs one unit per burst
--- spent; a fleet that waits its turns never pays it. Local (one process)
--- does not: its turns leave one process, not a fleet.
-local resume_late = 1000000
+-- due: an interval later (a tenth of a second at most) when it left a
+-- bucket of a burst (2 units or more) without a unit. The turns after a
+-- burst resume that late, so that a burst that reaches the upstream late
+-- (the first requests of a fleet open their connections; processes and the
+-- network bunch and spread arrivals, by milliseconds to tens of them) does
+-- not make the turns after it early at an upstream of the same limit,
+-- which would refuse them. It costs at most one unit per burst spent; a
+-- fleet that waits its turns never pays it. Local (one process) does not:
+-- its turns leave one process, not a fleet.
+local resume_late = 100000
 local function emptied(finish, a, b, due)
   if b >= 2 and finish > due + (b - 1) * a then return finish + math.min(a, resume_late) end
   return finish
