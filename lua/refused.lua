@@ -73,13 +73,17 @@ end
 -- out of the key's buckets and of r's, and tells the fleet ("KEY\nrate NOW
 -- AFTER"): the requests asleep in the bookings due after AFTER give them
 -- back and book anew, at the new rate, counted anew. Left booked, a queue
--- seconds deep would go on at the old rate for as long.
+-- seconds deep would go on at the old rate for as long. "KEY\nrate NOW"
+-- follows, for the processes of a version that reads no AFTER (a rolling
+-- deploy): they wake all their sleepers; the others take it for the same
+-- cut (see internal/steer's Retimes).
 local function wake_queue(r)
   local after = trim_queues()
   if after == 0 then return end
   r.tat = math.min(r.tat, after)
   r.gone = rate_gone(r)
   redis.call('PUBLISH', ARGV[3], ARGV[4] .. '\nrate ' .. string.format('%d %d', now, after))
+  redis.call('PUBLISH', ARGV[3], ARGV[4] .. '\nrate ' .. string.format('%d', now))
 end
 
 local r = read_rate(1, time(2, read(2, 'GET')))

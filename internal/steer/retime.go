@@ -19,9 +19,11 @@ import (
 // rate deep enough (lua/refused.lua: the callers give their bookings back,
 // and book anew at the new rate), and "KEY\nrate AT AFTER" when a smaller
 // cut did so to the bookings due after AFTER only, beyond what a wake keeps
-// (see Kept). AT and AFTER are by Redis's clock, in microseconds. Each
-// limiter notes when each key was retimed, and wakes its sleepers, which
-// book anew if theirs was.
+// (see Kept), followed by "KEY\nrate AT" for the processes of a version
+// that reads no AFTER, which a process that read it takes for the same cut.
+// AT and AFTER are by Redis's clock, in microseconds. Each limiter notes
+// when each key was retimed, and wakes its sleepers, which book anew if
+// theirs was.
 //
 // Retimes are the retimes one limiter heard of. The zero Retimes is ready.
 type Retimes struct {

@@ -68,7 +68,9 @@ func FuzzParseMessage(f *testing.F) {
 
 // TestRetimesAfter: a booking before a retime of its key is voided, by a
 // cut (ErrRecut) or a learned interval (ErrRetimed); one after, or of
-// another key, is not; a retime wakes the sleepers' channel.
+// another key, is not, nor, after a smaller cut, one due before its AFTER,
+// even once the cut is told again without it; a retime wakes the sleepers'
+// channel.
 func TestRetimesAfter(t *testing.T) {
 	var r Retimes
 	now := time.Unix(1_700_000_000, 0)
@@ -81,6 +83,7 @@ func TestRetimesAfter(t *testing.T) {
 	}
 	r.Add("c", 100, 0, true, now)
 	r.Add("q", 100, 1000, true, now) // a smaller cut: the bookings due after 1000
+	r.Add("q", 100, 0, true, now)    // the same cut, told again for the processes that read no AFTER
 	for _, tc := range []struct {
 		key         string
 		booked, due int64
