@@ -697,7 +697,7 @@ func (loc *Local) heedRate(ctx context.Context, key string, t booking, w headers
 	switch {
 	case wake:
 		loc.retimes.Add(key, now.UnixMicro(), 0, true, now) // its sleepers book anew
-	case cut && !after.IsZero():
+	case !after.IsZero():
 		loc.retimes.Add(key, now.UnixMicro(), after.UnixMicro(), true, now) // those booked past after
 	}
 	if cut {

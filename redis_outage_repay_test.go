@@ -83,7 +83,7 @@ func TestLoneOutageRepays(t *testing.T) {
 	const rate, burst, tenLocal = 20, 60, 10
 	limit := Per(burst, burst/rate*time.Second)
 	var repaid atomic.Int64
-	var story outageStory
+	story := &outageStory{start: time.Now()}
 	observe := WithObserver(func(_ context.Context, e Event) {
 		if e.Kind == EventRepay && e.Err == nil {
 			repaid.Add(int64(e.Cost))
@@ -144,7 +144,7 @@ func TestLoneOutageRepays(t *testing.T) {
 	bound := burst + rate*length.Seconds()
 	t.Logf("%d grants in %v (b + r*t = %.0f), %d of them local; %d units repaid", grants, length.Round(time.Millisecond), bound, local, repaid.Load())
 	if local < tenLocal {
-		t.Fatalf("%d local grants in %v of a lost link: the lone process did not fall back; its outage's events, from the start:\n%s", local, confirmed, story.told(start))
+		t.Fatalf("%d local grants in %v of a lost link: the lone process did not fall back; its outage's events, from the start:\n%s", local, confirmed, story.told())
 	}
 	t.Logf("%d local grants %v after the link was lost", tenLocal, alone.Round(time.Millisecond))
 	if repaid.Load() < int64(local)*3/4 {
@@ -156,12 +156,12 @@ func TestLoneOutageRepays(t *testing.T) {
 }
 
 // outageStory keeps the events of a limiter's outages (falling back,
-// probing, coming back, failed calls), with when each came, so that a
+// probing, coming back, failed calls), each timed from start, so that a
 // test of an outage that did not go as it should says how it went.
 type outageStory struct {
-	mu     sync.Mutex
-	events []string
-	at     []time.Time
+	start time.Time
+	mu    sync.Mutex
+	lines strings.Builder
 }
 
 func (s *outageStory) note(e Event) {
@@ -172,16 +172,12 @@ func (s *outageStory) note(e Event) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.events, s.at = append(s.events, fmt.Sprintf("%v %v", e.Kind, e.Err)), append(s.at, time.Now())
+	fmt.Fprintf(&s.lines, "%v %v %v\n", time.Since(s.start).Round(time.Millisecond), e.Kind, e.Err)
 }
 
-// told returns the events noted, a line each, timed from start.
-func (s *outageStory) told(start time.Time) string {
+// told returns the events noted, a line each.
+func (s *outageStory) told() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var b strings.Builder
-	for i, e := range s.events {
-		fmt.Fprintf(&b, "%v %s\n", s.at[i].Sub(start).Round(time.Millisecond), e)
-	}
-	return b.String()
+	return s.lines.String()
 }
