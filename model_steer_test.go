@@ -112,6 +112,7 @@ const (
 // (applied) or 2 (applied, and learned anew).
 func (s *steerModel) sync(tat, a, b, finish, booked, due int64, burst bool, cost int64, refused bool, st store.Steer, held, now int64) (int64, *steerModel, int64) {
 	left, reset, early, learned := st.Remaining, st.Reset.Microseconds(), st.Early.Microseconds(), st.Learned
+	full := st.Size > 0 && left+cost >= st.Size // the quota was full when the request came
 	refills, level := st.Refills || st.Rounded, st.Rounded
 	if level && s != nil && s.till > now { // a window's last seconds; its last, spread until halfway through its rounding
 		refills, level = false, false
@@ -132,7 +133,7 @@ func (s *steerModel) sync(tat, a, b, finish, booked, due int64, burst bool, cost
 	}
 	old, result, ahead, since := tat, int64(1), int64(0), int64(0)
 	if fresh {
-		s, left = s.takeIn(tat, a, finish, booked, due, burst, cost, left, refills, level, held, now)
+		s, left = s.takeIn(tat, a, finish, booked, due, burst, cost, left, refills, level, full, held, now)
 		if !level || st.Refills { // a bucket's level alone: see spend
 			since = max(st.Remaining-left, 0)
 		}
@@ -153,7 +154,7 @@ func (s *steerModel) sync(tat, a, b, finish, booked, due int64, burst bool, cost
 			last, booked = tat-unit, tat-unit
 		}
 		if refills && (!level || st.Refills) { // what the quota refilled since the request went
-			left += max(now-due, 0) / s.fleetInterval(a, b)
+			left += int64(math.Floor(float64(max(now-due, 0)) / s.refillInterval(a, b, cost, st.Reset.Microseconds(), full)))
 		}
 		tat = s.spend(tat, free, last, a, b, cost, left+ahead, since, reset, early, refills, level, now)
 		if ahead == 0 && max(s.allow(tat, a, b, 1, now, now), now) <= booked {
@@ -167,8 +168,8 @@ func (s *steerModel) sync(tat, a, b, finish, booked, due int64, burst bool, cost
 
 // takeIn is take_in: it returns the steering and the units left. held is
 // when the key's latest hold ends (0: none); level, the reading is a level
-// alone.
-func (s *steerModel) takeIn(tat, a, finish, booked, due int64, burst bool, cost, left int64, refills, level bool, held, now int64) (*steerModel, int64) {
+// alone; full, the quota was full when the request came.
+func (s *steerModel) takeIn(tat, a, finish, booked, due int64, burst bool, cost, left int64, refills, level, full bool, held, now int64) (*steerModel, int64) {
 	switch {
 	case s != nil:
 		left -= max(s.booked-booked, 0)
@@ -187,7 +188,7 @@ func (s *steerModel) takeIn(tat, a, finish, booked, due int64, burst bool, cost,
 	}
 	s.believed = s.foreign
 	if !first && !burst && !level && held <= s.seen {
-		s.estimateForeign(a, left, due, refills, now)
+		s.estimateForeign(a, left, due, refills, full, now)
 	}
 	s.seen, s.left, s.base, s.synced = due, max(left, -1<<53), booked, s.booked
 	if first || burst {
@@ -203,6 +204,21 @@ func (s *steerModel) refuse(booked, cost int64) {
 	} else if booked > s.base {
 		s.left += cost
 	}
+}
+
+// refillInterval is refill_interval, for a reading of a request of cost
+// whose quota is full again in reset microseconds; full, it was full when
+// the request came.
+func (s *steerModel) refillInterval(a, b, cost, reset int64, full bool) float64 {
+	i := float64(s.fleetInterval(a, b))
+	if reset <= 0 || !full {
+		return i
+	}
+	rate := float64(cost)/float64(reset) - float64(max(s.foreign, 0))/1e12
+	if rate <= 0 {
+		return i
+	}
+	return min(i, 1/rate)
 }
 
 // spend is spend.
@@ -253,8 +269,9 @@ func (s *steerModel) queued(tat, a, b, now int64) int64 {
 	return max(int64(math.Ceil(float64(tat-now)/float64(unit)))-b, 0)
 }
 
-// estimateForeign is estimate_foreign.
-func (s *steerModel) estimateForeign(a, left, due int64, refills bool, now int64) {
+// estimateForeign is estimate_foreign; full, the quota was full when the
+// request came.
+func (s *steerModel) estimateForeign(a, left, due int64, refills, full bool, now int64) {
 	dt := due - s.seen
 	if s.seen == 0 || dt <= 0 || (refills && s.till > 0) || (!refills && s.till <= now) {
 		return
@@ -264,6 +281,9 @@ func (s *steerModel) estimateForeign(a, left, due int64, refills bool, now int64
 		expected += float64(dt) / float64(s.interval(a))
 	}
 	units := expected - float64(s.booked-s.synced) - float64(left)
+	if units > 0 && refills && full {
+		return
+	}
 	var f float64
 	if float64(dt) >= syncTau || (refills && s.foreign == 0) {
 		f = units * 1e12 / float64(dt)

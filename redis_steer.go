@@ -127,7 +127,7 @@ func (r *Redis) steerings(ctx context.Context, key string, readings []headers.Re
 			r.config.observer.emit(ctx, Event{Kind: EventIgnored, Limiter: redisLimiter, Key: key, Delay: max(reading.Reset, window), Reason: reading.Header})
 			continue
 		}
-		st := steering{Steer: store.Steer{Limit: i, Remaining: reading.Remaining, Reset: reading.Reset - elapsed, Refills: refills(reading, l), Rounded: reading.Rounded(), Early: reading.Early}, header: reading.Header}
+		st := steering{Steer: store.Steer{Limit: i, Remaining: reading.Remaining, Reset: reading.Reset - elapsed, Refills: refills(reading, l), Rounded: reading.Rounded(), Early: reading.Early, Size: reading.Limit}, header: reading.Header}
 		if learns {
 			st.Learned, st.bounded = l.learned(reading.Limit, window, bound)
 		}

@@ -39,7 +39,7 @@
 -- ARGV[1]   the Pub/Sub channel of holds; ARGV[2] the key, as the fleet
 --           names it (see hold.lua); ARGV[3] 1 when the upstream refused
 --           the request (a 429), else 0
--- ARGV[12i-8], ..., ARGV[12i+3]   for bucket i: its configured interval
+-- ARGV[13i-9], ..., ARGV[13i+3]   for bucket i: its configured interval
 --           and burst; the bucket's TAT and count of units booked after the
 --           request's booking (see reserve.lua), the request's due time,
 --           whether it went without waiting (1) or not (0), and its cost
@@ -47,7 +47,8 @@
 --           reset or refill and how many sooner it may come, whether the
 --           quota refills (1), is a window (0), a level alone (2) or a
 --           bucket's level alone (3: see refills in redis_steer.go); and the
---           interval advertised, or 0 when not learning
+--           interval advertised, or 0 when not learning; and the quota's
+--           size, as the reading states its limit (0: it does not)
 --
 -- Returns {now, result_1, ..., result_n, synced_1, ..., synced_n}: 0 when
 -- the reading was stale, 1 when it was applied, 2 when it was applied and
@@ -74,12 +75,24 @@ local function since(tat, steer, a, finish, booked, due, burst, cost)
   return n
 end
 
+-- full reports whether the quota of reading r was full when its request
+-- came: what it left and the request's cost make the limit it states.
+local function full(r)
+  return r.size > 0 and r.left + r.cost >= r.size
+end
+
 -- estimate_foreign updates the estimate of others' rate by what they spent
 -- from the last reading's request to this one's at due: what the last
 -- reading left, refilled meanwhile, less the fleet's bookings since, less
 -- what is left now. It tells only while the fleet waits for its turns, as
 -- both requests did: the quota, in use all along, never filled up (and
--- refills were not lost). A window's count of a window that has reset
+-- refills were not lost). A quota that refills, full when the request of
+-- reading r came (what it left and the request's cost make its size),
+-- had refills to spare: it may lower the estimate, never raise it (the
+-- sum counts the refills lost while the quota was full: under pace's
+-- limit at half a bucket of 200/s in OpenAI's fields, others seemed to
+-- spend 92/s of the fleet's 100/s, the fleet slowed for it and lost more,
+-- 20% served). A window's count of a window that has reset
 -- since tells nothing either, nor does a reading with no baseline (SEEN 0:
 -- the first reading, or one of a request that did not wait, whose burst
 -- may have arrived in any order).
@@ -94,8 +107,8 @@ end
 -- fleet for the whole window. A quota that refills believes each at once:
 -- it leaves others what they spend in the next 50 ms, where such a unit
 -- weighs a unit, and a rate believed late costs 429s.
-local function estimate_foreign(steer, a, left, due, refills)
-  local dt = due - steer.seen
+local function estimate_foreign(steer, a, left, r)
+  local dt, refills = r.due - steer.seen, r.refills
   if steer.seen == 0 or dt <= 0 or (refills and steer.till > 0) or (not refills and steer.till <= now) then
     return
   end
@@ -104,6 +117,7 @@ local function estimate_foreign(steer, a, left, due, refills)
     expected = expected + dt / interval(steer, a)
   end
   local units = expected - (steer.booked - steer.synced) - left
+  if units > 0 and refills and full(r) then return end
   -- Over a short span, a few units of jitter in arrivals are a rate of
   -- hundreds a second: they weigh only as much as the span is of tau. A
   -- window's first estimate too (it is spent until the reset: taken at
@@ -122,17 +136,36 @@ local function estimate_foreign(steer, a, left, due, refills)
   steer.foreign = f
 end
 
+-- refill_interval is how often the quota of reading r refills a unit for
+-- the fleet: at the fleet's interval, or, when r was full when its request
+-- came and says it is full again sooner (it lacks the request's cost
+-- alone), at that rate less others'. At the fleet's own, slower, each
+-- reading of a quota faster than pace's limit held the fleet back by what
+-- the upstream refilled beyond it while the response travelled (pace at
+-- half a bucket of 200/s, 4 requests in flight: 78% of its limit served).
+-- Not what a quota that was not full lacks of the limit it states: OpenAI
+-- states a minute's worth, and spends a smaller burst; nor its cost alone:
+-- a level said in whole units lacks less.
+local function refill_interval(steer, a, b, r)
+  local i = fleet_interval(steer, a, b)
+  if r.reset <= 0 or not full(r) then return i end
+  local rate = r.cost / r.reset - math.max(steer.foreign, 0) / 1e12
+  if rate <= 0 then return i end
+  return math.min(i, 1 / rate)
+end
+
 -- spend applies reading r's units left (left: less those booked since its
 -- request, which cost r.cost) to a bucket stored as tat and steer, until its
 -- reset or refill, and returns the bucket's new TAT: a quota that refills
 -- gets that level, plus the fleet's share of what it refilled since the
--- request went (the units booked since, taken off, were counted or are yet to
--- be while it refilled; not for a level alone but a bucket's: it may be a
--- window's last second), less a request's cost for the jitter of arrivals and
--- what others spend in 50 ms (half the burst at most; until their rate is
--- estimated, what the bucket refills in 50 ms: the rest of the burst is the
--- headroom that a pause of the fleet's, or a clump of arrivals, spends before
--- the upstream's bucket is full and its refills are lost), but never before
+-- request went (see refill_interval; the units booked since, taken off, were
+-- counted or are yet to be while it refilled; not for a level alone but a
+-- bucket's: it may be a window's last second), less a request's cost for
+-- the jitter of arrivals and what others spend in 50 ms (half the burst at
+-- most; until their rate is estimated, what the bucket refills in 50 ms: the
+-- rest of the burst is the headroom that a pause of the fleet's, or a clump
+-- of arrivals, spends before the upstream's bucket is full and its refills
+-- are lost), but never before
 -- its CEILING (see common.lua), the bucket alone: no reading refills it
 -- beyond what the limit itself allows; a level alone holds the bucket no
 -- later than its reset, when the quota is full (an hourly quota's bucket,
@@ -157,7 +190,7 @@ local function spend(tat, free, last, steer, a, b, r, left)
     local spare = math.ceil(50000 / i)
     if steer.foreign ~= 0 then spare = math.ceil(others / 2e7) end
     local mine = left - cost - math.min(spare, math.floor(b / 2))
-    if r.refilled then mine = mine + math.floor(math.max(now - r.due, 0) / i) end
+    if r.refilled then mine = mine + math.floor(math.max(now - r.due, 0) / refill_interval(steer, a, b, r)) end
     local level = now + (b - math.min(mine, b)) * i
     if r.level then level = math.min(level, now + reset + (r.refilled and r.since * i or 0)) end
     steer.till, steer.spread = 0, 0
@@ -207,13 +240,13 @@ end
 
 -- reading is what ARGV says of bucket i (see above).
 local function reading(i)
-  local o = 12 * i - 8
+  local o = 13 * i - 9
   local kind = ARGV[o + 10]
   return {a = tonumber(ARGV[o]), b = tonumber(ARGV[o + 1]), finish = tonumber(ARGV[o + 2]),
     booked = tonumber(ARGV[o + 3]), due = tonumber(ARGV[o + 4]), burst = ARGV[o + 5] == '1',
     cost = tonumber(ARGV[o + 6]), left = tonumber(ARGV[o + 7]), reset = tonumber(ARGV[o + 8]),
     early = tonumber(ARGV[o + 9]), refills = kind ~= '0', level = kind == '2' or kind == '3', refilled = kind == '1' or kind == '3',
-    learned = tonumber(ARGV[o + 11])}
+    learned = tonumber(ARGV[o + 11]), size = tonumber(ARGV[o + 12])}
 end
 
 -- take_in takes a fresh reading r into the steering of a bucket stored as
@@ -230,7 +263,7 @@ local function take_in(tat, steer, r)
     ceiling = tat or now}
   if r.level then steer.foreign = 0 end
   steer.believed = steer.foreign
-  if not first and not r.burst and not r.level and held <= steer.seen then estimate_foreign(steer, r.a, left, r.due, r.refills) end
+  if not first and not r.burst and not r.level and held <= steer.seen then estimate_foreign(steer, r.a, left, r) end
   steer.seen, steer.left, steer.base, steer.synced = r.due, math.max(left, -2^53), r.booked, steer.booked
   if first or r.burst then steer.seen = 0 end
   return steer, left

@@ -46,6 +46,7 @@ type Steer struct {
 	Rounded   bool          // a reset a second away or less, said in whole seconds (headers.Reading.Rounded)
 	Early     time.Duration // how much sooner the reset may come (headers.Reading.Early)
 	Learned   int64         // the interval learned, in microseconds; 0 when not learning
+	Size      int64         // the quota's size, as the reading states its limit; 0 when it does not
 }
 
 // SyncReply is what the sync script replied: for each steering, what
@@ -64,11 +65,11 @@ type SyncReply struct {
 func (s *Store) Sync(ctx context.Context, key string, b Booking, steers []Steer, refused bool, channel string) (SyncReply, error) {
 	keys := s.Keys(key, false)
 	syncKeys := make([]string, 0, len(steers)+1)
-	args := append(make([]any, 0, 3+12*len(steers)), channel, key, flag(refused))
+	args := append(make([]any, 0, 3+13*len(steers)), channel, key, flag(refused))
 	for _, st := range steers {
 		syncKeys = append(syncKeys, keys[st.Limit])
 		args = append(args, s.limitArgs[3*st.Limit+1], s.limitArgs[3*st.Limit+2], b.Finishes[st.Limit], b.Booked[st.Limit],
-			b.Due(), flag(b.Delay == 0), b.Costs[st.Limit], st.Remaining, st.Reset.Microseconds(), st.Early.Microseconds(), st.kind(), st.Learned)
+			b.Due(), flag(b.Delay == 0), b.Costs[st.Limit], st.Remaining, st.Reset.Microseconds(), st.Early.Microseconds(), st.kind(), st.Learned, st.Size)
 	}
 	syncKeys = append(syncKeys, s.HoldKey(key))
 	var reply [1 + 2*MaxLimits]int64
