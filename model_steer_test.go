@@ -133,7 +133,7 @@ func (s *steerModel) sync(tat, a, b, finish, booked, due int64, burst bool, cost
 	}
 	old, result, ahead, since := tat, int64(1), int64(0), int64(0)
 	if fresh {
-		s, left = s.takeIn(tat, a, finish, booked, due, burst, cost, left, refills, level, full, held, now)
+		s, left = s.takeIn(tat, a, b, finish, booked, due, burst, cost, left, reset, refills, level, full, held, now)
 		if !level || st.Refills { // a bucket's level alone: see spend
 			since = max(st.Remaining-left, 0)
 		}
@@ -169,7 +169,7 @@ func (s *steerModel) sync(tat, a, b, finish, booked, due int64, burst bool, cost
 // takeIn is take_in: it returns the steering and the units left. held is
 // when the key's latest hold ends (0: none); level, the reading is a level
 // alone; full, the quota was full when the request came.
-func (s *steerModel) takeIn(tat, a, finish, booked, due int64, burst bool, cost, left int64, refills, level, full bool, held, now int64) (*steerModel, int64) {
+func (s *steerModel) takeIn(tat, a, b, finish, booked, due int64, burst bool, cost, left, reset int64, refills, level, full bool, held, now int64) (*steerModel, int64) {
 	switch {
 	case s != nil:
 		left -= max(s.booked-booked, 0)
@@ -188,7 +188,7 @@ func (s *steerModel) takeIn(tat, a, finish, booked, due int64, burst bool, cost,
 	}
 	s.believed = s.foreign
 	if !first && !burst && !level && held <= s.seen {
-		s.estimateForeign(a, left, due, refills, full, now)
+		s.estimateForeign(a, b, left, due, refills, full, reset, now)
 	}
 	s.seen, s.left, s.base, s.synced = due, max(left, -1<<53), booked, s.booked
 	if first || burst {
@@ -270,8 +270,8 @@ func (s *steerModel) queued(tat, a, b, now int64) int64 {
 }
 
 // estimateForeign is estimate_foreign; full, the quota was full when the
-// request came.
-func (s *steerModel) estimateForeign(a, left, due int64, refills, full bool, now int64) {
+// request came; reset, it is full again in as many microseconds.
+func (s *steerModel) estimateForeign(a, b, left, due int64, refills, full bool, reset, now int64) {
 	dt := due - s.seen
 	if s.seen == 0 || dt <= 0 || (refills && s.till > 0) || (!refills && s.till <= now) {
 		return
@@ -281,7 +281,7 @@ func (s *steerModel) estimateForeign(a, left, due int64, refills, full bool, now
 		expected += float64(dt) / float64(s.interval(a))
 	}
 	units := expected - float64(s.booked-s.synced) - float64(left)
-	if units > 0 && refills && full {
+	if units > 0 && refills && (full || reset < s.fleetInterval(a, b)) {
 		return
 	}
 	var f float64

@@ -333,7 +333,7 @@ func (m *modelCheck) syncOne(step int, r *Redis, a, burst int64, bk modelBooking
 func randomSteering(rng *rand.Rand, i int, a, b int64) store.Steer {
 	left := []int64{0, rng.Int64N(b + 1), rng.Int64N(3 * b)}[rng.IntN(3)]
 	kind := rng.IntN(4) // a quota that refills, a window, a level alone, a bucket's level alone
-	reset := time.Duration(rng.Int64N([]int64{60, 60, 60, 600}[rng.IntN(4)]*a)+1) * time.Microsecond
+	reset := time.Duration(rng.Int64N([]int64{1, 60, 60, 600}[rng.IntN(4)]*a)+1) * time.Microsecond
 	return store.Steer{Limit: i, Remaining: left, Refills: kind == 0 || kind == 3, Rounded: kind >= 2, Reset: reset,
 		Early: []time.Duration{0, reset / 3, reset}[rng.IntN(3)], Learned: []int64{0, 0, a / 2, 2 * a}[rng.IntN(4)],
 		Size: []int64{0, left + 1, left + 1 + rng.Int64N(b+1)}[rng.IntN(3)]}

@@ -100,6 +100,32 @@ func TestFleetLeavesTheForeignShare(t *testing.T) {
 	}
 }
 
+// TestFleetBelowAFasterUpstream: pace at 100/s burst 2 against an upstream
+// of 200/s burst 2 that states its counters as OpenAI does (a minute's
+// worth as the limit), 4 x 2. The upstream is full again before the
+// fleet's next turn, and the refills it loses then seemed others'
+// spending: the estimate of their rate rose with each reading, the fleet
+// slowed and lost more (46.0% of pace's 100/s after the first second,
+// none refused). Such a reading raises no estimate now: at least 85% of
+// 100/s from the second second on (what is left is the margin each
+// reading keeps for the jitter of arrivals, which a burst of 2 feels),
+// with no 429.
+func TestFleetBelowAFasterUpstream(t *testing.T) {
+	srv := redistest.Start(t)
+	warmScript(t, srv)
+	api := startQuotaAPI(t, quotaapi.Config{Dialect: quotaapi.OpenAI, Rate: 200, Burst: 2})
+	start := time.Now().Add(time.Second)
+	const run = 4 * time.Second
+	runFleet(t, 4, fleetWorker{Addr: srv.Addr, Limit: "100/s burst 2", Goroutines: 2, URL: api.URL(), Start: start, End: start.Add(run)})
+	arrivals := api.Arrivals()
+	logSeconds(t, arrivals, start, start.Add(run))
+	after := tallyOf(arrivals, start.Add(time.Second), start.Add(run))
+	t.Logf("after the first second: %d served (%.1f%% of 100/s), %d 429s", after.ok, float64(after.ok)/3, after.refused)
+	if after.ok < 255 || after.refused > 0 {
+		t.Errorf("after the first second, %d served and %d 429s; want at least 85%% of the 300 pace allows, and none refused", after.ok, after.refused)
+	}
+}
+
 // TestFleetReadsASlowUpstream: an upstream of 100/s burst 10 (and a token
 // of slack it does not state, for the start's jitter) that takes 200 ms to
 // answer, as an LLM API does (it counts a request once answered), and
