@@ -105,7 +105,7 @@ func TestFleetLeavesTheForeignShare(t *testing.T) {
 // worth as the limit), 4 x 2. The upstream is full again before the
 // fleet's next turn, and the refills it loses then seemed others'
 // spending: the estimate of their rate rose with each reading, the fleet
-// slowed and lost more (46.0% of pace's 100/s after the first second,
+// slowed and lost more (47.0% of pace's 100/s after the first second,
 // none refused). Such a reading raises no estimate now: at least 85% of
 // 100/s from the second second on (what is left is the margin each
 // reading keeps for the jitter of arrivals, which a burst of 2 feels),
