@@ -93,12 +93,12 @@ end
 -- it may lower the estimate, never raise it (the sum counts the refills
 -- lost while it was full: under pace's limit at half a bucket of 200/s in
 -- OpenAI's fields, others seemed to spend 92/s of the fleet's 100/s, the
--- fleet slowed for it and lost more, 20% served in the simulator, 46% on
+-- fleet slowed for it and lost more, 20% served in the simulator, 47% on
 -- real processes, where the limit stated is a minute's worth, no size). A
--- window's count of a window that has reset
--- since tells nothing either, nor does a reading with no baseline (SEEN 0:
--- the first reading, or one of a request that did not wait, whose burst
--- may have arrived in any order).
+-- window's count of a window that has reset since tells nothing either,
+-- nor does a reading with no baseline (SEEN 0: the first reading, or one
+-- of a request that did not wait, whose burst may have arrived in any
+-- order).
 --
 -- A window's spread believes the rate a reading implies (FOREIGN) only as
 -- far as the reading before it implied it too (BELIEVED, the lower of the
@@ -163,28 +163,27 @@ end
 -- gets that level, plus the fleet's share of what it refilled since the
 -- request went (see refill_interval; the units booked since, taken off, were
 -- counted or are yet to be while it refilled; not for a level alone but a
--- bucket's: it may be a window's last second), less a request's cost for
--- the jitter of arrivals and what others spend in 50 ms (half the burst at
--- most; until their rate is estimated, what the bucket refills in 50 ms: the
--- rest of the burst is the headroom that a pause of the fleet's, or a clump
--- of arrivals, spends before the upstream's bucket is full and its refills
--- are lost), but never before
--- its CEILING (see common.lua), the bucket alone: no reading refills it
--- beyond what the limit itself allows; a level alone holds the bucket no
--- later than its reset, when the quota is full (an hourly quota's bucket,
--- refilled at its rate, would stay low for the hour), and, a bucket's,
--- than the units booked since its request (r.since), which the upstream
--- had not counted, take to refill after it (else a reading that said a
--- bucket is full soon gave back units the fleet had booked already, and
--- drew a refusal; a window's reset does not wait for them); a window's units, less
--- what others spend until its reset, are spread, until the earliest it may
--- come, from free, the next time free after those booked already, or, when
--- the bucket was spreading, from last, the due time of the last unit booked,
--- at the new spread (at the fleet's interval once that time has come; none
--- left before the reset: the schedule stands, held until it). When others
--- seem to spend all the window has left, the fleet still books a unit every
--- probe (or spreads what is left, if slower; the last unit before the reset
--- at most): else, held until the reset, it would never hear that they
+-- bucket's: it may be a window's last second), less a request's cost for the
+-- jitter of arrivals and what others spend in 50 ms (half the burst at most;
+-- until their rate is estimated, what the bucket refills in 50 ms: the rest
+-- of the burst is the headroom that a pause of the fleet's, or a clump of
+-- arrivals, spends before the upstream's bucket is full and its refills are
+-- lost), but never before its CEILING (see common.lua), the bucket alone: no
+-- reading refills it beyond what the limit itself allows; a level alone holds
+-- the bucket no later than its reset, when the quota is full (an hourly
+-- quota's bucket, refilled at its rate, would stay low for the hour), and, a
+-- bucket's, than the units booked since its request (r.since), which the
+-- upstream had not counted, take to refill after it (else a reading that said
+-- a bucket is full soon gave back units the fleet had booked already, and
+-- drew a refusal; a window's reset does not wait for them); a window's units,
+-- less what others spend until its reset, are spread, until the earliest it
+-- may come, from free, the next time free after those booked already, or,
+-- when the bucket was spreading, from last, the due time of the last unit
+-- booked, at the new spread (at the fleet's interval once that time has come;
+-- none left before the reset: the schedule stands, held until it). When
+-- others seem to spend all the window has left, the fleet still books a unit
+-- every probe (or spreads what is left, if slower; the last unit before the
+-- reset at most): else, held until the reset, it would never hear that they
 -- stopped.
 local function spend(tat, free, last, steer, a, b, r, left)
   local others, cost, reset = math.max(steer.believed, 0), r.cost, r.reset
