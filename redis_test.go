@@ -326,7 +326,8 @@ func (m *modelCheck) syncOne(step int, r *Redis, a, burst int64, bk modelBooking
 // whole seconds, a second away or less) or a bucket's level alone (it
 // refills too), with none, few or many
 // units left, resetting within 60 intervals (or, a quarter of the time,
-// 600: a window others spend in full while the fleet probes it) and
+// one: a quota faster than the fleet; or 600: a window others spend in
+// full while the fleet probes it) and
 // perhaps sooner (by none, a third, or all of that time), with or without
 // a limit to learn, and stating its size or not (a quota that was full
 // when the request came, or one that lacks a few units).
