@@ -316,8 +316,8 @@ func newAnthropicNames(name string) quotaNames {
 }
 
 // readMinuteQuota reads one quota of OpenAI's or Anthropic's: a minute's
-// worth, that refills. A limit that is not a positive whole number (OpenAI
-// sends -1 or 0) is not reported.
+// worth, that refills. A limit that is not a whole number from 1 to 2^53,
+// as every count is (OpenAI sends -1 or 0), is not reported.
 func readMinuteQuota(h http.Header, q quotaNames, clock *readingClock) (Reading, bool) {
 	remaining, reset := h.Get(q.remaining), h.Get(q.reset)
 	if remaining == "" || reset == "" {
@@ -329,7 +329,7 @@ func readMinuteQuota(h http.Header, q quotaNames, clock *readingClock) (Reading,
 	if r.Remaining, ok = count(remaining); !ok {
 		return r, false
 	}
-	if limit, err := strconv.ParseInt(strings.TrimSpace(h.Get(q.limit)), 10, 64); err == nil && limit > 0 {
+	if limit, ok := count(h.Get(q.limit)); ok && limit > 0 {
 		r.Limit = limit
 	}
 	var err error

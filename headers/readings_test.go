@@ -98,6 +98,8 @@ func TestParseReadings(t *testing.T) {
 			[]want{{"tokens", 40000, 18000, 6 * time.Minute, time.Minute, true}}},
 		"OpenAI, a limit of -1 is not reported": {[]string{"x-ratelimit-limit-requests", "-1", "x-ratelimit-remaining-requests", "40", "x-ratelimit-reset-requests", "1h2m3.5s"},
 			[]want{{"requests", 0, 40, time.Hour + 2*time.Minute + 3500*time.Millisecond, time.Minute, true}}},
+		"OpenAI, a limit beyond any count is not reported": {[]string{"x-ratelimit-limit-requests", "9007199254740993", "x-ratelimit-remaining-requests", "40", "x-ratelimit-reset-requests", "1s"},
+			[]want{{"requests", 0, 40, time.Second, time.Minute, true}}},
 		"OpenAI, a reset that is not a duration": {[]string{"x-ratelimit-remaining-requests", "40", "x-ratelimit-reset-requests", "tomorrow"}, nil},
 		"OpenAI, remaining negative":             {[]string{"x-ratelimit-remaining-tokens", "-5", "x-ratelimit-reset-tokens", "1s"}, nil},
 
