@@ -43,7 +43,7 @@ type fidelityCase struct {
 // simNetwork is this machine's loopback as the simulator models it: about
 // 100 µs a trip, and the millisecond by which Go's timers and the
 // processes' scheduling on 2 cores bunch and spread arrivals.
-const simNetwork = "latency=100µs jitter=1ms"
+const simNetwork = "latency=100µs jitter=1ms redis_latency=100µs redis_jitter=1ms"
 
 // simSeeds are the seeds the simulator averages over for each case.
 const simSeeds = 3

@@ -35,12 +35,15 @@ type Case struct {
 	Duration   time.Duration // how long they send
 	Limit      string        // pace's limit (pace.ParseLimit); "" is the upstream's own
 	Cost       int           // tokens a request takes, of pace's limit and the upstream's
-	Latency    time.Duration // one way, to Redis and to the upstream
-	Jitter     time.Duration // at most, added to each one-way trip
-	Faults     string        // none, kill, stall, slowlink, lostreply, flush, pause
-	MaxHold    time.Duration // the limiters' WithMaxHold
-	Leases     string        // the limiters' token leases: on (the default) or off (see pace.WithTokenLeases)
-	Seed       uint64        // the network's and the faults' draws
+	Latency    time.Duration // one way, to the upstream
+	Jitter     time.Duration // at most, added to each one-way trip to the upstream
+	// RedisLatency and RedisJitter are Redis's link, one way: a fleet's
+	// Redis sits in its own network, its upstream across the Internet.
+	RedisLatency, RedisJitter time.Duration
+	Faults                    string        // none, kill, stall, slowlink, lostreply, flush, pause
+	MaxHold                   time.Duration // the limiters' WithMaxHold
+	Leases                    string        // the limiters' token leases: on (the default) or off (see pace.WithTokenLeases)
+	Seed                      uint64        // the network's and the faults' draws
 }
 
 // fields are c's fields by their keys, in the order String writes them.
@@ -48,7 +51,8 @@ func (c *Case) fields() []field {
 	return []field{{"upstream", &c.Upstream}, {"rate", &c.Rate}, {"burst", &c.Burst}, {"slack", &c.Slack},
 		{"window", &c.Window}, {"retry_after", &c.RetryAfter}, {"counters", &c.Counters}, {"body", &c.Body},
 		{"procs", &c.Procs}, {"workers", &c.Workers}, {"duration", &c.Duration}, {"limit", &c.Limit},
-		{"cost", &c.Cost}, {"latency", &c.Latency}, {"jitter", &c.Jitter}, {"faults", &c.Faults},
+		{"cost", &c.Cost}, {"latency", &c.Latency}, {"jitter", &c.Jitter},
+		{"redis_latency", &c.RedisLatency}, {"redis_jitter", &c.RedisJitter}, {"faults", &c.Faults},
 		{"max_hold", &c.MaxHold}, {"leases", &c.Leases}, {"seed", &c.Seed}}
 }
 
@@ -97,7 +101,7 @@ func (f field) set(v string) (err error) {
 func Default() Case {
 	return Case{Upstream: "strict", Rate: 100, Burst: 5, Window: time.Second, Counters: "none", Body: "none",
 		Procs: 3, Workers: 3, Duration: 6 * time.Second, Cost: 1, Latency: time.Millisecond,
-		Jitter: 500 * time.Microsecond, Faults: "none", MaxHold: pace.DefaultMaxHold, Leases: "on", Seed: 1}
+		Jitter: 500 * time.Microsecond, RedisLatency: 200 * time.Microsecond, RedisJitter: 100 * time.Microsecond, Faults: "none", MaxHold: pace.DefaultMaxHold, Leases: "on", Seed: 1}
 }
 
 // String writes c as Parse reads it.
@@ -209,8 +213,9 @@ func (c Case) check() error {
 		return fmt.Errorf("fleetsim: procs=%d workers=%d: want 1 to 64 each", c.Procs, c.Workers)
 	case c.Duration < time.Second || c.Duration > time.Hour:
 		return fmt.Errorf("fleetsim: duration=%v: want 1s to 1h", c.Duration)
-	case c.Window < time.Millisecond || c.Latency < 0 || c.Jitter < 0 || c.MaxHold < time.Millisecond:
-		return fmt.Errorf("fleetsim: window=%v latency=%v jitter=%v max_hold=%v: want a window and a max_hold of 1ms or more, no negative time", c.Window, c.Latency, c.Jitter, c.MaxHold)
+	case c.Window < time.Millisecond || c.MaxHold < time.Millisecond || min(c.Latency, c.Jitter, c.RedisLatency, c.RedisJitter) < 0:
+		return fmt.Errorf("fleetsim: window=%v max_hold=%v latency=%v jitter=%v redis_latency=%v redis_jitter=%v: want a window and a max_hold of 1ms or more, no negative time",
+			c.Window, c.MaxHold, c.Latency, c.Jitter, c.RedisLatency, c.RedisJitter)
 	}
 	l, err := c.paceLimit()
 	if err != nil {
@@ -282,8 +287,8 @@ func (c Case) retryAfter(wait time.Duration) (string, error) {
 
 // Draw returns a case drawn from the whole space by seed: a family and
 // its dialect, a burst from 1 to 20, pace's limit 0.5 to 2 times the
-// upstream's, 1 to 16 processes, jitter from none to tens of
-// milliseconds, and now and then a fault.
+// upstream's, 1 to 16 processes, the upstream's jitter from none to tens
+// of milliseconds, Redis's link a LAN's, and now and then a fault.
 func Draw(seed uint64) Case {
 	r := rand.New(rand.NewPCG(seed, 0x5eed))
 	c := Default()
@@ -317,6 +322,8 @@ func Draw(seed uint64) Case {
 		c.Faults = Faults[1+r.IntN(len(Faults)-1)]
 	}
 	c.MaxHold = []time.Duration{pace.DefaultMaxHold, pace.DefaultMaxHold, time.Second, 3 * time.Second}[r.IntN(4)]
+	c.RedisLatency = []time.Duration{100 * time.Microsecond, 200 * time.Microsecond, time.Millisecond}[r.IntN(3)]
+	c.RedisJitter = []time.Duration{0, 100 * time.Microsecond, time.Millisecond}[r.IntN(3)]
 	// Size the run by requests: a simulated second costs about a real
 	// millisecond per few requests.
 	for c.upstreamRate()*c.Duration.Seconds() > 1500 && c.Duration > time.Second {

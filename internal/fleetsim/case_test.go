@@ -53,7 +53,7 @@ func TestFoundCases(t *testing.T) {
 		// and at the reset the bucket's burst went at once: 13 units in
 		// 1.006 s where 8/s burst 4 allows 12.05. A steered bucket now
 		// never books before its CEILING, the bucket alone.
-		"upstream=window rate=10 burst=4 window=1s counters=ietf procs=3 workers=2 duration=6s limit='8/s burst 4' latency=0s jitter=1ms seed=12",
+		"upstream=window rate=10 burst=4 window=1s counters=ietf procs=3 workers=2 duration=6s limit='8/s burst 4' latency=0s jitter=1ms redis_latency=0s redis_jitter=1ms seed=12",
 	} {
 		c, err := Parse(spec)
 		if err != nil {

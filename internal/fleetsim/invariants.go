@@ -97,8 +97,8 @@ func (s *sim) checkBound() []string {
 		switches++
 		forgotten = float64(s.c.Procs * s.c.Workers * s.c.Cost)
 	}
-	roundTrip := 2*(s.c.Latency+s.c.Jitter) + staggerRange
-	spread := 2*s.c.Jitter + staggerRange + max(s.calls.longest-roundTrip, 0) + s.faults.bunching() + time.Microsecond // a microsecond: the schedule's rounding
+	roundTrip := 2*(s.c.RedisLatency+s.c.RedisJitter) + staggerRange
+	spread := s.c.RedisJitter + s.c.Jitter + staggerRange + max(s.calls.longest-roundTrip, 0) + s.faults.bunching() + time.Microsecond // a microsecond: the schedule's rounding
 	size := burst*float64(1+switches) + forgotten + rate*spread.Seconds()
 	tokens, last := size, s.start
 	for i, a := range arrivals {
@@ -166,7 +166,7 @@ func (s *sim) checkHolds() []string {
 	if s.c.Faults != "none" {
 		return nil
 	}
-	trip := s.c.Latency + s.c.Jitter + 2*time.Microsecond // Redis's clock and the hold's length, each in whole µs
+	trip := s.c.RedisLatency + s.c.RedisJitter + 2*time.Microsecond // Redis's clock and the hold's length, each in whole µs
 	holds := s.holds()
 	for _, h := range s.up.answers {
 		asked := span{h.at, h.at.Add(min(h.hold, s.c.MaxHold) - trip)}
@@ -177,7 +177,7 @@ func (s *sim) checkHolds() []string {
 		}
 	}
 	for _, h := range holds {
-		from, until := h.from.Add(s.c.Jitter+time.Millisecond), h.until.Add(-trip)
+		from, until := h.from.Add(s.c.RedisJitter+time.Millisecond), h.until.Add(-trip)
 		for _, a := range s.up.arrivals {
 			if a.sent.After(from) && a.sent.Before(until) {
 				return []string{fmt.Sprintf("holds: process %d sent at %v, inside the hold from %v to %v", a.proc, s.since(a.sent), s.since(h.from), s.since(h.until))}

@@ -2,6 +2,7 @@ package fleetsim
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -15,13 +16,18 @@ type loopCase struct {
 }
 
 // check runs each case of the family, on this machine's loopback as the
-// simulator models it, and holds it to the family's bars.
+// simulator models it, and holds it to the family's bars. Redis's link is
+// the upstream's, as on this machine, unless a case says otherwise.
 func (lc loopCase) check(t *testing.T, cases ...string) {
 	t.Helper()
 	for _, spec := range cases {
-		c, err := Parse("latency=100µs jitter=1ms procs=4 workers=4 duration=3s " + lc.spec + " " + spec)
+		full := "latency=100µs jitter=1ms procs=4 workers=4 duration=3s " + lc.spec + " " + spec
+		c, err := Parse(full)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if !strings.Contains(full, "redis_latency=") {
+			c.RedisLatency, c.RedisJitter = c.Latency, c.Jitter
 		}
 		r := Run(t, c)
 		refused := float64(r.RefusedAfter1s) / float64(max(r.Served+r.Refused, 1))

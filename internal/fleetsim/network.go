@@ -28,6 +28,11 @@ func newLink(c Case, way uint64) *link {
 	return &link{latency: c.Latency, jitter: c.Jitter, seed: c.Seed, way: way}
 }
 
+// newRedisLink is a way of Redis's link.
+func newRedisLink(c Case, way uint64) *link {
+	return &link{latency: c.RedisLatency, jitter: c.RedisJitter, seed: c.Seed, way: way}
+}
+
 // trip is how long a trip that who begins at now takes.
 func (l *link) trip(now time.Time, who []byte) time.Duration {
 	if l.jitter == 0 {
@@ -100,7 +105,7 @@ func (s *redisServer) dial(proc int) (net.Conn, error) {
 	if s.faults.down(time.Now()) {
 		return nil, errRefused
 	}
-	toServer, toClient := newLink(s.c, 1), newLink(s.c, 2)
+	toServer, toClient := newRedisLink(s.c, 1), newRedisLink(s.c, 2)
 	client, server := net.Pipe()
 	cc := newDelayedConn(client, toServer, s.faults, false, proc)
 	sc := newDelayedConn(server, toClient, s.faults, true, proc)

@@ -201,7 +201,7 @@ func (s *sim) process(p int) (http.RoundTripper, func(), error) {
 		MinRetryBackoff: 8 * time.Millisecond,
 		MaxRetryBackoff: 8 * time.Millisecond,
 	})
-	client.AddHook(stagger{link: newLink(s.c, 0), proc: "sim-" + strconv.Itoa(p), calls: &s.calls})
+	client.AddHook(stagger{link: newRedisLink(s.c, 0), proc: "sim-" + strconv.Itoa(p), calls: &s.calls})
 	limiter, err := pace.NewRedis(client, s.limit,
 		pace.WithProcess(pace.NewNamedProcess("sim-"+strconv.Itoa(p))), pace.WithMaxHold(s.c.MaxHold), pace.WithTokenLeases(s.c.Leases == "on"),
 		pace.WithObserver(func(_ context.Context, e pace.Event) { s.note(p, e) }))

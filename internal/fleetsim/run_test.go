@@ -17,9 +17,9 @@ func TestReplay(t *testing.T) {
 		t.Skip("the race detector shuffles the goroutines of one instant; go test ./internal/fleetsim runs this test, and make test after its race run")
 	}
 	for _, spec := range []string{
-		"upstream=nginx rate=100 burst=10 retry_after=1 procs=8 workers=3 latency=5ms jitter=10ms duration=3s seed=15",
-		"upstream=strict rate=150 burst=5 counters=openai procs=3 workers=5 latency=0s jitter=0s duration=3s faults=lostreply seed=2",
-		"upstream=window rate=200 burst=12 window=10s counters=ietf procs=4 workers=3 duration=6s limit='400/10s burst 12' latency=200µs jitter=100µs faults=kill seed=139",
+		"upstream=nginx rate=100 burst=10 retry_after=1 procs=8 workers=3 latency=5ms jitter=10ms redis_latency=5ms redis_jitter=10ms duration=3s seed=15",
+		"upstream=strict rate=150 burst=5 counters=openai procs=3 workers=5 latency=0s jitter=0s redis_latency=0s redis_jitter=0s duration=3s faults=lostreply seed=2",
+		"upstream=window rate=200 burst=12 window=10s counters=ietf procs=4 workers=3 duration=6s limit='400/10s burst 12' latency=200µs jitter=100µs redis_latency=200µs redis_jitter=100µs faults=kill seed=139",
 	} {
 		c, err := Parse(spec)
 		if err != nil {
