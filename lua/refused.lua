@@ -16,7 +16,7 @@
 -- hold since the last cut ended, the share the upstream's burst was of
 -- what went since (see rate_held_weight), half at most; a cut of an eighth
 -- or more wakes the sleepers too, a smaller one those booked more than a
--- second ahead (see trim_queues). A success of a request booked since the
+-- tenth of a second ahead (see trim_queues). A success of a request booked since the
 -- last cut says that the upstream accepts again: a later cut may lower the
 -- edge.
 --
@@ -34,19 +34,20 @@
 -- after a cut, in parts per million; 0 when nothing was cut.
 
 -- trim_queues takes out of each of the key's buckets the schedule booked
--- beyond rate_kept (see rate.lua), and returns the earliest due time past
+-- beyond rate_kept (see rate.lua; wake: for a wake, else a smaller cut),
+-- and returns the earliest due time past
 -- which a booking is no longer whole in it (the kept TAT less the burst),
 -- 0 when it took nothing. A woken sleeper gives its booking back, but
 -- one with others behind it stays booked (as a gap, or in a steered
 -- bucket), and each would book anew behind its own old booking. A steered
 -- bucket's CEILING gives back the same units.
-local function trim_queues()
+local function trim_queues(wake)
   local after = 0
   for i = 3, #KEYS, 2 do
     local a, b = tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5])
     local tat, steer = read_bucket(i)
     local _, unit = bucket_step(tat, steer, a, b, now)
-    local kept = now + rate_kept(b * unit)
+    local kept = now + rate_kept(b * unit, wake, steer ~= nil)
     if tat and tat > kept then
       if steer and steer.ceiling > now then
         local units = math.floor((tat - kept) / unit)
@@ -65,7 +66,7 @@ end
 -- deep enough: the requests asleep in their bookings book anew ("KEY\nrate
 -- NOW"), behind what trim_queues keeps.
 local function wake_sleepers()
-  trim_queues()
+  trim_queues(true)
   redis.call('PUBLISH', ARGV[3], ARGV[4] .. '\nrate ' .. string.format('%d', now))
 end
 
@@ -78,7 +79,7 @@ end
 -- deploy): they wake all their sleepers; the others take it for the same
 -- cut (see internal/steer's Retimes).
 local function wake_queue(r)
-  local after = trim_queues()
+  local after = trim_queues(false)
   if after == 0 then return end
   r.tat = math.min(r.tat, after)
   r.gone = rate_gone(r)
