@@ -490,9 +490,10 @@ func (loc *Local) cancel(key string, b bucketsBooked, now time.Time) {
 // trimQueues takes out of k's buckets, at now, the queue booked beyond
 // what a cut keeps (steer.Kept; wake: the cut wakes the sleepers), as
 // lua/refused.lua's trim_queues does, and returns the due time past which
-// a booking is no longer whole in them, zero when it took nothing. Each bucket (of interval intervals[i])
-// is emptied anew at that time, the latest of theirs: a bucket that keeps
-// less keeps as much as the others here, never more than Redis's.
+// a booking is no longer whole in them, zero when it took nothing. Each
+// bucket (of interval intervals[i]) is emptied anew at that time, the
+// latest of theirs: a bucket that keeps less keeps as much as the others
+// here, never more than Redis's.
 func (k *localKey) trimQueues(now time.Time, intervals []int64, wake bool) time.Time {
 	var whole time.Duration // how far ahead of now a bucket keeps whole bookings
 	for i, lim := range k.lims {

@@ -16,9 +16,9 @@
 -- hold since the last cut ended, the share the upstream's burst was of
 -- what went since (see rate_held_weight), half at most; a cut of an eighth
 -- or more wakes the sleepers too, a smaller one those booked more than a
--- tenth of a second ahead (see trim_queues). A success of a request booked since the
--- last cut says that the upstream accepts again: a later cut may lower the
--- edge.
+-- tenth of a second ahead (see trim_queues). A success of a request booked
+-- since the last cut says that the upstream accepts again: a later cut may
+-- lower the edge.
 --
 -- KEYS[1]  the key's rate; KEYS[2] the key's hold (see hold.lua)
 -- ARGV[1]  "refused" or "served"
@@ -35,9 +35,8 @@
 
 -- trim_queues takes out of each of the key's buckets the schedule booked
 -- beyond rate_kept (see rate.lua; wake: for a wake, else a smaller cut),
--- and returns the earliest due time past
--- which a booking is no longer whole in it (the kept TAT less the burst),
--- 0 when it took nothing. A woken sleeper gives its booking back, but
+-- and returns the earliest due time past which a booking is no longer
+-- whole in it (the kept TAT less the burst), 0 when it took nothing. A woken sleeper gives its booking back, but
 -- one with others behind it stays booked (as a gap, or in a steered
 -- bucket), and each would book anew behind its own old booking. A steered
 -- bucket's CEILING gives back the same units.
