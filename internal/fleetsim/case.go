@@ -37,13 +37,14 @@ type Case struct {
 	Cost       int           // tokens a request takes, of pace's limit and the upstream's
 	Latency    time.Duration // one way, to the upstream
 	Jitter     time.Duration // at most, added to each one-way trip to the upstream
-	// RedisLatency and RedisJitter are Redis's link, one way: a fleet's
-	// Redis sits in its own network, its upstream across the Internet.
-	RedisLatency, RedisJitter time.Duration
-	Faults                    string        // none, kill, stall, slowlink, lostreply, flush, pause
-	MaxHold                   time.Duration // the limiters' WithMaxHold
-	Leases                    string        // the limiters' token leases: on (the default) or off (see pace.WithTokenLeases)
-	Seed                      uint64        // the network's and the faults' draws
+	// Redis's link, one way: a fleet's Redis sits in its own network, its
+	// upstream across the Internet.
+	RedisLatency time.Duration
+	RedisJitter  time.Duration
+	Faults       string        // none, kill, stall, slowlink, lostreply, flush, pause
+	MaxHold      time.Duration // the limiters' WithMaxHold
+	Leases       string        // the limiters' token leases: on (the default) or off (see pace.WithTokenLeases)
+	Seed         uint64        // the network's and the faults' draws
 }
 
 // fields are c's fields by their keys, in the order String writes them.
@@ -101,7 +102,8 @@ func (f field) set(v string) (err error) {
 func Default() Case {
 	return Case{Upstream: "strict", Rate: 100, Burst: 5, Window: time.Second, Counters: "none", Body: "none",
 		Procs: 3, Workers: 3, Duration: 6 * time.Second, Cost: 1, Latency: time.Millisecond,
-		Jitter: 500 * time.Microsecond, RedisLatency: 200 * time.Microsecond, RedisJitter: 100 * time.Microsecond, Faults: "none", MaxHold: pace.DefaultMaxHold, Leases: "on", Seed: 1}
+		Jitter: 500 * time.Microsecond, RedisLatency: 200 * time.Microsecond, RedisJitter: 100 * time.Microsecond,
+		Faults: "none", MaxHold: pace.DefaultMaxHold, Leases: "on", Seed: 1}
 }
 
 // String writes c as Parse reads it.
