@@ -121,13 +121,21 @@ func burstBand(c Case) string {
 	return "burst 6-20"
 }
 
-// configured says how pace's limit stands to the upstream's.
+// configured says how pace's limit stands to the upstream's: their rates,
+// or, against an upstream with no burst of its own (a window, HAProxy's
+// sliding second), what each allows in one of the upstream's periods: a
+// bucket at a window's rate allows its burst more than the window in the
+// first, which the window refuses.
 func configured(c Case) string {
 	l, _ := c.paceLimit()
-	switch r := l.Rate() / c.upstreamRate(); {
-	case r < 1:
+	ratio := l.Rate() / c.upstreamRate()
+	if c.Upstream != "strict" && c.Upstream != "nginx" {
+		ratio = (float64(l.Burst()) + l.Rate()*c.period().Seconds()) / c.Rate
+	}
+	switch {
+	case ratio < 1:
 		return "pace below"
-	case r > 1:
+	case ratio > 1:
 		return "pace above"
 	}
 	return "pace matched"
