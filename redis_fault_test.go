@@ -445,9 +445,32 @@ func testFaultKill(t *testing.T) {
 			pairs.Run(t)
 			srv := redistest.Start(t)
 			warmScript(t, srv)
-			runFault(t, srv.Addr, c.procs, c.length, false, srv.Kill, srv.Restart).check(t)
+			f := runFault(t, srv.Addr, c.procs, c.length, false, srv.Kill, srv.Restart)
+			f.check(t)
+			t.Logf("%d processes, outage %v: the upstream served %.1f%% of what it allowed over the run", c.procs, c.length, 100*f.servedShare())
 		})
 	}
+}
+
+// servedShare is the share the upstream served of what it allowed over
+// the run: its burst, and its rate over the span of the arrivals. It is
+// logged, not held to a bar: a kill of 2 s served 96.6% to 99.7% under 4
+// processes (37 runs), 94.0% to 99.7% under 8 (19; see docs/failures.md).
+func (f faultRun) servedShare() float64 {
+	var served int
+	var first, last time.Time
+	for _, a := range f.up.arrivals {
+		if a.status == http.StatusOK {
+			served++
+		}
+		if first.IsZero() || a.at.Before(first) {
+			first = a.at
+		}
+		if a.at.After(last) {
+			last = a.at
+		}
+	}
+	return float64(served) / (faultBurst + 1 + faultRate*last.Sub(first).Seconds())
 }
 
 // testFaultSilences: Redis alive but silent or slow, under a fleet of 4
