@@ -36,6 +36,14 @@ func (s *sim) result() Result {
 	for _, w := range s.waits {
 		r.LongestWait = max(r.LongestWait, w.until.Sub(w.from))
 	}
+	if holds := s.holds(); len(holds) > 0 {
+		first := slices.MinFunc(holds, func(a, b span) int { return a.from.Compare(b.from) })
+		until := first.until
+		if s.end.Before(until) {
+			until = s.end
+		}
+		r.FirstHold = max(until.Sub(first.from), 0)
+	}
 	r.Violations = append(r.Violations, s.failures...)
 	r.Violations = append(r.Violations, s.checkBound()...)
 	r.Violations = append(r.Violations, s.checkBookings()...)

@@ -35,8 +35,13 @@ type Result struct {
 	Errors                  int           // requests that failed before they were sent
 	RedisCalls              int           // the processes' calls to Redis, heartbeats' pipelines aside
 	LongestWait             time.Duration // the longest a request waited to be sent
-	Violations              []string      // the invariants broken, each with what led to it
-	Trace                   []string      // the arrivals and events in order, for a reader and a replay
+	// FirstHold is how long, within the run, the first hold the upstream
+	// asked for lasted (0 for none): a limit above the upstream's is
+	// refused once before the fleet can know, and a Retry-After of a
+	// second holds a run of three for a third of it.
+	FirstHold  time.Duration
+	Violations []string // the invariants broken, each with what led to it
+	Trace      []string // the arrivals and events in order, for a reader and a replay
 }
 
 // Utilisation is the share of what the upstream allowed that it served.

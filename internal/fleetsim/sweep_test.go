@@ -151,6 +151,7 @@ func writeJSON(path string, results []Result) error {
 		Refused        int     `json:"refused"`
 		RefusedAfter1s int     `json:"refused_after_1s"`
 		Violations     int     `json:"violations"`
+		FirstHold      float64 `json:"first_hold_s"` // see Result.FirstHold
 	}
 	out := struct {
 		Runs       int        `json:"runs"`
@@ -159,7 +160,7 @@ func writeJSON(path string, results []Result) error {
 	}{Runs: len(results)}
 	for _, r := range results {
 		out.Violations += len(r.Violations)
-		out.Cases = append(out.Cases, jsonCase{r.Case.String(), r.Utilisation(), r.Served, min(r.Demand/r.Allowed, 99), r.Refused, r.RefusedAfter1s, len(r.Violations)})
+		out.Cases = append(out.Cases, jsonCase{r.Case.String(), r.Utilisation(), r.Served, min(r.Demand/r.Allowed, 99), r.Refused, r.RefusedAfter1s, len(r.Violations), r.FirstHold.Seconds()})
 	}
 	data, err := json.MarshalIndent(out, "", "  ")
 	if err != nil {
