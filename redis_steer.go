@@ -200,14 +200,23 @@ func (r *Redis) heed(ctx context.Context, key string, g grant, w headers.Word, o
 
 // boundResets bounds the resets of w's readings of key's buckets said in
 // whole seconds by the bucket's period (see steer.Phases), and shortens the
-// holds they asked for alike.
+// holds they asked for alike. A reading of a bucket's size (its burst, or
+// nginx's burst and one) is a window of the period's only as a level
+// alone: its reset, a bucket's time until full, is not a window's, but it
+// moves later as the units are spent and none come back, which the phases
+// tell (a strict bucket of 10/s burst 16 in GitHub's fields held the fleet
+// until it was full each time it ran out: 69.6% served in 4 s, 96.4% now).
 func (r *Redis) boundResets(key string, w *headers.Word) {
 	bound := func(reading headers.Reading) headers.Reading {
 		i := r.limitOf(reading.Name, reading.OwnQuota, len(w.Readings) == 1)
-		if i < 0 || r.limits[i].kind != bucket || reading.Limit <= int64(r.limits[i].burst)+1 {
-			return reading // a bucket's size (nginx's is its burst and one): its level refills before its reset
+		if i < 0 || r.limits[i].kind != bucket {
+			return reading
 		}
-		return r.phases.Bound(key, reading, w.At, r.limits[i].period, r.limits[i].count)
+		b := r.phases.Bound(key, reading, w.At, r.limits[i].period, r.limits[i].count)
+		if reading.Limit <= int64(r.limits[i].burst)+1 && b.Early != b.Reset {
+			return reading // a bucket's size, and not a level alone
+		}
+		return b
 	}
 	for i, reading := range w.Readings {
 		w.Readings[i] = bound(reading)

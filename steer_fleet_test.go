@@ -141,16 +141,16 @@ func TestFleetBelowAFasterUpstream(t *testing.T) {
 func TestFleetReadsASlowUpstream(t *testing.T) {
 	for _, dialect := range []quotaapi.Dialect{quotaapi.OpenAI, quotaapi.Gateway} {
 		t.Run(string(dialect), func(t *testing.T) {
-			fleetKeepsTheRate(t, quotaapi.Config{Dialect: dialect, Rate: 100, Burst: 10, Slack: 1, Service: 200 * time.Millisecond}, 2, 16)
+			fleetKeepsTheRate(t, quotaapi.Config{Dialect: dialect, Rate: 100, Burst: 10, Slack: 1, Service: 200 * time.Millisecond}, 10, 2, 16)
 		})
 	}
 }
 
 // fleetKeepsTheRate runs procs processes of goroutines each for 4 s, at
 // the rate of the upstream of config (a window's count over its length,
-// its windows from the start on) and a burst of 10, and requires from the
-// second second on at least 95% of that rate, with at most 2 429s.
-func fleetKeepsTheRate(t *testing.T, config quotaapi.Config, procs, goroutines int) {
+// its windows from the start on) and burst, and requires from the second
+// second on at least 95% of that rate, with at most 2 429s.
+func fleetKeepsTheRate(t *testing.T, config quotaapi.Config, burst, procs, goroutines int) {
 	t.Helper()
 	srv := redistest.Start(t)
 	warmScript(t, srv)
@@ -160,12 +160,12 @@ func fleetKeepsTheRate(t *testing.T, config quotaapi.Config, procs, goroutines i
 	}
 	api := startQuotaAPI(t, config)
 	const run = 4 * time.Second
-	runFleet(t, procs, fleetWorker{Addr: srv.Addr, Limit: fmt.Sprintf("%g/s burst 10", rate), Goroutines: goroutines, URL: api.URL(),
+	runFleet(t, procs, fleetWorker{Addr: srv.Addr, Limit: fmt.Sprintf("%g/s burst %d", rate, burst), Goroutines: goroutines, URL: api.URL(),
 		Start: start, End: start.Add(run)})
 	arrivals := api.Arrivals()
 	logSeconds(t, arrivals, start, start.Add(run))
 	all, late := tallyOf(arrivals, start, start.Add(run)), tallyOf(arrivals, start.Add(time.Second), start.Add(run))
-	allowed, later := 10+4*rate, 3*rate
+	allowed, later := float64(burst)+4*rate, 3*rate
 	if config.Dialect.Windowed() {
 		allowed = 4 * rate // four seconds of windows from the start
 	}
@@ -190,7 +190,7 @@ func TestFleetReadsAWindowInOpenAIFields(t *testing.T) {
 		window time.Duration
 	}{{100, time.Second}, {400, 2 * time.Second}} {
 		t.Run(fmt.Sprintf("%d per %v", c.count, c.window), func(t *testing.T) {
-			fleetKeepsTheRate(t, quotaapi.Config{Dialect: quotaapi.OpenAIWindow, Count: c.count, Window: c.window}, 4, 4)
+			fleetKeepsTheRate(t, quotaapi.Config{Dialect: quotaapi.OpenAIWindow, Count: c.count, Window: c.window}, 10, 4, 4)
 		})
 	}
 }
@@ -204,7 +204,7 @@ func TestFleetReadsAWindowInOpenAIFields(t *testing.T) {
 // least 95% of the 200/s, with at most 2 429s. (The first second is the
 // start's: a 429 of its jitter, under the race detector, opens the rate.)
 func TestFleetReadsABucketsRoundedReset(t *testing.T) {
-	fleetKeepsTheRate(t, quotaapi.Config{Dialect: quotaapi.Gateway, Rate: 200, Burst: 11}, 4, 8)
+	fleetKeepsTheRate(t, quotaapi.Config{Dialect: quotaapi.Gateway, Rate: 200, Burst: 11}, 10, 4, 8)
 }
 
 // TestFleetReadsABucketsUnixReset: the same upstream, its bucket's reset
@@ -213,7 +213,20 @@ func TestFleetReadsABucketsRoundedReset(t *testing.T) {
 // it is full in 1.3 s, which, read as a window's, held the fleet until
 // then.
 func TestFleetReadsABucketsUnixReset(t *testing.T) {
-	fleetKeepsTheRate(t, quotaapi.Config{Dialect: quotaapi.GatewayUnix, Rate: 200, Burst: 10}, 4, 8)
+	fleetKeepsTheRate(t, quotaapi.Config{Dialect: quotaapi.GatewayUnix, Rate: 200, Burst: 10}, 10, 4, 8)
+}
+
+// TestFleetReadsALongBucketsUnixReset: an upstream of 50/s burst 80 that
+// states its counters as API gateways do in GitHub's fields (its burst as
+// the limit, the Unix time it is full as the reset), under pace at its
+// limit: its reset, up to 2.6 s away, moves later while the units are
+// spent and none come back, which no window's does. Read as a window's,
+// the units left were spread until it and none went once they ran out
+// (steer.Phases tells a level alone of such a quota now; see boundResets):
+// from the second second on, at least 95% of the 50/s, with at most 2
+// 429s.
+func TestFleetReadsALongBucketsUnixReset(t *testing.T) {
+	fleetKeepsTheRate(t, quotaapi.Config{Dialect: quotaapi.GatewayUnix, Rate: 50, Burst: 80}, 80, 4, 4)
 }
 
 // TestFleetSpreadsAWindow: GitHub's quota, shortened: 600 per 20 s window,

@@ -240,6 +240,21 @@ func TestWindowsInUnixTimes(t *testing.T) {
 		"window=2s rate=100 burst=10 duration=6s", "window=2s rate=400 burst=10 procs=8 workers=2 duration=6s")
 }
 
+// TestBucketsInUnixTimes: a token bucket whose burst is more than a
+// second of its rate, stating its size as the limit and the Unix time it
+// is full as the reset (GitHub's fields, as API gateways state a bucket).
+// Read as a window, its units were spread until it was full, and once
+// none was left the fleet was held until then: 62.5% to 79.7% served in 4
+// s. Its reset moves later while the units are spent and none come back,
+// which no window's does: read as a level alone, 96.4% to 98.7%, none
+// refused after the first second.
+func TestBucketsInUnixTimes(t *testing.T) {
+	t.Parallel()
+	loopCase{spec: "counters=github duration=4s", served: 0.95, refused: 0.005}.check(t,
+		"upstream=strict rate=10 burst=16", "upstream=strict rate=20 burst=30", "upstream=strict rate=50 burst=80",
+		"upstream=strict rate=5 burst=12", "upstream=nginx rate=10 burst=20", "upstream=nginx rate=50 burst=100")
+}
+
 // TestDeepFleetAfterAWake: many workers at a slow limit, whose requests
 // wait in a queue seconds deep when a refusal opens the key's rate or cuts
 // it. The sleepers woke and booked anew, each behind its own old booking,
