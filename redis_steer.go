@@ -201,11 +201,11 @@ func (r *Redis) heed(ctx context.Context, key string, g grant, w headers.Word, o
 // boundResets bounds the resets of w's readings of key's buckets said in
 // whole seconds by the bucket's period (see steer.Phases), and shortens the
 // holds they asked for alike. A reading of a bucket's size (its burst, or
-// nginx's burst and one) is a window of the period's only as a level
-// alone: its reset, a bucket's time until full, is not a window's, but it
-// moves later as the units are spent and none come back, which the phases
-// tell (a strict bucket of 10/s burst 16 in GitHub's fields held the fleet
-// until it was full each time it ran out: 69.6% served in 4 s, 96.4% now).
+// nginx's burst and one) keeps its reset, a bucket's time until full and
+// no window's, unless the phases tell a level alone: the reset moved later
+// while the units were spent and none came back, as no window's does (a
+// strict bucket of 10/s burst 16 in GitHub's fields held the fleet until
+// it was full each time it ran out: 69.6% served in 4 s, 96.4% now).
 func (r *Redis) boundResets(key string, w *headers.Word) {
 	bound := func(reading headers.Reading) headers.Reading {
 		i := r.limitOf(reading.Name, reading.OwnQuota, len(w.Readings) == 1)
