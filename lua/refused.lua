@@ -36,10 +36,11 @@
 -- trim_queues takes out of each of the key's buckets the schedule booked
 -- beyond rate_kept (see rate.lua; wake: for a wake, else a smaller cut),
 -- and returns the earliest due time past which a booking is no longer
--- whole in it (the kept TAT less the burst), 0 when it took nothing. A woken sleeper gives its booking back, but
--- one with others behind it stays booked (as a gap, or in a steered
--- bucket), and each would book anew behind its own old booking. A steered
--- bucket's CEILING gives back the same units.
+-- whole in it (the kept TAT less the burst), 0 when it took nothing. A
+-- woken sleeper gives its booking back, but one with others behind it
+-- stays booked (as a gap, or in a steered bucket), and each would book
+-- anew behind its own old booking. A steered bucket's CEILING gives back
+-- the same units.
 local function trim_queues(wake)
   local after = 0
   for i = 3, #KEYS, 2 do
