@@ -219,7 +219,7 @@ func TestRedisOddReplies(t *testing.T) {
 	for name, val := range map[string]any{
 		"nil":          nil,
 		"string":       "OK",
-		"short":        []any{int64(1), int64(0), int64(0), int64(0)},
+		"short":        []any{int64(1), int64(0), int64(0)},
 		"long":         []any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(0)},
 		"text inside":  []any{int64(1), "soon", int64(0), int64(0), int64(0)},
 		"bad granted":  []any{int64(7), int64(0), int64(0), int64(0), int64(0)},

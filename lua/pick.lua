@@ -16,9 +16,10 @@
 -- ARGV[4]  the position in the booking's reply of its recovered flag
 -- ARGV[5], ...  the booking's arguments
 --
--- Returns the chosen candidate's booking reply (see the booking script),
--- then its number. A candidate whose record holds this call's booking (a
--- call asked again: see record.lua) is the one chosen, as before.
+-- Returns the chosen candidate's booking reply (see the booking script; as
+-- short as it is), then its number. A candidate whose record holds this
+-- call's booking (a call asked again: see record.lua) is the one chosen, as
+-- before.
 local n, first, at, rec = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local m = #KEYS / n
 local args = {unpack(ARGV, 5)}
@@ -54,6 +55,11 @@ end
 
 args[at] = budget
 local reply = decide_on(best)
-if recovered == 1 then reply[rec] = 1 end -- the probe dropped its rate
+if recovered == 1 then -- the probe dropped its rate
+  -- A reply shorter than that is reserve.lua's, its last five left off
+  -- (see booking_reply in record.lua): its whole length is rec + 2.
+  for i = #reply + 1, rec + 2 do reply[i] = 0 end
+  reply[rec] = 1
+end
 reply[#reply + 1] = best
 return reply

@@ -134,10 +134,7 @@ if due - now > tonumber(ARGV[1]) then
 end
 
 reply[1] = 1
-if rate then
-  rate_book(rate, due, unit or 0, ARGV[4 * n + 5] == '1')
-  write_rate(KEYS[n + 2], rate)
-end
+if rate then rate_booked(rate, n + 2, due, unit or 0, ARGV[4 * n + 5] == '1') end
 for i = 1, n do
   local a = as[i]
   if kinds[i] == 1 then

@@ -109,6 +109,13 @@ local function rate_book(r, due, unit, again)
   r.tat = math.max(r.tat, due) + r.step
 end
 
+-- rate_booked books a request at due in r (see rate_book) and writes r
+-- back to KEYS[i].
+local function rate_booked(r, i, due, unit, again)
+  rate_book(r, due, unit, again)
+  write_rate(KEYS[i], r)
+end
+
 -- rate_held_weight is the least weight of a refusal that brought a hold,
 -- at now, after a hold that came since r's last cut and ended at before:
 -- the upstream's bucket was full then, so of what the fleet sent since at

@@ -15,7 +15,7 @@ local function recorded(r)
   if not v then return nil end
   local reply = {}
   for field in string.gmatch(v, '%S+') do reply[#reply + 1] = number(r, field, 2^53) end
-  if #reply < 5 then
+  if #reply < 4 then
     foreign(r, 'holds a value that is not a whole number')
   end
   reply[2] = math.max(reply[2] - now, 0) -- recorded as when the booking is due
@@ -33,4 +33,14 @@ local function record(r, reply)
     redis.call('SET', KEYS[r], table.concat(fields, ' '), 'PXAT', ms_expiry(due) + 2000)
   end
   return reply
+end
+
+-- booking_reply is reserve.lua's reply (see there), the last five left off
+-- when all are 0: a plain booking's, which Redis then writes and the client
+-- reads in fewer items.
+local function booking_reply(granted, delay, finish, booked, listening, recovered, other_a, other_b)
+  if booked == 0 and listening == 0 and recovered == 0 and other_a == 0 and other_b == 0 then
+    return {granted, delay, now, finish}
+  end
+  return {granted, delay, now, finish, booked, listening, recovered, other_a, other_b}
 end

@@ -97,7 +97,8 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 	script, args, at := reserveScript, []any(nil), 4 // at: the budget's place among args
 	if s.oneBucket {
 		announce := q.Pool != nil || s.announcer.due(q.Key) // a pool's bookings announce each time
-		args = []any{s.limitArgs[1], s.limitArgs[2], q.Costs[0], budgetArg, notBefore.Microseconds(), int64(q.Estimated), s.ownLimit, flag(announce), flag(q.Again)}
+		args = withoutTrailingZeros([]any{s.limitArgs[1], s.limitArgs[2], q.Costs[0], budgetArg,
+			notBefore.Microseconds(), int64(q.Estimated), flag(announce), flag(q.Again)}, 4)
 	}
 	k, id := s.bookedKeys(q, call)
 	keys := k.names
@@ -108,9 +109,9 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 		}
 		args = append(args, int64(q.Estimated), flag(q.Again))
 	}
-	size := 5 + 2*n // the reply's
+	size, least := 5+2*n, 5+2*n // the reply's, and the least of it
 	if s.oneBucket {
-		size += 2 // the other limit (see lua/limits.lua)
+		size, least = size+2, 4 // the other limit (see lua/limits.lua); a plain booking's last five are left off
 	}
 	switch {
 	case q.Take.Cap != nil:
@@ -118,7 +119,7 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 		k.names = keys
 	case q.Pool != nil:
 		script, args = s.withPick(script, args, len(q.Pool), q.First, at, 5+2*n)
-		size++
+		size, least = size+1, least+1
 	}
 	var cmd *redis.Cmd
 	if q.Probe {
@@ -127,11 +128,15 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 		cmd = s.calls.RunKeys(ctx, script, k, args...)
 	}
 	var reply [8 + 2*MaxLimits]int64
-	err := int64Reply(cmd, reply[:size])
+	got, err := shortInt64Reply(cmd, reply[:size], least)
 	if err == nil && q.Take.Cap != nil && reply[0] == -1 {
 		return Booking{SlotBusy: true, Now: reply[2]}, nil
 	}
-	if err == nil && (reply[0] < 0 || reply[0] > 1 || reply[1] < 0 || q.Pool != nil && (reply[size-1] < 1 || reply[size-1] > int64(len(q.Pool)))) {
+	if err == nil && q.Pool != nil { // the pick follows the booking's reply, as short as it is
+		b.Pick = int(reply[got-1]) - 1
+		reply[got-1] = 0
+	}
+	if err == nil && (reply[0] < 0 || reply[0] > 1 || reply[1] < 0 || q.Pool != nil && (b.Pick < 0 || b.Pick >= len(q.Pool))) {
 		err = fmt.Errorf("replied %v, want [granted delay now finish... booked... listening recovered]", append([]int64(nil), reply[:size]...))
 	}
 	if err != nil {
@@ -146,10 +151,17 @@ func (s *Store) Reserve(ctx context.Context, q Request, budget, notBefore time.D
 	if s.oneBucket {
 		b.Other.Interval, b.Other.Burst = reply[5+2*n], reply[6+2*n]
 	}
-	if q.Pool != nil {
-		b.Pick = int(reply[size-1]) - 1
-	}
 	return b, nil
+}
+
+// withoutTrailingZeros is args without the zeros at its end past its first
+// keep: a script reads an argument left off as 0, and Redis parses each
+// one it is sent.
+func withoutTrailingZeros(args []any, keep int) []any {
+	for len(args) > keep && (args[len(args)-1] == 0 || args[len(args)-1] == int64(0)) {
+		args = args[:len(args)-1]
+	}
+	return args
 }
 
 // BookedKey is the key b books for q: q's own, or the key of its pool

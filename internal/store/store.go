@@ -211,18 +211,27 @@ func Microseconds(us int64) time.Duration {
 // int64Reply reads a script's reply of len(dst) integers into dst, without
 // allocating. A reply of another shape is an error, never a panic.
 func int64Reply(cmd *redis.Cmd, dst []int64) error {
+	_, err := shortInt64Reply(cmd, dst, len(dst))
+	return err
+}
+
+// shortInt64Reply reads a script's reply of len(dst) integers, or of least
+// (its last items, all 0, left off: see lua/record.lua's booking_reply),
+// into dst, the rest of dst 0, and returns how many it read.
+func shortInt64Reply(cmd *redis.Cmd, dst []int64, least int) (int, error) {
 	val, err := cmd.Result()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	items, ok := val.([]any)
-	if !ok || len(items) != len(dst) {
-		return fmt.Errorf("replied %v, want %d integers", val, len(dst))
+	if !ok || len(items) != least && len(items) != len(dst) {
+		return 0, fmt.Errorf("replied %v, want %d integers", val, len(dst))
 	}
 	for i, item := range items {
 		if dst[i], ok = item.(int64); !ok {
-			return fmt.Errorf("replied %v, want %d integers", val, len(dst))
+			return 0, fmt.Errorf("replied %v, want %d integers", val, len(dst))
 		}
 	}
-	return nil
+	clear(dst[len(items):])
+	return len(items), nil
 }
