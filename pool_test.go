@@ -513,27 +513,32 @@ func TestPoolForeignDataNamesItsKey(t *testing.T) {
 // TestPoolProbeDropsARecoveredRate: a pool's probe that finds a key's rate
 // back at its configured one drops it, and the booking on that key says
 // so (Recovered), though the booking after the probe, its rate gone, is a
-// plain one, whose reply leaves that off (see lua/record.lua's
-// booking_reply, and pick.lua). Redis's clock is miniredis's, set.
+// plain one, whose reply leaves that off on a quota of one bucket (see
+// lua/record.lua's booking_reply, and pick.lua); and on a quota of two
+// limits, whose reply is whole. Redis's clock is miniredis's, set.
 func TestPoolProbeDropsARecoveredRate(t *testing.T) {
-	m := miniredis.RunT(t)
-	start := time.Unix(1_800_000_000, 0)
-	m.SetTime(start)
-	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { c.Close() })
-	s := storeOf(mustRedis(t, c, PerSecond(1000), WithFleetSize(1), sharedOnly))
-	ctx := context.Background()
-	one := uniform(1, store.MaxLimits)
-	b, err := s.Reserve(ctx, store.Request{Key: "a", Costs: one, Settled: true}, MaxDelay, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := s.Refused(ctx, "a", b, false, 0, "pace-test-holds"); err != nil {
-		t.Fatal(err)
-	}
-	m.SetTime(start.Add(time.Minute)) // quiet since, and past steer.Period
-	p, err := s.Reserve(ctx, store.Request{Key: "a", Pool: []string{"a", "b"}, Costs: one, Settled: true}, MaxDelay, 0)
-	if err != nil || !p.Granted || !p.Recovered || p.Pick != 0 || p.Listening {
-		t.Fatalf("a pool's booking on a key whose rate recovered: %+v, %v; want granted on a, its rate recovered, not listening", p, err)
+	for name, q := range map[string]Quota{"one bucket": PerSecond(1000), "two limits": AllOf(PerSecond(1000), PerHour(1e6))} {
+		t.Run(name, func(t *testing.T) {
+			m := miniredis.RunT(t)
+			start := time.Unix(1_800_000_000, 0)
+			m.SetTime(start)
+			c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+			t.Cleanup(func() { c.Close() })
+			s := storeOf(mustRedis(t, c, q, WithFleetSize(1), sharedOnly))
+			ctx := context.Background()
+			one := uniform(1, store.MaxLimits)
+			b, err := s.Reserve(ctx, store.Request{Key: "a", Costs: one, Settled: true}, MaxDelay, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := s.Refused(ctx, "a", b, false, 0, "pace-test-holds"); err != nil {
+				t.Fatal(err)
+			}
+			m.SetTime(start.Add(time.Minute)) // quiet since, and past steer.Period
+			p, err := s.Reserve(ctx, store.Request{Key: "a", Pool: []string{"a", "b"}, Costs: one, Settled: true}, MaxDelay, 0)
+			if err != nil || !p.Granted || !p.Recovered || p.Pick != 0 || p.Listening {
+				t.Fatalf("a pool's booking on a key whose rate recovered: %+v, %v; want granted on a, its rate recovered, not listening", p, err)
+			}
+		})
 	}
 }

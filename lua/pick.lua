@@ -56,9 +56,10 @@ end
 args[at] = budget
 local reply = decide_on(best)
 if recovered == 1 then -- the probe dropped its rate
-  -- A reply shorter than that is reserve.lua's, its last five left off
-  -- (see booking_reply in record.lua): its whole length is rec + 2.
-  for i = #reply + 1, rec + 2 do reply[i] = 0 end
+  if #reply < rec then -- reserve.lua's, its last five left off (see
+    -- booking_reply in record.lua): its whole length is rec + 2
+    for i = #reply + 1, rec + 2 do reply[i] = 0 end
+  end
   reply[rec] = 1
 end
 reply[#reply + 1] = best
