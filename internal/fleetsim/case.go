@@ -41,10 +41,16 @@ type Case struct {
 	// upstream across the Internet.
 	RedisLatency time.Duration
 	RedisJitter  time.Duration
-	Faults       string        // none, kill, stall, slowlink, lostreply, flush, pause
-	MaxHold      time.Duration // the limiters' WithMaxHold
-	Leases       string        // the limiters' token leases: on (the default) or off (see pace.WithTokenLeases)
-	Seed         uint64        // the network's and the faults' draws
+	Faults       string // none, kill, stall, slowlink, lostreply, flush, pause
+	// Others is a client outside the fleet that spends the upstream's
+	// quota too: its requests a second, sent evenly from the run's start
+	// for OthersFor (0: the whole run), each on its own trip of the
+	// upstream's link, whatever the answers.
+	Others    float64
+	OthersFor time.Duration
+	MaxHold   time.Duration // the limiters' WithMaxHold
+	Leases    string        // the limiters' token leases: on (the default) or off (see pace.WithTokenLeases)
+	Seed      uint64        // the network's and the faults' draws
 }
 
 // fields are c's fields by their keys, in the order String writes them.
@@ -54,7 +60,7 @@ func (c *Case) fields() []field {
 		{"procs", &c.Procs}, {"workers", &c.Workers}, {"duration", &c.Duration}, {"limit", &c.Limit},
 		{"cost", &c.Cost}, {"latency", &c.Latency}, {"jitter", &c.Jitter},
 		{"redis_latency", &c.RedisLatency}, {"redis_jitter", &c.RedisJitter}, {"faults", &c.Faults},
-		{"max_hold", &c.MaxHold}, {"leases", &c.Leases}, {"seed", &c.Seed}}
+		{"others", &c.Others}, {"others_for", &c.OthersFor}, {"max_hold", &c.MaxHold}, {"leases", &c.Leases}, {"seed", &c.Seed}}
 }
 
 // A field is one of a Case's fields: its key, and a pointer to it.
@@ -215,6 +221,8 @@ func (c Case) check() error {
 		return fmt.Errorf("fleetsim: procs=%d workers=%d: want 1 to 64 each", c.Procs, c.Workers)
 	case c.Duration < time.Second || c.Duration > time.Hour:
 		return fmt.Errorf("fleetsim: duration=%v: want 1s to 1h", c.Duration)
+	case !(c.Others >= 0 && c.Others <= 100_000) || c.OthersFor < 0:
+		return fmt.Errorf("fleetsim: others=%v others_for=%v: want a rate from 0 to 100000 and no negative time", c.Others, c.OthersFor)
 	case c.Window < time.Millisecond || c.MaxHold < time.Millisecond || min(c.Latency, c.Jitter, c.RedisLatency, c.RedisJitter) < 0:
 		return fmt.Errorf("fleetsim: window=%v max_hold=%v latency=%v jitter=%v redis_latency=%v redis_jitter=%v: want a window and a max_hold of 1ms or more, no negative time",
 			c.Window, c.MaxHold, c.Latency, c.Jitter, c.RedisLatency, c.RedisJitter)

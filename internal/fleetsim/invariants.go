@@ -27,9 +27,16 @@ func (s *sim) result() Result {
 			r.Refused++
 		}
 	}
+	for _, a := range s.up.others {
+		if a.ok && a.at.Before(s.end) {
+			r.OthersServed++
+		} else if a.at.Before(s.end) {
+			r.OthersRefused++
+		}
+	}
 	r.Trace = s.trace()
 	paceAllows := float64(s.limit.Burst()) + s.limit.Rate()*s.c.Duration.Seconds()
-	r.Allowed = min(s.up.model.allowed(s.start, s.end), paceAllows)
+	r.Allowed = min(s.up.model.allowed(s.start, s.end)-float64(r.OthersServed), paceAllows)
 	r.Demand = s.demand()
 	r.Errors = s.unsent
 	r.RedisCalls = s.calls.n
@@ -62,6 +69,9 @@ func (s *sim) trace() []string {
 	var lines []line
 	for _, a := range s.up.arrivals {
 		lines = append(lines, line{a.at, fmt.Sprintf("%-14v p%-2d arrival sent %v ok=%v", s.since(a.at), a.proc, s.since(a.sent), a.ok)})
+	}
+	for _, a := range s.up.others {
+		lines = append(lines, line{a.at, fmt.Sprintf("%-14v others arrival sent %v ok=%v", s.since(a.at), s.since(a.sent), a.ok)})
 	}
 	for _, e := range s.events {
 		text := fmt.Sprintf("%-14v p%-2d %s delay=%v by=%s", s.since(e.at), e.proc, e.Kind, e.Delay, e.Limiter)

@@ -32,9 +32,13 @@ type Result struct {
 	// Refused counts the upstream's refusals; RefusedAfter1s those after
 	// the run's first second.
 	Refused, RefusedAfter1s int
-	Errors                  int           // requests that failed before they were sent
-	RedisCalls              int           // the processes' calls to Redis, heartbeats' pipelines aside
-	LongestWait             time.Duration // the longest a request waited to be sent
+	// OthersServed and OthersRefused count the requests of the client
+	// outside the fleet (see Case.Others) that the upstream served and
+	// refused: what it served is not the fleet's to spend.
+	OthersServed, OthersRefused int
+	Errors                      int           // requests that failed before they were sent
+	RedisCalls                  int           // the processes' calls to Redis, heartbeats' pipelines aside
+	LongestWait                 time.Duration // the longest a request waited to be sent
 	// FirstHold is how long, within the run, the first hold the upstream
 	// asked for lasted (0 for none): a limit above the upstream's is
 	// refused once before the fleet can know, and a Retry-After of a
@@ -154,6 +158,7 @@ func run(t *testing.T, c Case) Result {
 		t.Fatal(err)
 	}
 	s.scheduleRestarts()
+	s.sendOthers()
 	var closers []func()
 	var workers sync.WaitGroup
 	for p := range c.Procs {

@@ -152,6 +152,9 @@ func writeJSON(path string, results []Result) error {
 		RefusedAfter1s int     `json:"refused_after_1s"`
 		Violations     int     `json:"violations"`
 		FirstHold      float64 `json:"first_hold_s"` // see Result.FirstHold
+		Configured     string  `json:"configured"`   // see configured
+		OthersServed   int     `json:"others_served"`
+		OthersRefused  int     `json:"others_refused"`
 	}
 	out := struct {
 		Runs       int        `json:"runs"`
@@ -160,7 +163,7 @@ func writeJSON(path string, results []Result) error {
 	}{Runs: len(results)}
 	for _, r := range results {
 		out.Violations += len(r.Violations)
-		out.Cases = append(out.Cases, jsonCase{r.Case.String(), r.Utilisation(), r.Served, min(r.Demand/r.Allowed, 99), r.Refused, r.RefusedAfter1s, len(r.Violations), r.FirstHold.Seconds()})
+		out.Cases = append(out.Cases, jsonCase{r.Case.String(), r.Utilisation(), r.Served, min(r.Demand/r.Allowed, 99), r.Refused, r.RefusedAfter1s, len(r.Violations), r.FirstHold.Seconds(), configured(r.Case), r.OthersServed, r.OthersRefused})
 	}
 	data, err := json.MarshalIndent(out, "", "  ")
 	if err != nil {

@@ -25,6 +25,7 @@ type upstream struct {
 
 	mu       sync.Mutex
 	arrivals []arrival
+	others   []arrival // the requests of a client outside the fleet (see Case.Others)
 	sends    int
 	answers  []heard // refusals that asked for a hold, as their processes heard them
 }
