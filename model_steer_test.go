@@ -14,6 +14,7 @@ type steerModel struct {
 	seen, till, spread, learned, left, base, synced, booked, foreign, order, ceiling int64
 
 	believed int64 // what spend takes of foreign, in one sync alone (see estimate_foreign)
+	faded    bool  // the last sync faded foreign (see fade in sync.lua)
 
 	probing bool // the window's spread is a probe (for the model check's counts)
 }
@@ -273,6 +274,7 @@ func (s *steerModel) queued(tat, a, b, now int64) int64 {
 // request came; reset, it is full again in as many microseconds.
 func (s *steerModel) estimateForeign(a, b, left, due int64, refills, full bool, reset, now int64) {
 	dt := due - s.seen
+	s.faded = false
 	if s.seen == 0 || dt <= 0 || (refills && s.till > 0) || (!refills && s.till <= now) {
 		return
 	}
@@ -282,6 +284,10 @@ func (s *steerModel) estimateForeign(a, b, left, due int64, refills, full bool, 
 	}
 	units := expected - float64(s.booked-s.synced) - float64(left)
 	if units > 0 && refills && (full || reset < s.fleetInterval(a, b)) {
+		if s.foreign > 0 { // fade
+			f := max(math.Floor(float64(s.foreign)-min(float64(b)*1e12/syncTau, float64(s.foreign)/5)*float64(dt)/syncTau), 0)
+			s.foreign, s.believed, s.faded = int64(f), int64(f), true
+		}
 		return
 	}
 	var f float64

@@ -313,6 +313,9 @@ func (m *modelCheck) syncOne(step int, r *Redis, a, burst int64, bk modelBooking
 		m.t.Fatalf("step %d: sync(%s, %+v) at %d: script %d (synced %d), model %d (synced %d)", step, bk.key, st, reply.Now, reply.Results[0], reply.Synced[0], want, synced)
 	}
 	m.counts[[]string{"sync-stale", "sync-applied", "sync-learned"}[want]]++
+	if s := m.model.steers[bk.key]; s != nil && s.faded {
+		m.counts["sync-faded"]++
+	}
 	if s := m.model.steers[bk.key]; s != nil && s.foreign != 0 {
 		m.counts["sync-foreign"]++
 		if want > 0 && s.probing {
@@ -468,6 +471,41 @@ func (m *modelCheck) probeKey(step int, key string) (bool, steerModel) {
 		s = *p
 	}
 	return m.counts["sync-probe"] > probes, s
+}
+
+// faded steers keys of their own, past their burst, with readings of a
+// quota that refills: its burst left (twice: the first sets no baseline),
+// then, three turns later, nothing left (others spent it), then full: the
+// estimate of others' rate fades, in the script as in the model (see fade
+// in lua/sync.lua).
+func (m *modelCheck) faded(step int) {
+	var state string
+	for _, key := range []string{"g", "g2", "g3"} {
+		r, a, burst := m.limiterOf(key)
+		faded := m.counts["sync-faded"]
+		for range burst + 1 {
+			m.reserveWith(step, store.Request{Key: key, Costs: uniform(1, store.MaxLimits), Settled: true}, MaxDelay, 0)
+		}
+		for i, left := range []int64{burst, burst, -1, -1, 0, -1, burst - 1} { // -1: a booking alone
+			m.reserveWith(step, store.Request{Key: key, Costs: uniform(1, store.MaxLimits), Settled: true}, MaxDelay, 0)
+			if left >= 0 {
+				st := store.Steer{Remaining: left, Refills: true, Reset: time.Duration(a) * time.Microsecond}
+				if i == 6 {
+					st.Reset, st.Size = time.Microsecond, burst
+				}
+				m.syncOne(step, r, a, burst, m.bookings[len(m.bookings)-1], st, false)
+			}
+		}
+		m.keys = append(m.keys, key)
+		m.sameState(step)
+		if m.counts["sync-faded"] > faded {
+			return
+		}
+		if s := m.model.steers[key]; s != nil {
+			state += fmt.Sprintf(" %s: %+v;", key, *s)
+		}
+	}
+	m.t.Errorf("a quota others spent, then full, did not fade their rate's estimate, on 3 keys:%s", state)
 }
 
 // expired steers a key of its own with a reading that comes once Redis

@@ -100,6 +100,39 @@ func TestFleetLeavesTheForeignShare(t *testing.T) {
 	}
 }
 
+// TestFleetAfterOthersStop: the same upstream of 200/s (OpenAI's fields:
+// a minute's worth as the limit), whose foreign client spends half of it
+// for the first 2 s of the run, and stops. At the fleet's 100/s, the quota
+// is full again before the fleet's next turn whether others spend or not,
+// and the estimate of their rate stayed: the fleet got 121/s from 2 s to
+// 3 s after they stopped (2 runs). It fades while the quota reads so (see
+// fade in lua/sync.lua): at least 170/s then, and at most 2 429s for the
+// fleet once the foreign client stopped.
+func TestFleetAfterOthersStop(t *testing.T) {
+	srv := redistest.Start(t)
+	warmScript(t, srv)
+	api := startQuotaAPI(t, quotaapi.Config{Dialect: quotaapi.OpenAI, Rate: 200, Burst: 11})
+	start := time.Now().Add(time.Second)
+	var stopForeign func()
+	const stopAt = 2 * time.Second
+	runFleet(t, 4, fleetWorker{
+		Addr: srv.Addr, Limit: "200/s burst 10", Goroutines: 8, URL: api.URL(),
+		Start: start, End: start.Add(stopAt + 3*time.Second),
+	}, fault{at: 0, act: func() { stopForeign = api.StartForeign(100) }}, fault{at: stopAt, act: func() { stopForeign() }})
+
+	arrivals := api.Arrivals()
+	logSeconds(t, arrivals, start, start.Add(stopAt+3*time.Second))
+	alone := tallyOf(arrivals, start.Add(stopAt), start.Add(stopAt+3*time.Second))
+	back := tallyOf(arrivals, start.Add(stopAt+2*time.Second), start.Add(stopAt+3*time.Second))
+	t.Logf("once the foreign client stopped, %d 429s for the fleet; from 2 s to 3 s after: fleet %d/s", alone.refused, back.ok)
+	if alone.refused > 2 {
+		t.Errorf("once the foreign client stopped, %d 429s for the fleet, want at most 2", alone.refused)
+	}
+	if back.ok < 170 {
+		t.Errorf("from 2 s to 3 s after the foreign client stopped, the fleet got %d, want at least 170", back.ok)
+	}
+}
+
 // TestFleetBelowAFasterUpstream: pace at 100/s burst 2 against an upstream
 // of 200/s burst 2 that states its counters as OpenAI does (a minute's
 // worth as the limit), 4 x 2. The upstream is full again before the

@@ -54,6 +54,7 @@ func TestSteeringMatchesModel(t *testing.T) {
 	m.recover(step)
 	m.storm(step)
 	m.expired(step)
+	m.faded(step)
 	m.trimmed(step)
 	m.requireEach(kinds...)
 	m.require("rate-cut", 5)       // a round of refusals lasts 100 ms at least: a few tens in the run

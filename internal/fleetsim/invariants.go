@@ -3,6 +3,7 @@ package fleetsim
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -12,7 +13,7 @@ import (
 
 // result counts the run and checks every invariant pace promises.
 func (s *sim) result() Result {
-	r := Result{Case: s.c}
+	r := Result{Case: s.c, PerSecond: make([]int, int(math.Ceil(s.c.Duration.Seconds())))}
 	for _, a := range s.up.arrivals {
 		if !a.at.Before(s.end) {
 			continue
@@ -20,6 +21,7 @@ func (s *sim) result() Result {
 		switch {
 		case a.ok:
 			r.Served += a.cost
+			r.PerSecond[int(a.at.Sub(s.start)/time.Second)] += a.cost
 		case a.at.Sub(s.start) >= time.Second:
 			r.Refused++
 			r.RefusedAfter1s++

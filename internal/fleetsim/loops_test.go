@@ -327,3 +327,31 @@ func TestOthersShareTheQuota(t *testing.T) {
 		bars.check(t, said+" rate=200 others=50", said+" rate=200 others=100", said+" rate=400 others=100", said+" rate=400 others=200")
 	}
 }
+
+// TestOthersStop: a client outside the fleet spends half of a quota that
+// refills, stated in OpenAI's fields, for the first 3 s of 6, and stops.
+// At the fleet's rate less theirs, the quota reads full whether they spend
+// or not, and the estimate of their rate stayed: 2 to 3 s after they
+// stopped, the fleet went on at 123 of 200/s and 238 of 400/s (at 100/s,
+// whose readings found it short, at 105). It fades now, a fifth in half
+// a second at most, while readings find the quota full: at least 85% in
+// the run's last second (2 to 3 s after they stopped), with at most 0.5%
+// of the fleet's requests refused after the first second (see fade in
+// lua/sync.lua).
+func TestOthersStop(t *testing.T) {
+	t.Parallel()
+	for _, rate := range []int{100, 200, 400} {
+		spec := fmt.Sprintf("latency=1ms jitter=1ms procs=4 workers=4 duration=6s upstream=strict rate=%d burst=10 slack=1 counters=openai others=%d others_for=3s", rate, rate/2)
+		c, err := Parse(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := Run(t, c)
+		last := r.PerSecond[len(r.PerSecond)-1]
+		refused := float64(r.RefusedAfter1s) / float64(r.Served+r.Refused)
+		t.Logf("%s: the fleet served %v a second, %d refused after the first second", spec, r.PerSecond, r.RefusedAfter1s)
+		if float64(last) < 0.85*float64(rate) || refused > 0.005 {
+			t.Errorf("%s: the fleet served %d in the last second (want %.0f at least), %.2f%% of its requests refused after the first second (want 0.5%% at most)\n  replay: go test ./internal/fleetsim -run '^TestSweep$' -count=1 -v -args -case \"%s\"", spec, last, 0.85*float64(rate), 100*refused, c)
+		}
+	}
+}

@@ -36,9 +36,12 @@ type Result struct {
 	// outside the fleet (see Case.Others) that the upstream served and
 	// refused: what it served is not the fleet's to spend.
 	OthersServed, OthersRefused int
-	Errors                      int           // requests that failed before they were sent
-	RedisCalls                  int           // the processes' calls to Redis, heartbeats' pipelines aside
-	LongestWait                 time.Duration // the longest a request waited to be sent
+	// PerSecond is the units the upstream served the fleet in each second
+	// of the run.
+	PerSecond   []int
+	Errors      int           // requests that failed before they were sent
+	RedisCalls  int           // the processes' calls to Redis, heartbeats' pipelines aside
+	LongestWait time.Duration // the longest a request waited to be sent
 	// FirstHold is how long, within the run, the first hold the upstream
 	// asked for lasted (0 for none): a limit above the upstream's is
 	// refused once before the fleet can know, and a Retry-After of a
