@@ -71,19 +71,8 @@ func logSeconds(t *testing.T, arrivals []quotaapi.Arrival, start, end time.Time)
 // the foreign client stops, the fleet is back at 194/s or more within 2 s
 // (over the second about that mark, from 1.5 s to 2.5 s).
 func TestFleetLeavesTheForeignShare(t *testing.T) {
-	srv := redistest.Start(t)
-	warmScript(t, srv)
-	api := startQuotaAPI(t, quotaapi.Config{Dialect: quotaapi.OpenAI, Rate: 200, Burst: 11})
-	start := time.Now().Add(time.Second)
-	var stopForeign func()
 	const stopAt = 3 * time.Second
-	runFleet(t, 4, fleetWorker{
-		Addr: srv.Addr, Limit: "200/s burst 10", Goroutines: 8, URL: api.URL(),
-		Start: start, End: start.Add(stopAt + 3*time.Second),
-	}, fault{at: 0, act: func() { stopForeign = api.StartForeign(50) }}, fault{at: stopAt, act: func() { stopForeign() }})
-
-	arrivals := api.Arrivals()
-	logSeconds(t, arrivals, start, start.Add(stopAt+3*time.Second))
+	arrivals, start := runBesideForeign(t, 50, stopAt)
 	sharing := tallyOf(arrivals, start.Add(time.Second), start.Add(stopAt))
 	after := tallyOf(arrivals, start.Add(time.Second), start.Add(stopAt+3*time.Second))
 	back := tallyOf(arrivals, start.Add(stopAt+1500*time.Millisecond), start.Add(stopAt+2500*time.Millisecond))
@@ -109,19 +98,8 @@ func TestFleetLeavesTheForeignShare(t *testing.T) {
 // fade in lua/sync.lua): at least 170/s then, and at most 2 429s for the
 // fleet once the foreign client stopped.
 func TestFleetAfterOthersStop(t *testing.T) {
-	srv := redistest.Start(t)
-	warmScript(t, srv)
-	api := startQuotaAPI(t, quotaapi.Config{Dialect: quotaapi.OpenAI, Rate: 200, Burst: 11})
-	start := time.Now().Add(time.Second)
-	var stopForeign func()
 	const stopAt = 2 * time.Second
-	runFleet(t, 4, fleetWorker{
-		Addr: srv.Addr, Limit: "200/s burst 10", Goroutines: 8, URL: api.URL(),
-		Start: start, End: start.Add(stopAt + 3*time.Second),
-	}, fault{at: 0, act: func() { stopForeign = api.StartForeign(100) }}, fault{at: stopAt, act: func() { stopForeign() }})
-
-	arrivals := api.Arrivals()
-	logSeconds(t, arrivals, start, start.Add(stopAt+3*time.Second))
+	arrivals, start := runBesideForeign(t, 100, stopAt)
 	alone := tallyOf(arrivals, start.Add(stopAt), start.Add(stopAt+3*time.Second))
 	back := tallyOf(arrivals, start.Add(stopAt+2*time.Second), start.Add(stopAt+3*time.Second))
 	t.Logf("once the foreign client stopped, %d 429s for the fleet; from 2 s to 3 s after: fleet %d/s", alone.refused, back.ok)
@@ -131,6 +109,27 @@ func TestFleetAfterOthersStop(t *testing.T) {
 	if back.ok < 170 {
 		t.Errorf("from 2 s to 3 s after the foreign client stopped, the fleet got %d, want at least 170", back.ok)
 	}
+}
+
+// runBesideForeign runs 4 processes of 8 goroutines at 200/s burst 10
+// against an upstream of 200/s burst 10 (and one of slack for the jitter
+// of arrivals) that states its counters as OpenAI does, whose foreign
+// client sends perSecond from the start until stopAt, for 3 s more; it
+// logs each second, and returns the arrivals and the start.
+func runBesideForeign(t *testing.T, perSecond float64, stopAt time.Duration) ([]quotaapi.Arrival, time.Time) {
+	t.Helper()
+	srv := redistest.Start(t)
+	warmScript(t, srv)
+	api := startQuotaAPI(t, quotaapi.Config{Dialect: quotaapi.OpenAI, Rate: 200, Burst: 11})
+	start := time.Now().Add(time.Second)
+	var stopForeign func()
+	runFleet(t, 4, fleetWorker{
+		Addr: srv.Addr, Limit: "200/s burst 10", Goroutines: 8, URL: api.URL(),
+		Start: start, End: start.Add(stopAt + 3*time.Second),
+	}, fault{at: 0, act: func() { stopForeign = api.StartForeign(perSecond) }}, fault{at: stopAt, act: func() { stopForeign() }})
+	arrivals := api.Arrivals()
+	logSeconds(t, arrivals, start, start.Add(stopAt+3*time.Second))
+	return arrivals, start
 }
 
 // TestFleetBelowAFasterUpstream: pace at 100/s burst 2 against an upstream
