@@ -81,18 +81,20 @@ local function full(r)
   return r.size > 0 and r.left + r.cost >= r.size
 end
 
--- fade lowers the estimate of others' rate, by dt µs of a reading that
--- found the quota full, or full again before the fleet's next turn: a
--- fifth of it in tau at most, and the burst b in tau. Others who stopped
--- leave the quota full at the fleet's rate less theirs, and no such
--- reading tells whether they still spend (its refills are lost), so the
--- fleet stayed at that rate: 112/s to 121/s of a quota of 200/s 2 s after
--- others spending half of it stopped, on real processes. Faded, the fleet
--- sends a few units more; if others still spend, the quota is no longer
--- full, and the next reading raises the estimate again (a fleet
--- configured at twice a quota of 400/s burst 4, whose estimate holds the
--- difference, reads it full at that rate too: faded faster, 35 refusals in
--- 2 s, where none were).
+-- fade lowers the estimate of others' rate, for dt µs of a reading that
+-- found the quota full, or full again before the fleet's next turn: over
+-- tau, by a fifth at most, and by no more than b units in tau, so that
+-- what the fleet then sends more in tau is no more than the burst b, which
+-- the upstream's full bucket holds. Others who stopped leave the quota
+-- full at the fleet's rate less theirs, and no such reading tells whether
+-- they still spend (its refills are lost), so the fleet stayed at that
+-- rate: 112/s to 121/s of a quota of 200/s 2 s after others spending half
+-- of it stopped, on real processes. Faded, the fleet sends a few units
+-- more; if others still spend, the quota is no longer full, and the next
+-- reading raises the estimate again (a fleet configured at twice a quota
+-- of 400/s burst 4, whose estimate holds the difference, reads it full at
+-- that rate too: faded without the burst's bound, it was refused 35 times
+-- in 2 s, where it was not).
 local function fade(steer, b, dt)
   local f = math.max(math.floor(steer.foreign - math.min(b * 1e12 / tau, steer.foreign / 5) * dt / tau), 0)
   steer.foreign, steer.believed = f, f
