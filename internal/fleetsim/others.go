@@ -10,6 +10,8 @@ const othersWay = 1
 // start, a request every 1/Others s for OthersFor (the whole run if 0),
 // each arriving a trip of the upstream's link later, refused or not, as a
 // client that does not listen sends them. None is sent when Others is 0.
+// Each send sets the timer of the next, so that a fast client's run holds
+// a timer or two, not all of its sends at once.
 func (s *sim) sendOthers() {
 	if s.c.Others <= 0 {
 		return
@@ -19,11 +21,14 @@ func (s *sim) sendOthers() {
 		end = s.start.Add(s.c.OthersFor)
 	}
 	out, every := newLink(s.c, othersWay), seconds(1/s.c.Others)
-	for at := s.start; at.Before(end); at = at.Add(every) {
-		time.AfterFunc(time.Until(at), func() {
-			time.AfterFunc(out.trip(at, nil), func() { s.up.arriveOthers(at) })
-		})
+	var send func(at time.Time)
+	send = func(at time.Time) {
+		time.AfterFunc(out.trip(at, nil), func() { s.up.arriveOthers(at) })
+		if next := at.Add(every); next.Before(end) {
+			time.AfterFunc(time.Until(next), func() { send(next) })
+		}
 	}
+	send(s.start)
 }
 
 // arriveOthers judges a request of the others', sent at sent, at the
