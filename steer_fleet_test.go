@@ -93,10 +93,13 @@ func TestFleetLeavesTheForeignShare(t *testing.T) {
 // a minute's worth as the limit), whose foreign client spends half of it
 // for the first 2 s of the run, and stops. At the fleet's 100/s, the quota
 // is full again before the fleet's next turn whether others spend or not,
-// and the estimate of their rate stayed: the fleet got 121/s from 2 s to
-// 3 s after they stopped (2 runs). It fades while the quota reads so (see
-// fade in lua/sync.lua): at least 170/s then, and at most 2 429s for the
-// fleet once the foreign client stopped.
+// and the estimate of their rate stayed: the fleet got 112/s and 121/s
+// from 2 s to 3 s after they stopped. It fades while the quota reads so,
+// by at most the burst's 10 in half a second (see fade in lua/sync.lua),
+// so that the fleet climbs back by 40/s a second at most: 169/s to 197/s
+// then (the simulator's 4 x 8: 175/s to 203/s over four links), and at
+// least 150/s is asked, with at most 2 429s for the fleet once the foreign
+// client stopped.
 func TestFleetAfterOthersStop(t *testing.T) {
 	const stopAt = 2 * time.Second
 	arrivals, start := runBesideForeign(t, 100, stopAt)
@@ -106,8 +109,8 @@ func TestFleetAfterOthersStop(t *testing.T) {
 	if alone.refused > 2 {
 		t.Errorf("once the foreign client stopped, %d 429s for the fleet, want at most 2", alone.refused)
 	}
-	if back.ok < 170 {
-		t.Errorf("from 2 s to 3 s after the foreign client stopped, the fleet got %d, want at least 170", back.ok)
+	if back.ok < 150 {
+		t.Errorf("from 2 s to 3 s after the foreign client stopped, the fleet got %d, want at least 150", back.ok)
 	}
 }
 
