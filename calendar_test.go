@@ -244,7 +244,7 @@ func TestDailyGivesBackAndRepays(t *testing.T) {
 	loc := mustZone(t, "America/Los_Angeles")
 	r := mustRedis(t, c, Daily(100, loc), WithFleetSize(1), sharedOnly)
 	_, midnight := Daily(1, loc).Window(time.Now())
-	took, err := storeOf(r).Repay(ctx, "k", store.LimitCosts{150})
+	took, err := storeOf(r).Repay(ctx, "k", store.LimitCosts{150}, 0, 1)
 	if err != nil || took[0] != 150 {
 		t.Fatalf("a debt of 150: took %v, %v; want 100 today and 50 tomorrow", took, err)
 	}

@@ -81,7 +81,7 @@ type sharedStore interface {
 	Line(ctx context.Context, key string, earliest, turn time.Duration) (time.Duration, error)
 	HeldUntil(ctx context.Context, key string) (int64, error)
 	Refused(ctx context.Context, key string, b store.Booking, served bool, before int64, channel string) (fraction, now int64, err error)
-	Repay(ctx context.Context, key string, debt store.LimitCosts) (took store.LimitCosts, err error)
+	Repay(ctx context.Context, key string, debt store.LimitCosts, lastTurn time.Duration, shares int) (took store.LimitCosts, err error)
 	Check(ctx context.Context) (now int64, err error)
 	Announce(ctx context.Context, key string) error
 	LeaseTokens(ctx context.Context, key string, n int64, span, budget time.Duration) (store.TokenLease, error)

@@ -79,7 +79,7 @@ func (r *Redis) decide(ctx context.Context, q request, now time.Time) (booking, 
 	budget := classBudget(q.own, q.horizon)
 	route, local, cause := r.failover.Route(now)
 	if owed := r.failover.TakeOwed(); owed != nil {
-		go r.repay(context.WithoutCancel(ctx), owed)
+		r.repayFirst(context.WithoutCancel(ctx), q.Key, owed)
 	}
 	if route == outage.WithoutRedis {
 		return r.decideWithout(ctx, q, local, cause, budget)
@@ -344,12 +344,26 @@ func runWithout(without func(*Local) error, local *Local) error {
 // Redis meanwhile, and an hourly or daily quota would otherwise lose its
 // bound over its period by this process's share.
 
-// repay books each key's debt on Redis (see repay.lua), one call a key,
-// and tells the observer what each key took. A call that fails ends the
+// repayFirst repays key's debt, if any, before the request for key that
+// took the debts books it, and the others' meanwhile: a booking before
+// its repayment would take the burst the returning process's turns left
+// free (see spent_through in repay.lua); it did, in the simulator, and the
+// upstream refused it.
+func (r *Redis) repayFirst(ctx context.Context, key string, owed map[string]store.LimitCosts) {
+	if costs, ok := owed[key]; ok {
+		delete(owed, key)
+		r.repay(ctx, map[string]store.LimitCosts{key: costs})
+	}
+	go r.repay(ctx, owed)
+}
+
+// repay books each key's debt on Redis (see repay.lua), with the last
+// turn Redis gave the key while this process returned and the fleet's
+// size, one call a key, and tells the observer what each key took. A call that fails ends the
 // repayment: Redis is away again, and the next outage's debts are its own.
 func (r *Redis) repay(ctx context.Context, owed map[string]store.LimitCosts) {
 	for key, costs := range owed {
-		took, err := r.store.Repay(ctx, key, costs)
+		took, err := r.store.Repay(ctx, key, costs, r.failover.Ahead(key, r.now()), r.fleet.Size())
 		r.config.observer.emit(ctx, Event{Kind: EventRepay, Limiter: redisLimiter, Key: key, Cost: took[0], Err: err})
 		if store.IsOutage(err) {
 			return

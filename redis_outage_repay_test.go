@@ -33,7 +33,7 @@ func TestRepayBounded(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("%v owes %d", tc.limit, tc.debt), func(t *testing.T) {
 			r := mustRedis(t, c, tc.limit, WithPrefix(fmt.Sprintf("repay-%d-%d:", tc.limit.kind, tc.debt)), sharedOnly)
-			took, err := storeOf(r).Repay(ctx, "k", store.LimitCosts{tc.debt})
+			took, err := storeOf(r).Repay(ctx, "k", store.LimitCosts{tc.debt}, 0, 1)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -61,6 +61,49 @@ func TestRepayBounded(t *testing.T) {
 			// period more, no further.
 			if lo, hi := time.Duration(tc.want-100)*36*time.Second*9/10, 2*time.Hour+time.Minute; b.Delay < lo || b.Delay > hi {
 				t.Errorf("the next unit waits %v, want %v to %v", b.Delay, lo, hi)
+			}
+		})
+	}
+}
+
+// TestRepaySpendsThroughTheLastTurn: a process returning from an outage
+// books its share's turns as arriving then, which leaves the bucket's
+// burst free before the last of them (the next booking went 120 ms after
+// now, a burst before a turn 200 ms away, at 100/s burst 10). Its
+// repayment takes the bucket as spent through that turn and the other
+// shares' turns after it (a share's interval: a unit a process), so the
+// next booking goes after them; a debt still takes what the bucket has
+// free now and one burst (100 ms) more at most.
+func TestRepaySpendsThroughTheLastTurn(t *testing.T) {
+	ctx := context.Background()
+	c := scriptRedis(t)
+	const unit = 10 * time.Millisecond
+	for _, tc := range []struct {
+		turn               time.Duration
+		shares, debt, took int
+		next               time.Duration // after the repayment, the next booking's delay, give or take a unit
+	}{
+		{200 * time.Millisecond, 1, 0, 0, 220 * time.Millisecond},
+		{200 * time.Millisecond, 4, 0, 0, 250 * time.Millisecond},
+		{200 * time.Millisecond, 1, 50, 0, 220 * time.Millisecond}, // spent beyond one burst more already
+		{50 * time.Millisecond, 1, 50, 4, 110 * time.Millisecond},  // spent through 160 ms, 4 units more to 200 ms
+	} {
+		t.Run(fmt.Sprintf("turn %v shares %d debt %d", tc.turn, tc.shares, tc.debt), func(t *testing.T) {
+			r := mustRedis(t, c, mustParseLimit(t, "100/s burst 10"), WithFleetSize(1), sharedOnly, WithPrefix(fmt.Sprintf("spent-%v-%d-%d-%s:", tc.turn, tc.shares, tc.debt, time.Now().Format("150405.000000"))))
+			q := store.Request{Key: "k", Costs: uniform(1, store.MaxLimits)}
+			if _, err := storeOf(r).Reserve(ctx, q, time.Second, tc.turn); err != nil { // the returning turn
+				t.Fatal(err)
+			}
+			took, err := storeOf(r).Repay(ctx, "k", store.LimitCosts{tc.debt}, tc.turn, tc.shares)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := storeOf(r).Reserve(ctx, q, time.Second, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if took[0] != tc.took || b.Delay < tc.next-unit || b.Delay > tc.next+unit {
+				t.Errorf("a debt of %d after a turn %v away took %d, and the next booking waits %v; want %d, and %v give or take %v", tc.debt, tc.turn, took[0], b.Delay, tc.took, tc.next, unit)
 			}
 		})
 	}

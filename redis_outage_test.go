@@ -190,7 +190,7 @@ func (s *fakeStore) Line(_ context.Context, _ string, earliest, _ time.Duration)
 	return earliest, nil
 }
 
-func (s *fakeStore) Repay(_ context.Context, key string, debt store.LimitCosts) (store.LimitCosts, error) {
+func (s *fakeStore) Repay(_ context.Context, key string, debt store.LimitCosts, _ time.Duration, _ int) (store.LimitCosts, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.down != nil {

@@ -6,11 +6,17 @@
 -- was. A steered bucket takes nothing: the upstream's counters saw the
 -- grants, and steer it.
 --
+-- A bucket is also spent through the last turn Redis gave the process
+-- while it returned (see spent_through).
+--
 -- KEYS[i]   limit i's key (see quota.lua)
 -- ARGV[1]   the id that names the debt's grants in sliding windows
 -- ARGV[4i-2], ARGV[4i-1], ARGV[4i], ARGV[4i+1]   limit i: its kind (1
 --           bucket, 2 sliding window, 3 fixed window), a bucket's interval
 --           and burst or a window's length and count, and the debt under it
+-- ARGV[4n+2]  the last turn Redis gave the process while it returned, in
+--           microseconds from now (0: none ahead)
+-- ARGV[4n+3]  the fleet's processes, each of which paced a share
 --
 -- Returns {now, booked_1, ..., booked_n}: the units each limit took.
 local n = #KEYS
@@ -26,13 +32,29 @@ for i = 1, n do
   end
 end
 
--- repay_bucket moves the schedule on by the debt, up to an empty bucket
--- and one burst more.
-local function repay_bucket(i, tat, a, b, debt)
-  local from = math.max(tat or now, now)
+-- spent_through is a bucket's TAT once the fleet's turns until the
+-- process's last, at last, and the other shares' after it (one share's
+-- interval, shares units, at most) left it empty. While a process
+-- returns, it goes at its outage share's turns, and Redis books each as
+-- arriving then (reserve.lua's not before), after a TAT that never saw
+-- the outage: with the burst free before it. Once the share lifted, the
+-- process's bookings took that burst early, beside the turns still to
+-- go, at an upstream the shares had spent at its rate all along (a kill of
+-- Redis for 1.3 s of 8, simulated, 4 x 8 at 200/s: a refusal, the rate
+-- cut, 97.3% to 97.9% of the quota).
+local function spent_through(tat, a, b, last, shares)
+  if last <= now then return tat end
+  return math.max(tat or now, math.min(last + shares * a, now + horizon) + b * a)
+end
+
+-- repay_bucket moves the schedule on, spent through last, by the debt, up
+-- to an empty bucket and one burst more (from now: the turns that spent it
+-- through last were the outage's shares', which granted the debt).
+local function repay_bucket(i, tat, a, b, debt, last, shares)
+  local from = math.max(spent_through(tat, a, b, last, shares) or now, now)
   local units = math.max(math.min(debt, math.floor((math.min(now + 2 * b * a, now + horizon) - from) / a)), 0)
-  if units > 0 then
-    local finish = from + units * a
+  local finish = from + units * a
+  if finish > math.max(tat or now, now) then
     redis.call('SET', KEYS[i], string.format('%d', finish), 'PXAT', full_expiry(finish))
   end
   return units
@@ -81,7 +103,7 @@ local reply = {now}
 for i = 1, n do
   local units = 0
   if kinds[i] == 1 and not steers[i] then
-    units = repay_bucket(i, tats[i], as[i], bs[i], debts[i])
+    units = repay_bucket(i, tats[i], as[i], bs[i], debts[i], now + tonumber(ARGV[4 * n + 2] or 0), tonumber(ARGV[4 * n + 3] or 1))
   elseif kinds[i] == 2 then
     units = repay_sliding(i, as[i], bs[i], debts[i], ARGV[1])
   elseif kinds[i] == 3 then

@@ -347,3 +347,19 @@ func TestOthersStop(t *testing.T) {
 	loopCase{spec: spec, last: 0.8, refused: 0.005}.check(t, "rate=100 others=50", "rate=200 others=100", "rate=400 others=200")
 	loopCase{spec: spec, last: 0.8, refused: 0.01}.check(t, "rate=200 others=100 workers=8")
 }
+
+// TestKillReturnsWithoutABurst: Redis killed for a sixth of an 8 s run
+// (1.3 s), 4 x 8 at a strict bucket, pace matched. A returning process
+// goes at its outage share's turns, which Redis books as arriving then,
+// after a TAT that never saw the outage: with the burst free before them.
+// Once a share lifted, its process's bookings took that burst beside the
+// others' turns, the upstream refused one and the rate was cut: 97.3% to
+// 98.8% of the quota. Its repayment now takes the bucket as spent through
+// the fleet's last turns before the process books again (see
+// spent_through in lua/repay.lua): 99.4% to 99.7%.
+func TestKillReturnsWithoutABurst(t *testing.T) {
+	t.Parallel()
+	const wan = "latency=1ms jitter=500µs redis_latency=200µs redis_jitter=100µs"
+	loopCase{spec: "upstream=strict rate=200 burst=10 workers=8 duration=8s faults=kill", served: 0.99, refused: 0.001}.check(t,
+		"seed=5", wan+" seed=1", wan+" seed=3", "rate=400 burst=20 seed=1")
+}

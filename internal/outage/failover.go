@@ -174,6 +174,12 @@ func (f *Failover[L]) Granted(key string, due, now time.Time, decided bool) L {
 	return f.local
 }
 
+// Ahead returns how far past now key's shared schedule reaches, as this
+// process knows it: the last turn Redis gave it, or a hold's end.
+func (f *Failover[L]) Ahead(key string, now time.Time) time.Duration {
+	return f.schedules.ahead(key, now)
+}
+
 // Held notes that key is held until the given time, by this process's
 // clock: an outage's local pacing of the key begins after it.
 func (f *Failover[L]) Held(key string, until, now time.Time) { f.schedules.note(key, until, 0, now) }

@@ -65,6 +65,16 @@ func (t *scheduleTable) note(key string, end time.Time, lead time.Duration, now 
 	s.slots[key] = sc
 }
 
+// ahead returns how far past now key's schedule reaches, as far as this
+// process knows (0: not past now).
+func (t *scheduleTable) ahead(key string, now time.Time) time.Duration {
+	t.once.Do(func() { t.seed = maphash.MakeSeed() })
+	s := &t.shards[maphash.String(t.seed, key)%slotShards]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return max(s.slots[key].end.Sub(now), 0)
+}
+
 // floors returns, for an outage that begins at since, when each key booked
 // ahead may begin its local pacing: after its schedule's known end, and no
 // sooner than its lead after since.

@@ -335,14 +335,18 @@ func (s *Store) Settle(ctx context.Context, key string, b Booking, actual LimitC
 }
 
 // Repay books debt, what this process granted of key alone, under each
-// limit as far as lua/repay.lua lets it, and returns the units each took.
-func (s *Store) Repay(ctx context.Context, key string, debt LimitCosts) (LimitCosts, error) {
+// limit as far as lua/repay.lua lets it, and returns the units each took;
+// lastTurn is how far from now the last turn Redis gave this process
+// while it returned lies (0: none ahead), and shares the fleet's size:
+// a bucket is spent through the fleet's shares' last turns.
+func (s *Store) Repay(ctx context.Context, key string, debt LimitCosts, lastTurn time.Duration, shares int) (LimitCosts, error) {
 	n := len(s.limits)
-	args := make([]any, 0, 1+4*n)
+	args := make([]any, 0, 3+4*n)
 	args = append(args, s.member+":repay:"+strconv.FormatUint(s.requestIDs.Add(1), 10))
 	for i := range n {
 		args = append(args, s.limitArgs[3*i], s.span(i), s.limitArgs[3*i+2], max(debt[i], 0))
 	}
+	args = append(args, max(lastTurn.Microseconds(), 0), max(shares, 1))
 	keys := s.Keys(key, false)
 	var reply [1 + MaxLimits]int64
 	err := int64Reply(s.calls.Run(ctx, repayScript, keys, args...), reply[:1+n])
