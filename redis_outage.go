@@ -354,13 +354,16 @@ func (r *Redis) repayFirst(ctx context.Context, key string, owed map[string]stor
 		delete(owed, key)
 		r.repay(ctx, map[string]store.LimitCosts{key: costs})
 	}
-	go r.repay(ctx, owed)
+	if len(owed) > 0 {
+		go r.repay(ctx, owed)
+	}
 }
 
 // repay books each key's debt on Redis (see repay.lua), with the last
 // turn Redis gave the key while this process returned and the fleet's
-// size, one call a key, and tells the observer what each key took. A call that fails ends the
-// repayment: Redis is away again, and the next outage's debts are its own.
+// size, one call a key, and tells the observer what each key took. A
+// call that fails ends the repayment: Redis is away again, and the next
+// outage's debts are its own.
 func (r *Redis) repay(ctx context.Context, owed map[string]store.LimitCosts) {
 	for key, costs := range owed {
 		took, err := r.store.Repay(ctx, key, costs, r.failover.Ahead(key, r.now()), r.fleet.Size())
