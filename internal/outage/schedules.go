@@ -35,6 +35,12 @@ type schedule struct {
 	lead time.Duration // how far ahead of now it reached when last heard of
 }
 
+// shard is the shard that keeps key.
+func (t *scheduleTable) shard(key string) *slotShard {
+	t.once.Do(func() { t.seed = maphash.MakeSeed() })
+	return &t.shards[maphash.String(t.seed, key)%slotShards]
+}
+
 // note records that key's schedule reaches to end, which lay lead ahead
 // when heard of (0 for a hold, whose end nobody extends); an end that is not
 // ahead of now is no news.
@@ -42,8 +48,7 @@ func (t *scheduleTable) note(key string, end time.Time, lead time.Duration, now 
 	if !end.After(now) {
 		return
 	}
-	t.once.Do(func() { t.seed = maphash.MakeSeed() })
-	s := &t.shards[maphash.String(t.seed, key)%slotShards]
+	s := t.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !now.Before(s.nextSweep) {
@@ -68,8 +73,7 @@ func (t *scheduleTable) note(key string, end time.Time, lead time.Duration, now 
 // ahead returns how far past now key's schedule reaches, as far as this
 // process knows (0: not past now).
 func (t *scheduleTable) ahead(key string, now time.Time) time.Duration {
-	t.once.Do(func() { t.seed = maphash.MakeSeed() })
-	s := &t.shards[maphash.String(t.seed, key)%slotShards]
+	s := t.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return max(s.slots[key].end.Sub(now), 0)
