@@ -144,7 +144,10 @@ func runBesideForeign(t *testing.T, perSecond float64, stopAt time.Duration) ([]
 // none refused). Such a reading raises no estimate now: at least 85% of
 // 100/s from the second second on (what is left is the margin each
 // reading keeps for the jitter of arrivals, which a burst of 2 feels),
-// with no 429.
+// with at most 2 429s, as the other fleets: a third arrival within the
+// upstream's 5 ms is refused, which one late arrival beside pace's burst
+// of 2 makes (CI's run: 1; the simulator's fleet: none at a jitter of up
+// to 5 ms, 1 in 2 of 12 seeds at 10 ms, 51 in 12 at 20 ms).
 func TestFleetBelowAFasterUpstream(t *testing.T) {
 	srv := redistest.Start(t)
 	warmScript(t, srv)
@@ -156,8 +159,8 @@ func TestFleetBelowAFasterUpstream(t *testing.T) {
 	logSeconds(t, arrivals, start, start.Add(run))
 	after := tallyOf(arrivals, start.Add(time.Second), start.Add(run))
 	t.Logf("after the first second: %d served (%.1f%% of 100/s), %d 429s", after.ok, float64(after.ok)/3, after.refused)
-	if after.ok < 255 || after.refused > 0 {
-		t.Errorf("after the first second, %d served and %d 429s; want at least 85%% of the 300 pace allows, and none refused", after.ok, after.refused)
+	if after.ok < 255 || after.refused > 2 {
+		t.Errorf("after the first second, %d served and %d 429s; want at least 85%% of the 300 pace allows, and at most 2 429s", after.ok, after.refused)
 	}
 }
 
