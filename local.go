@@ -488,18 +488,18 @@ func (loc *Local) cancel(key string, b bucketsBooked, now time.Time) {
 }
 
 // trimQueues takes out of k's buckets, at now, the queue booked beyond
-// what a cut keeps (steer.Kept; wake: the cut wakes the sleepers), as
-// lua/refused.lua's trim_queues does, and returns the due time past which
-// a booking is no longer whole in them, zero when it took nothing. Each
-// bucket (of interval intervals[i]) is emptied anew at that time, the
-// latest of theirs: a bucket that keeps less keeps as much as the others
-// here, never more than Redis's.
-func (k *localKey) trimQueues(now time.Time, intervals []int64, wake bool) time.Time {
+// what a refusal keeps (steer.Kept; wake: it wakes the sleepers, cut: it
+// cut the rate), as lua/refused.lua's trim_queues does, and returns the
+// due time past which a booking is no longer whole in them, zero when it
+// took nothing. Each bucket (of interval intervals[i]) is emptied anew at
+// that time, the latest of theirs: a bucket that keeps less keeps as much
+// as the others here, never more than Redis's.
+func (k *localKey) trimQueues(now time.Time, intervals []int64, wake, cut bool) time.Time {
 	var whole time.Duration // how far ahead of now a bucket keeps whole bookings
 	for i, lim := range k.lims {
 		if lim != nil {
 			burst := int64(lim.Burst()) * intervals[i]
-			whole = max(whole, time.Duration(steer.Kept(burst, wake, false)-burst)*time.Microsecond)
+			whole = max(whole, time.Duration(steer.Kept(burst, wake, cut, false)-burst)*time.Microsecond)
 		}
 	}
 	after := now.Add(whole)
@@ -688,7 +688,7 @@ func (loc *Local) heedRate(ctx context.Context, key string, t booking, w headers
 	cut, wake := k.rate.Refused(now.UnixMicro(), t.start.UnixMicro(), loc.openBurst, before)
 	var after time.Time
 	if wake || cut {
-		after = k.trimQueues(now, loc.intervals, wake)
+		after = k.trimQueues(now, loc.intervals, wake, cut)
 	}
 	if !wake && !after.IsZero() {
 		k.rate.Trim(after.UnixMicro(), now.UnixMicro())

@@ -106,9 +106,9 @@ func (m *bucketModel) refused(key string, buckets []modelBucket, b store.Booking
 	cut, wake := k.Refused(now, b.Now, burst, before)
 	switch {
 	case wake:
-		m.trimQueues(buckets, now, true)
+		m.trimQueues(buckets, now, true, cut)
 	case cut:
-		if after := m.trimQueues(buckets, now, false); after > 0 {
+		if after := m.trimQueues(buckets, now, false, true); after > 0 {
 			k.Trim(after, now)
 		}
 	}
@@ -119,17 +119,18 @@ func (m *bucketModel) refused(key string, buckets []modelBucket, b store.Booking
 }
 
 // trimQueues is refused.lua's trim_queues: each bucket's schedule beyond
-// what the cut keeps (steer.Kept; wake: it wakes the sleepers) is taken
-// out, with its gaps there, and a steered bucket's CEILING gives back the
-// same units. It returns the earliest due time past which a booking is no
-// longer whole in a bucket, 0 when it took nothing.
-func (m *bucketModel) trimQueues(buckets []modelBucket, now int64, wake bool) (after int64) {
+// what the refusal keeps (steer.Kept; wake: it wakes the sleepers, cut:
+// it cut the rate) is taken out, with its gaps there, and a steered
+// bucket's CEILING gives back the same units. It returns the earliest due
+// time past which a booking is no longer whole in a bucket, 0 when it
+// took nothing.
+func (m *bucketModel) trimQueues(buckets []modelBucket, now int64, wake, cut bool) (after int64) {
 	for _, bk := range buckets {
 		m.expire(bk.key, now)
 		tat, ok := m.tat[bk.key]
 		s := m.steers[bk.key]
 		_, unit, _, _ := s.step(tat, bk.a, bk.b, now, now)
-		kept := now + steer.Kept(bk.b*unit, wake, s != nil)
+		kept := now + steer.Kept(bk.b*unit, wake, cut, s != nil)
 		if !ok || tat <= kept {
 			continue
 		}

@@ -530,9 +530,9 @@ func (m *modelCheck) expired(step int) {
 
 // trimmed books two seconds of queue on each of two keys of the slowest
 // limit, the second steered, and refuses the last booking: the refusal
-// opens the key's rate, and its wake takes all but a second of the queue
-// out of the key's bucket (see lua/refused.lua's trim_queues), in the
-// script as in the model.
+// opens the key's rate, and its wake takes all but what it keeps of the
+// queue out of the key's bucket (see lua/refused.lua's trim_queues), in
+// the script as in the model.
 func (m *modelCheck) trimmed(step int) {
 	for _, key := range []string{"r", "u"} {
 		r, a, burst := m.limiterOf(key)

@@ -129,13 +129,15 @@ local function rate_held_weight(r, burst, before)
   return math.floor(unpaid * rate_full / (now - before))
 end
 
--- rate_kept is how much of a bucket's schedule ahead of now a cut keeps
--- (see refused.lua's trim_queues), for a bucket whose burst takes burst
--- µs to refill, after a wake (wake), of a bucket the upstream's counters
--- steer (steered): see internal/steer's Kept.
+-- rate_kept is how much of a bucket's schedule ahead of now a refusal
+-- that woke the sleepers (wake) or cut the rate (cut) keeps (see
+-- refused.lua's trim_queues), for a bucket whose burst takes burst µs to
+-- refill, of a bucket the upstream's counters steer (steered): see
+-- internal/steer's Kept.
 local rate_keep, rate_keep_smaller = 1000000, 100000
-local function rate_kept(burst, wake, steered)
-  if wake or steered then return math.max(burst, rate_keep) end
+local function rate_kept(burst, wake, cut, steered)
+  if steered or wake and cut then return math.max(burst, rate_keep) end
+  if wake then return math.min(2 * burst, math.max(burst, rate_keep)) end
   return math.max(burst, rate_keep_smaller)
 end
 

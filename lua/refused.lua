@@ -34,20 +34,20 @@
 -- after a cut, in parts per million; 0 when nothing was cut.
 
 -- trim_queues takes out of each of the key's buckets the schedule booked
--- beyond rate_kept (see rate.lua; wake: for a wake, else a smaller cut),
--- and returns the earliest due time past which a booking is no longer
--- whole in it (the kept TAT less the burst), 0 when it took nothing. A
--- woken sleeper gives its booking back, but one with others behind it
--- stays booked (as a gap, or in a steered bucket), and each would book
--- anew behind its own old booking. A steered bucket's CEILING gives back
--- the same units.
-local function trim_queues(wake)
+-- beyond rate_kept (see rate.lua; wake: the sleepers wake, cut: the rate
+-- was cut; the opening wakes them and cuts nothing), and returns the
+-- earliest due time past which a booking is no longer whole in it (the
+-- kept TAT less the burst), 0 when it took nothing. A woken sleeper
+-- gives its booking back, but one with others behind it stays booked (as
+-- a gap, or in a steered bucket), and each would book anew behind its own
+-- old booking. A steered bucket's CEILING gives back the same units.
+local function trim_queues(wake, cut)
   local after = 0
   for i = 3, #KEYS, 2 do
     local a, b = tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5])
     local tat, steer = read_bucket(i)
     local _, unit = bucket_step(tat, steer, a, b, now)
-    local kept = now + rate_kept(b * unit, wake, steer ~= nil)
+    local kept = now + rate_kept(b * unit, wake, cut, steer ~= nil)
     if tat and tat > kept then
       if steer and steer.ceiling > now then
         local units = math.floor((tat - kept) / unit)
@@ -63,10 +63,10 @@ local function trim_queues(wake)
 end
 
 -- wake_sleepers tells the fleet that the key's rate opened or was cut
--- deep enough: the requests asleep in their bookings book anew ("KEY\nrate
--- NOW"), behind what trim_queues keeps.
-local function wake_sleepers()
-  trim_queues(true)
+-- (cut) deep enough: the requests asleep in their bookings book anew
+-- ("KEY\nrate NOW"), behind what trim_queues keeps.
+local function wake_sleepers(cut)
+  trim_queues(true, cut)
   redis.call('PUBLISH', ARGV[3], ARGV[4] .. '\nrate ' .. string.format('%d', now))
 end
 
@@ -79,7 +79,7 @@ end
 -- deploy): they wake all their sleepers; the others take it for the same
 -- cut (see internal/steer's Retimes).
 local function wake_queue(r)
-  local after = trim_queues(false)
+  local after = trim_queues(false, true)
   if after == 0 then return end
   r.tat = math.min(r.tat, after)
   r.gone = rate_gone(r)
@@ -99,7 +99,7 @@ end
 if not r then
   write_rate(KEYS[1], {edge = rate_full, bottom = rate_full, cut = now, heard = false, tat = now, step = 0, booked = 0, gone = 0,
     refused = -burst, sure = false})
-  wake_sleepers()
+  wake_sleepers(false)
   return {now, 0}
 end
 if decided < r.cut then
@@ -107,7 +107,7 @@ if decided < r.cut then
   local stormed = rate_storm(r)
   write_rate(KEYS[1], r)
   if not stormed then return {now, 0} end
-  wake_sleepers()
+  wake_sleepers(true)
   return {now, r.bottom}
 end
 
@@ -136,7 +136,7 @@ if wake then
 end
 r.gone = rate_gone(r)
 if wake then
-  wake_sleepers()
+  wake_sleepers(true)
 else
   wake_queue(r)
 end
