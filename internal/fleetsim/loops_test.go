@@ -111,12 +111,17 @@ func TestStormAboveHAProxy(t *testing.T) {
 // rate. A smaller cut keeps a tenth of a second of the queue now, and the
 // rest books anew at the new rate, counted: 15, 11, 16 and 15 refused in
 // 8 s (of about 400, 800, 800 and 1,200 requests) before; 11, 9, 14 and
-// 10 now (issue 43: 3% at most).
+// 10 then, and 9, 9, 14 and 7 since the opening keeps no queue (issue 43:
+// 3% at most). At nginx's 50/s under 100/s the loop
+// settles at the limit, and a refusal few requests after the last one
+// weighs those few and may cut below it, whose slow probe then takes
+// seconds: seeds 1 to 20 land at 91.1% to 99.0% (seed 2: 91.1%).
 func TestQueueAfterASmallerCut(t *testing.T) {
 	t.Parallel()
 	loopCase{spec: "duration=8s", served: 0.93, refused: 0.03, all: true}.check(t,
 		"upstream=nginx rate=50 burst=5 limit='100/s burst 5'", "upstream=nginx rate=100 burst=5 limit='125/s burst 5'",
 		"upstream=strict rate=100 burst=5 limit='200/s burst 5'", "upstream=nginx rate=150 burst=10 limit='187.5/s burst 10'")
+	loopCase{spec: "duration=8s", served: 0.9, refused: 0.03, all: true}.check(t, "upstream=nginx rate=50 burst=5 limit='100/s burst 5' seed=2")
 }
 
 // TestSmallBucketInTheBody: a bucket stated in the body (Shopify's
