@@ -1,6 +1,7 @@
 package fleetsim
 
 import (
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -9,13 +10,18 @@ import (
 var raceDetector bool
 
 // TestReplay: a seed replays its run, arrival for arrival and event for
-// event, on the virtual clock. (Not under the race detector, which
-// shuffles the goroutines of one instant: go test runs it.)
+// event, on the virtual clock, on one CPU. Goroutines runnable at one
+// instant (a link of no latency and no jitter makes many) otherwise run in
+// parallel, in the scheduler's order: the lost-reply case below parted
+// once in about 40 pairs of runs on 2 CPUs, never in 120 on one. So it
+// runs alone (not in parallel: the parallel tests wait for it) with
+// GOMAXPROCS at 1. (Not under the race detector, which shuffles the
+// goroutines of one instant: go test runs it.)
 func TestReplay(t *testing.T) {
-	t.Parallel()
 	if raceDetector {
 		t.Skip("the race detector shuffles the goroutines of one instant; go test ./internal/fleetsim runs this test, and make test after its race run")
 	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	for _, spec := range []string{
 		"upstream=nginx rate=100 burst=10 retry_after=1 procs=8 workers=3 latency=5ms jitter=10ms redis_latency=5ms redis_jitter=10ms duration=3s seed=15",
 		"upstream=strict rate=150 burst=5 counters=openai procs=3 workers=5 latency=0s jitter=0s redis_latency=0s redis_jitter=0s duration=3s faults=lostreply seed=2",
