@@ -45,8 +45,12 @@ type fidelityCase struct {
 // processes' scheduling on 2 cores bunch and spread arrivals.
 const simNetwork = "latency=100µs jitter=1ms redis_latency=100µs redis_jitter=1ms"
 
-// simSeeds are the seeds the simulator averages over for each case.
-const simSeeds = 3
+// simSeeds are the seeds the simulator averages over where a case agrees:
+// a loop that turns on the order of a few arrivals (HAProxy's lagging
+// count) lands a few points apart from seed to seed (91.9% to 96.4% in
+// seeds 1 to 20 of HAProxy at half pace's rate), and the real run is held
+// to the mean, not to one corner of that spread.
+const simSeeds = 10
 
 // fidelityCases are the cases of docs/testing.md's fidelity table.
 var fidelityCases = []fidelityCase{
