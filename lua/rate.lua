@@ -8,9 +8,9 @@
 -- booked since succeeded, else 0; the schedule of the rate's bucket, and
 -- what the last request booked added to it; the requests booked since the
 -- rate opened, and of them those gone when the last refusal was weighed;
--- the refusals heard since, of requests booked before it (less the burst
--- until the first cut); and 1 when the
--- edge was set after a success, else 0. A rate is read with the key's hold
+-- the refusals heard since that wait for the next, of requests booked
+-- before it or among few near the edge (less the burst until the first
+-- cut); and 1 when the edge was set after a success, else 0. A rate is read with the key's hold
 -- (HOLD, when its latest hold ends, 0 for none: see hold.lua): a key held
 -- since its last cut is probed four times slower, since a refusal there
 -- would likely hold it again. Every step below is exact in Lua's numbers,

@@ -14,7 +14,10 @@
 -- gone since the last refusal weighed (booked, and no longer held by the
 -- rate's bucket) and this one, or, for one that brought a hold after a
 -- hold since the last cut ended, the share the upstream's burst was of
--- what went since (see rate_held_weight), half at most; a cut of an eighth
+-- what went since (see rate_held_weight), half at most. Near the edge
+-- (sure, and heard since the cut), a refusal that weighs no hold among
+-- fewer than 8 requests gone since waits: it is weighed with the next
+-- (see internal/steer's Rate.waits). A cut of an eighth
 -- or more wakes the sleepers too, a smaller one those booked more than a
 -- tenth of a second ahead (see trim_queues). A success of a request booked
 -- since the last cut says that the upstream accepts again: a later cut may
@@ -112,6 +115,11 @@ if decided < r.cut then
 end
 
 local gone = rate_gone(r)
+if r.sure and r.heard and tonumber(ARGV[6]) == 0 and gone - r.gone < rate_full / rate_wake_cut - 1 then
+  r.refused = r.refused + 1 -- weighed with the next
+  write_rate(KEYS[1], r)
+  return {now, 0}
+end
 local at, current = rate_share(r, decided), rate_share(r, now)
 local refused = math.max(r.refused, 0)
 local weight = math.floor((refused + 1) * rate_full / (math.max(gone - r.gone, refused) + 1))

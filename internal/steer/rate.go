@@ -31,22 +31,28 @@ import (
 //     and book anew), and each is counted.
 //   - Any later refusal cuts the rate at once, by its weight: the share
 //     refused of the requests gone since the last refusal weighed (this
-//     one among them), half at most. A refusal that holds the key (a
-//     Retry-After), after a hold that came since the last cut ended, weighs
-//     at least what the upstream's burst was of what the fleet sent since
-//     that hold at its rate (see heldWeight): it costs the fleet the hold,
-//     so it must not come again soon. A request is gone once the rate's
-//     bucket no longer holds it: a fleet that waits its turns has a queue
-//     booked ahead, not yet sent. One refusal after 150 requests at the
-//     right limit costs 0.7% of the rate, for a second or two; refusals one
-//     request apart (a limit twice too high) halve it. A refusal of a
-//     request booked before the last cut does not cut again: it is weighed
-//     with the next, unless they storm: two or more, and three in four of
-//     what went since (see storm). As many refusals of requests booked
-//     before the rate opened as the quota's buckets' burst weigh nothing:
-//     they went in a burst the limits allow (the fleet's start, a process
-//     the machine stalled, whose overdue requests arrive at once), which
-//     the even rate ends; more, and the limit is wrong.
+//     one among them), half at most. Near the edge, a refusal among fewer
+//     than 8 requests gone since the last one weighed waits, and is
+//     weighed with the next (see waits): there the upstream refuses one
+//     request in many, in bunches that its burst and the jitter of
+//     arrivals make, and a bunch's second refusal, weighed alone, cut
+//     below the limit (nginx at half pace's rate: 56% of it to 45%). A
+//     refusal that holds the key (a Retry-After), after a hold that came
+//     since the last cut ended, weighs at least what the upstream's burst
+//     was of what the fleet sent since that hold at its rate (see
+//     heldWeight): it costs the fleet the hold, so it must not come again
+//     soon. A request is gone once the rate's bucket no longer holds it: a
+//     fleet that waits its turns has a queue booked ahead, not yet sent.
+//     One refusal after 150 requests at the right limit costs 0.7% of the
+//     rate, for a second or two; refusals one request apart (a limit twice
+//     too high) halve it. A refusal of a request booked before the last
+//     cut does not cut again: it is weighed with the next, unless they
+//     storm: two or more, and three in four of what went since (see
+//     storm). As many refusals of requests booked before the rate opened
+//     as the quota's buckets' burst weigh nothing: they went in a burst
+//     the limits allow (the fleet's start, a process the machine stalled,
+//     whose overdue requests arrive at once), which the even rate ends;
+//     more, and the limit is wrong.
 //   - The edge is what the upstream was found to accept: the rate the
 //     refused request was booked at, less the refusal's weight; for a
 //     refusal in a climb, halfway from where the climb began, which the
@@ -140,7 +146,7 @@ type Rate struct {
 	step    int64 // what the last request booked added to it
 	booked  int64 // the requests booked since the rate opened
 	gone    int64 // of them, those gone when the last refusal was weighed
-	refused int64 // the refusals heard since, of requests booked before it; less the burst before the first cut
+	refused int64 // the refusals heard since that wait for the next: of requests booked before it, or among few (see waits); less the burst before the first cut
 	hold    int64 // when the key's latest hold ends, 0 for none (see Held)
 }
 
@@ -254,6 +260,10 @@ func (k *Rate) Refused(now, decided, burst, before int64) (cut, wake bool) {
 		return k.storm(now)
 	}
 	gone := k.goneBy(now)
+	if k.waits(gone, before) {
+		k.refused++ // weighed with the next
+		return false, false
+	}
 	at, current := k.Share(decided), k.Share(now)
 	refused := max(k.refused, 0)
 	weight := floorDiv((refused+1)*Full, max(gone-k.gone, refused)+1)
@@ -288,6 +298,15 @@ func (k *Rate) Refused(now, decided, burst, before int64) (cut, wake bool) {
 func (k *Rate) Trim(after, now int64) {
 	k.tat = min(k.tat, after)
 	k.gone = k.goneBy(now)
+}
+
+// waits reports whether a refusal, with gone requests gone by now, waits
+// to be weighed with the next: near the edge (set after a success, and a
+// success heard since the cut), a refusal that weighs no hold (before is
+// 0: see heldWeight) among fewer than 8 gone since the last one weighed,
+// which alone would cut an eighth or more.
+func (k *Rate) waits(gone, before int64) bool {
+	return k.sure && k.heard && before == 0 && gone-k.gone < Full/wakeCut-1
 }
 
 // storm cuts the rate to half the edge, and wakes the sleepers, when the
