@@ -114,8 +114,8 @@ if decided < r.cut then
   return {now, r.bottom}
 end
 
-local gone = rate_gone(r)
-if r.sure and r.heard and tonumber(ARGV[6]) == 0 and gone - r.gone < rate_full / rate_wake_cut - 1 then
+local gone, before = rate_gone(r), tonumber(ARGV[6])
+if r.sure and r.heard and before == 0 and gone - r.gone < rate_full / rate_wake_cut - 1 then
   r.refused = r.refused + 1 -- weighed with the next
   write_rate(KEYS[1], r)
   return {now, 0}
@@ -123,7 +123,6 @@ end
 local at, current = rate_share(r, decided), rate_share(r, now)
 local refused = math.max(r.refused, 0)
 local weight = math.floor((refused + 1) * rate_full / (math.max(gone - r.gone, refused) + 1))
-local before = tonumber(ARGV[6])
 if before > 0 then weight = math.max(weight, rate_held_weight(r, burst, before)) end
 weight = math.min(weight, rate_max_cut)
 if r.heard or weight < rate_max_cut then
