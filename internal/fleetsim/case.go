@@ -37,6 +37,9 @@ type Case struct {
 	Cost       int           // tokens a request takes, of pace's limit and the upstream's
 	Latency    time.Duration // one way, to the upstream
 	Jitter     time.Duration // at most, added to each one-way trip to the upstream
+	// Connect is added to each worker's first trip to the upstream: its
+	// connection's handshakes, and the start's processes on a busy machine.
+	Connect time.Duration
 	// Redis's link, one way: a fleet's Redis sits in its own network, its
 	// upstream across the Internet.
 	RedisLatency time.Duration
@@ -58,7 +61,7 @@ func (c *Case) fields() []field {
 	return []field{{"upstream", &c.Upstream}, {"rate", &c.Rate}, {"burst", &c.Burst}, {"slack", &c.Slack},
 		{"window", &c.Window}, {"retry_after", &c.RetryAfter}, {"counters", &c.Counters}, {"body", &c.Body},
 		{"procs", &c.Procs}, {"workers", &c.Workers}, {"duration", &c.Duration}, {"limit", &c.Limit},
-		{"cost", &c.Cost}, {"latency", &c.Latency}, {"jitter", &c.Jitter},
+		{"cost", &c.Cost}, {"latency", &c.Latency}, {"jitter", &c.Jitter}, {"connect", &c.Connect},
 		{"redis_latency", &c.RedisLatency}, {"redis_jitter", &c.RedisJitter}, {"faults", &c.Faults},
 		{"others", &c.Others}, {"others_for", &c.OthersFor}, {"max_hold", &c.MaxHold}, {"leases", &c.Leases}, {"seed", &c.Seed}}
 }
@@ -223,9 +226,9 @@ func (c Case) check() error {
 		return fmt.Errorf("fleetsim: duration=%v: want 1s to 1h", c.Duration)
 	case !(c.Others >= 0 && c.Others <= 100_000) || c.OthersFor < 0:
 		return fmt.Errorf("fleetsim: others=%v others_for=%v: want a rate from 0 to 100000 and no negative time", c.Others, c.OthersFor)
-	case c.Window < time.Millisecond || c.MaxHold < time.Millisecond || min(c.Latency, c.Jitter, c.RedisLatency, c.RedisJitter) < 0:
-		return fmt.Errorf("fleetsim: window=%v max_hold=%v latency=%v jitter=%v redis_latency=%v redis_jitter=%v: want a window and a max_hold of 1ms or more, no negative time",
-			c.Window, c.MaxHold, c.Latency, c.Jitter, c.RedisLatency, c.RedisJitter)
+	case c.Window < time.Millisecond || c.MaxHold < time.Millisecond || min(c.Latency, c.Jitter, c.Connect, c.RedisLatency, c.RedisJitter) < 0:
+		return fmt.Errorf("fleetsim: window=%v max_hold=%v latency=%v jitter=%v connect=%v redis_latency=%v redis_jitter=%v: want a window and a max_hold of 1ms or more, no negative time",
+			c.Window, c.MaxHold, c.Latency, c.Jitter, c.Connect, c.RedisLatency, c.RedisJitter)
 	}
 	l, err := c.paceLimit()
 	if err != nil {
@@ -298,7 +301,8 @@ func (c Case) retryAfter(wait time.Duration) (string, error) {
 // Draw returns a case drawn from the whole space by seed: a family and
 // its dialect, a burst from 1 to 20, pace's limit 0.5 to 2 times the
 // upstream's, 1 to 16 processes, the upstream's jitter from none to tens
-// of milliseconds, Redis's link a LAN's, and now and then a fault.
+// of milliseconds, connections opened in none to a few of its round trips,
+// Redis's link a LAN's, and now and then a fault.
 func Draw(seed uint64) Case {
 	r := rand.New(rand.NewPCG(seed, 0x5eed))
 	c := Default()
@@ -334,6 +338,7 @@ func Draw(seed uint64) Case {
 	c.MaxHold = []time.Duration{pace.DefaultMaxHold, pace.DefaultMaxHold, time.Second, 3 * time.Second}[r.IntN(4)]
 	c.RedisLatency = []time.Duration{100 * time.Microsecond, 200 * time.Microsecond, time.Millisecond}[r.IntN(3)]
 	c.RedisJitter = []time.Duration{0, 100 * time.Microsecond, time.Millisecond}[r.IntN(3)]
+	c.Connect = []time.Duration{0, 2 * time.Millisecond, 10 * time.Millisecond, 4 * c.Latency}[r.IntN(4)]
 	// Size the run by requests: a simulated second costs about a real
 	// millisecond per few requests.
 	for c.upstreamRate()*c.Duration.Seconds() > 1500 && c.Duration > time.Second {

@@ -37,6 +37,7 @@ func TestCaseErrors(t *testing.T) {
 		"colour=blue":                        `unknown key "colour"`,
 		"limit='100/s":                       "a quote is not closed",
 		"faults=meteor":                      "faults=meteor",
+		"connect=-1ms":                       "connect=-1ms",
 	} {
 		if _, err := Parse(spec); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Parse(%q): %v, want an error with %q", spec, err, want)

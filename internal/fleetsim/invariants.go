@@ -103,9 +103,9 @@ func (s *sim) trace() []string {
 // most). The limit binds the grants, on Redis's clock; an arrival comes
 // its answer's way back from Redis and a trip to the upstream after its
 // grant, so arrivals may bunch by as much as those vary: the jitter of the
-// two trips, the stagger, and what the slowest answer took beyond a round
-// trip (a slow link, a frozen Redis, an answer lost and asked for again),
-// and what a pause holds back. The span counted is t plus that. A leaky
+// two trips, a connection's opening, the stagger, and what the slowest
+// answer took beyond a round trip (a slow link, a frozen Redis, an answer
+// lost and asked for again), and what a pause holds back. The span counted is t plus that. A leaky
 // bucket of the limit, drained by each arrival, must never go below empty.
 func (s *sim) checkBound() []string {
 	arrivals := slices.Clone(s.up.arrivals)
@@ -118,7 +118,7 @@ func (s *sim) checkBound() []string {
 		forgotten = float64(s.c.Procs * s.c.Workers * s.c.Cost)
 	}
 	roundTrip := 2*(s.c.RedisLatency+s.c.RedisJitter) + staggerRange
-	spread := s.c.RedisJitter + s.c.Jitter + staggerRange + max(s.calls.longest-roundTrip, 0) + s.faults.bunching() + time.Microsecond // a microsecond: the schedule's rounding
+	spread := s.c.RedisJitter + s.c.Jitter + s.c.Connect + staggerRange + max(s.calls.longest-roundTrip, 0) + s.faults.bunching() + time.Microsecond // a microsecond: the schedule's rounding
 	size := burst*float64(1+switches) + forgotten + rate*spread.Seconds()
 	tokens, last := size, s.start
 	for i, a := range arrivals {

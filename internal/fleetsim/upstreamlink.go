@@ -47,6 +47,24 @@ type route struct {
 	proc      int
 	out, back *link
 	sim       *sim
+
+	mu        sync.Mutex
+	connected map[string]bool // the workers whose connection is open
+}
+
+// connect is what a trip of worker who adds: the case's Connect on its
+// first, when its connection opens.
+func (r *route) connect(who string) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.connected[who] {
+		return 0
+	}
+	if r.connected == nil {
+		r.connected = map[string]bool{}
+	}
+	r.connected[who] = true
+	return r.up.c.Connect
 }
 
 // RoundTrip takes the request to the model and its answer back, each way
@@ -62,12 +80,13 @@ func (r *route) RoundTrip(req *http.Request) (*http.Response, error) {
 	r.up.mu.Lock()
 	r.up.sends++
 	r.up.mu.Unlock()
-	if err := sleep(req.Context(), r.up.faults.paused(sent, r.proc)+r.out.trip(sent, []byte(req.Header.Get(workerHeader)))); err != nil {
+	who := req.Header.Get(workerHeader)
+	if err := sleep(req.Context(), r.up.faults.paused(sent, r.proc)+r.connect(who)+r.out.trip(sent, []byte(who))); err != nil {
 		return nil, err
 	}
 	resp, hold := r.up.arrive(req, sent, r.proc)
 	back := time.Now()
-	if err := sleep(req.Context(), r.up.faults.paused(back, r.proc)+r.back.trip(back, []byte(req.Header.Get(workerHeader)))); err != nil {
+	if err := sleep(req.Context(), r.up.faults.paused(back, r.proc)+r.back.trip(back, []byte(who))); err != nil {
 		return nil, err
 	}
 	if hold > 0 {
@@ -75,7 +94,7 @@ func (r *route) RoundTrip(req *http.Request) (*http.Response, error) {
 		r.up.answers = append(r.up.answers, heard{at: time.Now(), hold: hold})
 		r.up.mu.Unlock()
 	}
-	r.sim.tripped(req.Header.Get(workerHeader), time.Since(sent))
+	r.sim.tripped(who, time.Since(sent))
 	return resp, nil
 }
 
