@@ -74,7 +74,7 @@ func (s *steerModel) finish(tat, a, b, cost, due, now int64, free bool) int64 {
 	base, i, _, _ := s.step(tat, a, b, due, now)
 	finish := max(base, due) + cost*i
 	if s == nil && free && cost > 0 && b >= 2 && finish > due+(b-1)*i {
-		return finish + min(max(i, min(20*time.Millisecond.Microseconds(), b*i)), 100*time.Millisecond.Microseconds()) // emptied in common.lua
+		return finish + min(i, 100*time.Millisecond.Microseconds()) // emptied in common.lua
 	}
 	return finish
 }

@@ -263,20 +263,18 @@ local function bucket_allow(tat, steer, a, b, cost, arrival)
 end
 
 -- emptied is a bucket's TAT finish after a booking that goes at once, at
--- due, when it left a bucket of a burst (2 units or more) without a unit:
--- later by 20 ms, or by the burst's refill if that is shorter, and by an
--- interval at least (a tenth of a second at most). The turns after a burst
--- resume that late, so that a burst that reaches the upstream late does
+-- due: an interval later (a tenth of a second at most) when it left a
+-- bucket of a burst (2 units or more) without a unit. The turns after a
+-- burst resume that late, so that a burst that reaches the upstream late
+-- (the first requests of a fleet open their connections; processes and the
+-- network bunch and spread arrivals, by milliseconds to tens of them) does
 -- not make the turns after it early at an upstream of the same limit,
--- which would refuse them: the first requests of a fleet open their
--- connections (7.5 ms on a busy machine's loopback), and the upstream's
--- bucket, full until they arrive, refills none of that time. It costs at
--- most a burst, and 20 ms of the rate, per burst spent (a unit below
--- 50/s); a fleet that waits its turns never pays it. Local (one process)
--- does not: its turns leave one process, not a fleet.
-local resume_least, resume_most = 20000, 100000
+-- which would refuse them. It costs at most one unit per burst spent; a
+-- fleet that waits its turns never pays it. Local (one process) does not:
+-- its turns leave one process, not a fleet.
+local resume_late = 100000
 local function emptied(finish, a, b, due)
-  if b >= 2 and finish > due + (b - 1) * a then return finish + math.min(math.max(a, math.min(resume_least, b * a)), resume_most) end
+  if b >= 2 and finish > due + (b - 1) * a then return finish + math.min(a, resume_late) end
   return finish
 end
 
