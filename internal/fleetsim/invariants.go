@@ -105,8 +105,9 @@ func (s *sim) trace() []string {
 // grant, so arrivals may bunch by as much as those vary: the jitter of the
 // two trips, a connection's opening, the stagger, and what the slowest
 // answer took beyond a round trip (a slow link, a frozen Redis, an answer
-// lost and asked for again), and what a pause holds back. The span counted is t plus that. A leaky
-// bucket of the limit, drained by each arrival, must never go below empty.
+// lost and asked for again), and what a pause holds back. The span counted
+// is t plus that. A leaky bucket of the limit, drained by each arrival,
+// must never go below empty.
 func (s *sim) checkBound() []string {
 	arrivals := slices.Clone(s.up.arrivals)
 	slices.SortStableFunc(arrivals, func(a, b arrival) int { return a.at.Compare(b.at) })
