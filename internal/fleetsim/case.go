@@ -301,8 +301,8 @@ func (c Case) retryAfter(wait time.Duration) (string, error) {
 // Draw returns a case drawn from the whole space by seed: a family and
 // its dialect, a burst from 1 to 20, pace's limit 0.5 to 2 times the
 // upstream's, 1 to 16 processes, the upstream's jitter from none to tens
-// of milliseconds, connections opened in none to 10 ms or two of its round trips,
-// Redis's link a LAN's, and now and then a fault.
+// of milliseconds, connections opened in none to 10 ms or two of its
+// round trips, Redis's link a LAN's, and now and then a fault.
 func Draw(seed uint64) Case {
 	r := rand.New(rand.NewPCG(seed, 0x5eed))
 	c := Default()
