@@ -119,8 +119,9 @@ func sendFor(t *testing.T, lim Limiter, url string, goroutines int, d time.Durat
 // after the cut before), the edge stays, and the climb back to it is
 // refused 3 or 4 times more before the second's end (4 of 128 refused
 // after the first 500 ms, in about one run in ten). With IgnoreRefusals
-// nothing steers it, and about half the requests are refused to the end. The four runs go at
-// once: each sends about 60 requests a second, in this process.
+// nothing steers it, and about half the requests are refused to the end.
+// The four runs go at once: each sends about 60 requests a second, in this
+// process.
 func TestRefusalsSteerTheRate(t *testing.T) {
 	c := newTestRedis(t)
 	for name, newLimiter := range map[string]func(Option) Limiter{

@@ -17,9 +17,9 @@
 -- what went since (see rate_held_weight), half at most. Near the edge
 -- (sure, and heard since the cut), a refusal that weighs no hold among
 -- fewer than 8 requests gone since waits: it is weighed with the next
--- (see internal/steer's Rate.waits). A cut of an eighth
--- or more wakes the sleepers too, a smaller one those booked more than a
--- tenth of a second ahead (see trim_queues). A success of a request booked
+-- (see internal/steer's Rate.waits). A cut of an eighth or more wakes the
+-- sleepers too, a smaller one those booked more than a tenth of a second
+-- ahead (see trim_queues). A success of a request booked
 -- since the last cut says that the upstream accepts again: a later cut may
 -- lower the edge.
 --
