@@ -124,8 +124,8 @@ func retryAfter(t *testing.T, c fleetsim.Case) int {
 // mean of simSeeds seeds where the case agrees, one seed for the others,
 // whose simulated figures are logged): where the case agrees, the
 // simulated run keeps the loop's bar and the real one is within 5 points
-// of it, or, run again, the mean of its two runs is (see realRuns); the
-// others' real runs keep their bars. The
+// of it; the others' real runs keep their bars (a run that fails is run
+// again: see checkFidelity). The
 // simulations run first, all at once: beside a real run, one would be the
 // load it measures. The table it logs is docs/testing.md's.
 func TestFidelity(t *testing.T) {
@@ -160,25 +160,35 @@ func TestFidelity(t *testing.T) {
 
 // checkFidelity runs fc, read as c, on real processes, checks it beside
 // its simulated run sim (none for a case not simulated), and returns its
-// row of the table.
+// row of the table. A first real run that fails a check is run again, and
+// the checks judge the sum of the two, never the second instead of the
+// first: like the simulator's seeds, real runs of a loop that cuts on a
+// few refusals land apart (nginx at half pace's rate served 93.6% to
+// 99.0% in 22 runs, its second second 40 to 53 as deep as the first cuts
+// went; HAProxy matched by a sliding window 93.7% or 96.2%, as its second
+// second's refusals cut once or twice), and one run is held to the
+// spread's corner.
 func checkFidelity(t *testing.T, fc fidelityCase, c fleetsim.Case, sim simulated) string {
-	if c.Burst == 1 || fc.agrees {
-		// What a burst of 1 leaves is the machine's jitter, and a case
-		// held within 5 points is held to a simulator whose network is the
-		// idle machine's: both run alone, as the table was measured.
-		// Beside another fleet, HAProxy at half pace's rate served 89.1%
-		// where the simulator served 94.4% (91.7% to 95.1% alone).
-		pairs.Alone(t)
-	} else {
-		pairs.Run(t)
+	takePlace(t, fc, c)
+	if fc.realLimit != "" {
+		sim = simulated{util: math.NaN(), refused: math.NaN(), allowed: c.UpstreamAllows()}
 	}
-	simUtil, simRefused, allowed := math.NaN(), math.NaN(), c.UpstreamAllows()
-	if fc.realLimit == "" {
-		simUtil, simRefused, allowed = sim.util, sim.refused, sim.allowed
+	if fc.agrees && sim.util < fc.served {
+		t.Errorf("simulated: served %.1f%%, want at least %.0f%%", 100*sim.util, 100*fc.served)
 	}
-	real, runs := realRuns(t, fc, c, simUtil, allowed)
-	realUtil, refusedShare := float64(real.OK)/(allowed*float64(runs)), float64(real.TooMany)/float64(max(real.Requests, 1))
-	t.Logf("real %.1f%% served, %d refused of %d requests (runs: %d); simulated %.1f%%, %.1f refused", 100*realUtil, real.TooMany, real.Requests, runs, 100*simUtil, simRefused)
+	real, runs := realRun(t, fc, c), 1
+	failures := judge(fc, real, runs, sim)
+	if len(failures) > 0 {
+		t.Logf("the first run: %s; a second run", strings.Join(failures, "; "))
+		again := realRun(t, fc, c)
+		real.OK, real.TooMany, real.TooManyLate, real.Requests = real.OK+again.OK, real.TooMany+again.TooMany,
+			real.TooManyLate+again.TooManyLate, real.Requests+again.Requests
+		runs++
+		failures = judge(fc, real, runs, sim)
+	}
+	for _, f := range failures {
+		t.Error(f)
+	}
 	name := fc.sim
 	if fc.realLimit != "" {
 		name += fmt.Sprintf(" (pace %s: not simulated)", fc.realLimit)
@@ -186,44 +196,46 @@ func checkFidelity(t *testing.T, fc fidelityCase, c fleetsim.Case, sim simulated
 	if runs > 1 {
 		name += fmt.Sprintf(" (real: the sum of %d runs)", runs)
 	}
-	row := fmt.Sprintf("| %s | %.1f%%, %d of %d | %.1f%%, %.1f |\n", name, 100*realUtil, real.TooMany, real.Requests, 100*simUtil, simRefused)
+	realUtil := float64(real.OK) / (sim.allowed * float64(runs))
+	t.Logf("real %.1f%% served, %d refused of %d requests (runs: %d); simulated %.1f%%, %.1f refused", 100*realUtil, real.TooMany, real.Requests, runs, 100*sim.util, sim.refused)
+	return fmt.Sprintf("| %s | %.1f%%, %d of %d | %.1f%%, %.1f |\n", name, 100*realUtil, real.TooMany, real.Requests, 100*sim.util, sim.refused)
+}
+
+// takePlace waits for the machine to run fc's real fleet: alone where
+// what it serves is the machine's jitter (a burst of 1), and where it is
+// held within 5 points to a simulator whose network is the idle
+// machine's, as the table was measured (beside another fleet, HAProxy at
+// half pace's rate served 89.1% where the simulator served 94.4%; 91.7% to
+// 95.1% alone); beside one other fleet else.
+func takePlace(t *testing.T, fc fidelityCase, c fleetsim.Case) {
+	if c.Burst == 1 || fc.agrees {
+		pairs.Alone(t)
+	} else {
+		pairs.Run(t)
+	}
+}
+
+// judge returns the checks of fc that real, the sum of runs real runs,
+// fails beside its simulated runs sim.
+func judge(fc fidelityCase, real summary, runs int, sim simulated) []string {
+	var failures []string
+	realUtil, refusedShare := float64(real.OK)/(sim.allowed*float64(runs)), float64(real.TooMany)/float64(max(real.Requests, 1))
 	if early := real.TooMany - real.TooManyLate; fc.early > 0 {
 		refusedShare = float64(real.TooManyLate) / float64(max(real.Requests, 1))
 		if early > fc.early*runs {
-			t.Errorf("%d refused in the first second of %d runs, want at most %d a run", early, runs, fc.early)
+			failures = append(failures, fmt.Sprintf("%d refused in the first second of %d runs, want at most %d a run", early, runs, fc.early))
 		}
 	}
 	if refusedShare > fc.refused {
-		t.Errorf("real: refused %.1f%%, want at most %.1f%%", 100*refusedShare, 100*fc.refused)
+		failures = append(failures, fmt.Sprintf("real: refused %.1f%%, want at most %.1f%%", 100*refusedShare, 100*fc.refused))
 	}
 	switch {
-	case fc.agrees && simUtil < fc.served:
-		t.Errorf("simulated: served %.1f%%, want at least %.0f%%", 100*simUtil, 100*fc.served)
-	case fc.agrees && math.Abs(realUtil-simUtil) > 0.05:
-		t.Errorf("the simulator served %.1f%%, the real fleet %.1f%%: more than 5 points apart", 100*simUtil, 100*realUtil)
+	case fc.agrees && math.Abs(realUtil-sim.util) > 0.05:
+		failures = append(failures, fmt.Sprintf("the simulator served %.1f%%, the real fleet %.1f%%: more than 5 points apart", 100*sim.util, 100*realUtil))
 	case !fc.agrees && realUtil < fc.served:
-		t.Errorf("real: served %.1f%%, want at least %.0f%%", 100*realUtil, 100*fc.served)
+		failures = append(failures, fmt.Sprintf("real: served %.1f%%, want at least %.0f%%", 100*realUtil, 100*fc.served))
 	}
-	return row
-}
-
-// realRuns runs c on real processes once, or, where the case agrees and
-// that run served more than 5 points apart from the simulated mean sim,
-// twice; it returns the runs' sums and how many there were. Like the
-// simulator's seeds, real runs of a loop that cuts on a few refusals land
-// apart: nginx at half pace's rate served 93.6% to 99.0% in 22 runs (its
-// second second, 40 to 53 served, as deep as the first cuts went), so
-// that one run alone, held to the simulated mean, is held to the spread's
-// corner; the second is judged with the first, never instead of it.
-func realRuns(t *testing.T, fc fidelityCase, c fleetsim.Case, sim, allowed float64) (summary, int) {
-	s := realRun(t, fc, c)
-	if !fc.agrees || math.Abs(float64(s.OK)/allowed-sim) <= 0.05 {
-		return s, 1
-	}
-	t.Logf("real %.1f%% served, more than 5 points apart from the simulated %.1f%%: a second run", 100*float64(s.OK)/allowed, 100*sim)
-	again := realRun(t, fc, c)
-	s.OK, s.TooMany, s.TooManyLate, s.Requests = s.OK+again.OK, s.TooMany+again.TooMany, s.TooManyLate+again.TooManyLate, s.Requests+again.Requests
-	return s, 2
+	return failures
 }
 
 // simulated is what a case's simulated runs served and refused, on
