@@ -13,8 +13,8 @@
 -- cut); and 1 when the edge was set after a success, else 0. A rate is
 -- read with the key's hold (HOLD, when its latest hold ends, 0 for none:
 -- see hold.lua): a key held since its last cut is probed four times
--- slower, since a refusal there would likely hold it again. Every step below is exact in Lua's numbers,
--- so that Go agrees.
+-- slower, since a refusal there would likely hold it again. Every step
+-- below is exact in Lua's numbers, so that Go agrees.
 local rate_full, rate_max_cut, rate_wake_cut, rate_floor = 1000000, 500000, 125000, 10000
 local rate_climb, rate_probe, rate_guess, rate_quiet, rate_held_probe = 500000, 10000000, 4000000, 5000000, 4
 local rate_storm_refusals = 2

@@ -19,9 +19,9 @@
 -- fewer than 8 requests gone since waits: it is weighed with the next
 -- (see internal/steer's Rate.waits). A cut of an eighth or more wakes the
 -- sleepers too, a smaller one those booked more than a tenth of a second
--- ahead (see trim_queues). A success of a request booked
--- since the last cut says that the upstream accepts again: a later cut may
--- lower the edge.
+-- ahead (see trim_queues). A success of a request booked since the last
+-- cut says that the upstream accepts again: a later cut may lower the
+-- edge.
 --
 -- KEYS[1]  the key's rate; KEYS[2] the key's hold (see hold.lua)
 -- ARGV[1]  "refused" or "served"

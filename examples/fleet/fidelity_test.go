@@ -80,12 +80,13 @@ var fidelityCases = []fidelityCase{
 	// ends at the rate, evenly, and the turns after a burst resume an
 	// interval late (issue 43 measured 3.4% and 6.9% of the quota at
 	// bursts 5 and 10: a cycle of holds, each ended by a burst that jitter
-	// made early). What is left is the start: the fleet's first requests
-	// open their connections, and one run in four here, one of them
-	// arrives early by more than an interval, and its hold takes the
-	// first second (87.3%; 99.8% in the others, and in the simulator, which
-	// opens no connections). At a burst of 1 the loop still cuts too deep
-	// (logged).
+	// made early). What is left is the start: the upstream's bucket
+	// refills from the first request that reaches it, pace's from the
+	// grant, and where the first connections take longer than the interval
+	// the turns resume late by (beside CPU hogs, about one run in four), a
+	// refusal's hold takes the first second (87.3%; 99.8% in the others,
+	// and in the simulator, whose cases here open no connections). At a
+	// burst of 1 the loop still cuts too deep (logged).
 	{sim: "upstream=strict rate=150 burst=1 retry_after=1 procs=3 workers=5 duration=6s", refused: 1},
 	{sim: "upstream=strict rate=150 burst=5 retry_after=1 procs=4 workers=4 duration=8s", served: 0.85, refused: 0.002, early: 5},
 	{sim: "upstream=strict rate=150 burst=10 retry_after=1 procs=4 workers=4 duration=8s", served: 0.85, refused: 0.002, early: 5},
